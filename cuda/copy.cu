@@ -1,0 +1,105 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
+#include <cstdint>
+
+#include "fastcomms/cuda/check.hpp"
+#include "fastcomms/cuda/copy.hpp"
+
+namespace fastcomms::cuda {
+namespace {
+
+constexpr int kJobsPerLaunch = 16;
+constexpr int kThreads = 512;
+
+struct JobBatch {
+  CopyJob jobs[kJobsPerLaunch];
+  int count;
+};
+static_assert(sizeof(JobBatch) <= 4096, "kernel parameter space");
+
+// Moves one job's rows with accesses of type V (uint4 = 16 bytes). blockIdx.y picks the job,
+// blocks stride over rows, threads over the row's vectors.
+template <typename V>
+__device__ void copy_rows(const CopyJob& j) {
+  const plan::CopyDesc& c = j.desc;
+  const int64_t rows = c.height * c.depth;
+  const int64_t vecs = c.width / static_cast<int64_t>(sizeof(V));
+  const auto* src = static_cast<const unsigned char*>(j.src) + c.src_offset;
+  auto* dst = static_cast<unsigned char*>(j.dst) + c.dst_offset;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t z = row / c.height, y = row - z * c.height;
+    const V* s = reinterpret_cast<const V*>(src + z * c.src_slice_pitch + y * c.src_pitch);
+    V* t = reinterpret_cast<V*>(dst + z * c.dst_slice_pitch + y * c.dst_pitch);
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) t[i] = s[i];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) copy_kernel(JobBatch batch) {
+  if (blockIdx.y >= static_cast<unsigned>(batch.count)) return;
+  const CopyJob& j = batch.jobs[blockIdx.y];
+  if (j.desc.width == 0) return;
+  const auto align = [](int64_t v) { return static_cast<uint64_t>(v); };
+  const uint64_t bits = reinterpret_cast<uintptr_t>(j.src) | reinterpret_cast<uintptr_t>(j.dst) |
+                        align(j.desc.src_offset) | align(j.desc.dst_offset) |
+                        align(j.desc.src_pitch) | align(j.desc.dst_pitch) |
+                        align(j.desc.src_slice_pitch) | align(j.desc.dst_slice_pitch) |
+                        align(j.desc.width);
+  if ((bits & 15) == 0)
+    copy_rows<uint4>(j);
+  else if ((bits & 7) == 0)
+    copy_rows<uint2>(j);
+  else if ((bits & 3) == 0)
+    copy_rows<uint32_t>(j);
+  else
+    copy_rows<unsigned char>(j);
+}
+
+}  // namespace
+
+void copy_engine_async(const CopyJob& job, cudaStream_t stream) {
+  const plan::CopyDesc& c = job.desc;
+  if (c.empty()) return;
+  if (c.height == 1 && c.depth == 1) {
+    FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(job.dst) + c.dst_offset,
+                                         static_cast<const char*>(job.src) + c.src_offset, c.width,
+                                         cudaMemcpyDefault, stream));
+    return;
+  }
+  if (c.depth == 1) {
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(job.dst) + c.dst_offset, c.dst_pitch,
+                                           static_cast<const char*>(job.src) + c.src_offset,
+                                           c.src_pitch, c.width, c.height, cudaMemcpyDefault,
+                                           stream));
+    return;
+  }
+  // NOTE [copy descriptor invariants]: slice pitches are multiples of the row pitch, so the
+  // y-extent of each side is slice_pitch / pitch.
+  cudaMemcpy3DParms p{};
+  p.srcPtr =
+      make_cudaPitchedPtr(const_cast<char*>(static_cast<const char*>(job.src)) + c.src_offset,
+                          c.src_pitch, c.width, c.src_slice_pitch / c.src_pitch);
+  p.dstPtr = make_cudaPitchedPtr(static_cast<char*>(job.dst) + c.dst_offset, c.dst_pitch, c.width,
+                                 c.dst_slice_pitch / c.dst_pitch);
+  p.extent = make_cudaExtent(c.width, c.height, c.depth);
+  p.kind = cudaMemcpyDefault;
+  FASTCOMMS_CUDA_CHECK(cudaMemcpy3DAsync(&p, stream));
+}
+
+void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream) {
+  for (int first = 0; first < count; first += kJobsPerLaunch) {
+    JobBatch batch{};
+    batch.count = std::min(kJobsPerLaunch, count - first);
+    int64_t rows = 0;
+    for (int i = 0; i < batch.count; ++i) {
+      batch.jobs[i] = jobs[first + i];
+      rows = std::max(rows, batch.jobs[i].desc.height * batch.jobs[i].desc.depth);
+    }
+    if (rows == 0) continue;
+    const int64_t cap = max_blocks > 0 ? max_blocks : 1024;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, cap)), batch.count);
+    copy_kernel<<<grid, kThreads, 0, stream>>>(batch);
+    FASTCOMMS_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace fastcomms::cuda

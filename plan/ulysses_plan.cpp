@@ -1,0 +1,371 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#include "fastcomms/plan/ulysses_plan.hpp"
+
+#include <cstring>
+#include <sstream>
+
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::plan {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+// Validated global geometry of one call; shared by the plan and the shape query.
+struct Geometry {
+  int64_t b = 0, d = 0, e = 0;
+  int64_t seq_total = 0, heads_total = 0;
+  std::vector<int64_t> seq, heads;  // resolved splits
+  std::vector<int64_t> seq_off, head_off;
+};
+
+bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+Geometry resolve(const UlyssesRequest& req) {
+  const int P = req.world_size;
+  const int r = req.rank;
+  std::string prefix;
+  {
+    std::ostringstream os;
+    os << "[rank " << r << "/" << P << "] " << req.op_name << ": ";
+    prefix = os.str();
+  }
+  FASTCOMMS_CHECK(P >= 1, kInvalidArgument, prefix, "world_size must be >= 1, got ", P);
+  FASTCOMMS_CHECK(r >= 0 && r < P, kInvalidArgument, prefix, "rank must be in [0, ", P, "), got ",
+                  r);
+  FASTCOMMS_CHECK(req.mode == 0 || req.mode == 1, kInvalidArgument, prefix,
+                  "mode must be 0 or 1, got ", req.mode);
+  const int64_t e = req.element_size;
+  FASTCOMMS_CHECK(e == 1 || e == 2 || e == 4 || e == 8, kInvalidArgument, prefix,
+                  "element size must be 1, 2, 4 or 8 bytes, got ", e);
+  for (int i = 0; i < 4; ++i) {
+    FASTCOMMS_CHECK(req.shape[i] >= 0, kInvalidArgument, prefix, "x.size(", i,
+                    ") must be >= 0, got ", req.shape[i]);
+  }
+  FASTCOMMS_CHECK(req.seq_splits.has_value() == req.head_splits.has_value(), kInvalidArgument,
+                  prefix, "seq_splits and head_splits must be given together, got ",
+                  req.seq_splits ? "seq_splits" : "head_splits", " only");
+
+  Geometry g;
+  g.b = req.shape[0];
+  g.d = req.shape[3];
+  g.e = e;
+  const int64_t s_in = req.shape[1];
+  const int64_t n_in = req.shape[2];
+  if (req.seq_splits) {
+    const auto check_splits = [&](const std::vector<int64_t>& v, const char* name) {
+      FASTCOMMS_CHECK(static_cast<int64_t>(v.size()) == P, kInvalidArgument, prefix, name,
+                      " must have world_size=", P, " entries, got ", v.size());
+      int64_t sum = 0;
+      for (int i = 0; i < P; ++i) {
+        FASTCOMMS_CHECK(v[i] >= 0, kInvalidArgument, prefix, name, "[", i, "] must be >= 0, got ",
+                        v[i]);
+        FASTCOMMS_CHECK(!__builtin_add_overflow(sum, v[i], &sum), kInvalidArgument, prefix, name,
+                        " sum overflows 64 bits: ", join(v));
+      }
+      return sum;
+    };
+    g.seq = *req.seq_splits;
+    g.heads = *req.head_splits;
+    g.seq_total = check_splits(g.seq, "seq_splits");
+    g.heads_total = check_splits(g.heads, "head_splits");
+    if (req.mode == 0) {
+      FASTCOMMS_CHECK(g.heads_total == n_in, kInvalidArgument, prefix, "head_splits sums to ",
+                      g.heads_total, ", x.size(2) is ", n_in);
+      FASTCOMMS_CHECK(g.seq[r] == s_in, kInvalidArgument, prefix, "seq_splits[", r, "] is ",
+                      g.seq[r], ", x.size(1) is ", s_in,
+                      " (mode 0 takes this rank's sequence shard)");
+    } else {
+      FASTCOMMS_CHECK(g.seq_total == s_in, kInvalidArgument, prefix, "seq_splits sums to ",
+                      g.seq_total, ", x.size(1) is ", s_in);
+      FASTCOMMS_CHECK(g.heads[r] == n_in, kInvalidArgument, prefix, "head_splits[", r, "] is ",
+                      g.heads[r], ", x.size(2) is ", n_in,
+                      " (mode 1 takes this rank's head shard)");
+    }
+  } else if (req.mode == 0) {
+    FASTCOMMS_CHECK(n_in % P == 0, kInvalidArgument, prefix,
+                    "mode 0 scatters heads: x.size(2)=", n_in,
+                    " is not divisible by world_size=", P,
+                    "; pass seq_splits and head_splits for uneven shards");
+    FASTCOMMS_CHECK(!mul_overflows(s_in, P, &g.seq_total), kInvalidArgument, prefix,
+                    "global sequence length x.size(1) * world_size = ", s_in, " * ", P,
+                    " overflows 64 bits");
+    g.heads_total = n_in;
+    g.seq.assign(P, s_in);
+    g.heads.assign(P, n_in / P);
+  } else {
+    FASTCOMMS_CHECK(s_in % P == 0, kInvalidArgument, prefix,
+                    "mode 1 scatters the sequence: x.size(1)=", s_in,
+                    " is not divisible by world_size=", P,
+                    "; pass seq_splits and head_splits for uneven shards");
+    FASTCOMMS_CHECK(!mul_overflows(n_in, P, &g.heads_total), kInvalidArgument, prefix,
+                    "global head count x.size(2) * world_size = ", n_in, " * ", P,
+                    " overflows 64 bits");
+    g.seq_total = s_in;
+    g.seq.assign(P, s_in / P);
+    g.heads.assign(P, n_in);
+  }
+
+  // Every offset and size below is bounded by the global tensor's byte count, so checking that
+  // one product is enough to rule out overflow everywhere.
+  int64_t total = g.b;
+  const bool overflow = mul_overflows(total, g.seq_total, &total) ||
+                        mul_overflows(total, g.heads_total, &total) ||
+                        mul_overflows(total, g.d, &total) || mul_overflows(total, e, &total);
+  FASTCOMMS_CHECK(!overflow, kInvalidArgument, prefix,
+                  "the global tensor's byte count overflows 64 bits: b=", g.b,
+                  " * s_global=", g.seq_total, " * n_global=", g.heads_total, " * d=", g.d,
+                  " * element_size=", e);
+  FASTCOMMS_CHECK(total > 0, kInvalidArgument, prefix, "every shard is empty: b=", g.b,
+                  ", s_global=", g.seq_total, ", n_global=", g.heads_total, ", d=", g.d,
+                  "; nothing to exchange");
+  if (req.path == Path::kPeerToPeer) {
+    FASTCOMMS_CHECK((g.d * e) % 16 == 0, kInvalidArgument, prefix,
+                    "the peer-to-peer path needs d * element_size to be a multiple of 16 bytes, "
+                    "got d=",
+                    g.d, " * ", e, " = ", g.d * e,
+                    " bytes; use the collective transport for this shape");
+  }
+
+  g.seq_off.assign(P, 0);
+  g.head_off.assign(P, 0);
+  for (int i = 1; i < P; ++i) {
+    g.seq_off[i] = g.seq_off[i - 1] + g.seq[i - 1];
+    g.head_off[i] = g.head_off[i - 1] + g.heads[i - 1];
+  }
+  return g;
+}
+
+// See NOTE [copy descriptor invariants] in the header.
+CopyDesc normalize(CopyDesc c) {
+  if (c.width <= 0 || c.height <= 0 || c.depth <= 0) return CopyDesc{};
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    if (c.height == 1 && c.depth > 1) {  // slices become rows
+      c.height = c.depth;
+      c.src_pitch = c.src_slice_pitch;
+      c.dst_pitch = c.dst_slice_pitch;
+      c.depth = 1;
+      changed = true;
+    }
+    if (c.depth > 1 && c.src_slice_pitch == c.src_pitch * c.height &&
+        c.dst_slice_pitch == c.dst_pitch * c.height) {  // evenly spaced slices fold into rows
+      c.height *= c.depth;
+      c.depth = 1;
+      changed = true;
+    }
+    if (c.height > 1 && c.src_pitch == c.width && c.dst_pitch == c.width) {  // contiguous rows
+      c.width *= c.height;
+      c.height = 1;
+      changed = true;
+    }
+  }
+  if (c.height == 1) c.src_pitch = c.dst_pitch = c.width;
+  if (c.depth == 1) {
+    c.src_slice_pitch = c.src_pitch * c.height;
+    c.dst_slice_pitch = c.dst_pitch * c.height;
+  }
+  return c;
+}
+
+uint64_t hash_mix(uint64_t h, int64_t v) {
+  // FNV-1a over the 8 bytes of v.
+  for (int i = 0; i < 8; ++i) {
+    h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xffu;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+int64_t CopyDesc::src_extent() const noexcept {
+  if (empty()) return 0;
+  return src_offset + (depth - 1) * src_slice_pitch + (height - 1) * src_pitch + width;
+}
+
+int64_t CopyDesc::dst_extent() const noexcept {
+  if (empty()) return 0;
+  return dst_offset + (depth - 1) * dst_slice_pitch + (height - 1) * dst_pitch + width;
+}
+
+std::array<int64_t, 4> ulysses_output_shape(const UlyssesRequest& req) {
+  const Geometry g = resolve(req);
+  if (req.mode == 0) return {g.b, g.seq_total, g.heads[req.rank], g.d};
+  return {g.b, g.seq[req.rank], g.heads_total, g.d};
+}
+
+UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
+  const Geometry g = resolve(req);
+  const int P = req.world_size;
+  const int r = req.rank;
+  const int64_t E = g.d * g.e;  // bytes per (token, head) row
+  const int64_t S = g.seq_total;
+  const int64_t N = g.heads_total;
+
+  UlyssesPlan p;
+  p.world_size = P;
+  p.rank = r;
+  p.mode = req.mode;
+  p.path = req.path;
+  p.element_size = g.e;
+  p.b = g.b;
+  p.d = g.d;
+  p.seq_total = S;
+  p.heads_total = N;
+  p.seq_splits = g.seq;
+  p.head_splits = g.heads;
+  p.seq_offsets = g.seq_off;
+  p.head_offsets = g.head_off;
+  p.in_shape = req.shape;
+  p.out_shape = req.mode == 0 ? std::array<int64_t, 4>{g.b, S, g.heads[r], g.d}
+                              : std::array<int64_t, 4>{g.b, g.seq[r], N, g.d};
+  p.in_bytes = g.b * req.shape[1] * req.shape[2] * E;
+  p.out_bytes = g.b * p.out_shape[1] * p.out_shape[2] * E;
+  for (int q = 0; q < P; ++q) {
+    const int64_t out_q = req.mode == 0 ? g.b * S * g.heads[q] * E : g.b * g.seq[q] * N * E;
+    p.max_out_bytes = std::max(p.max_out_bytes, out_q);
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t v : {int64_t{P}, int64_t{req.mode}, g.b, g.d, g.e}) h = hash_mix(h, v);
+  for (int64_t v : g.seq) h = hash_mix(h, v);
+  for (int64_t v : g.heads) h = hash_mix(h, v);
+  p.geometry_key = h;
+
+  const int64_t s_r = g.seq[r], h_r = g.heads[r];
+  if (req.path == Path::kPeerToPeer) {
+    p.puts.resize(P);
+    for (int q = 0; q < P; ++q) {
+      CopyDesc c;
+      if (req.mode == 0) {
+        // x_r[:, :, H_q:H_q+h_q, :] -> out_q[:, S_r:S_r+s_r, :, :], out_q is (b, S, h_q, d).
+        const int64_t h_q = g.heads[q];
+        c = {.src_offset = g.head_off[q] * E,
+             .src_pitch = N * E,
+             .src_slice_pitch = s_r * N * E,
+             .dst_offset = g.seq_off[r] * h_q * E,
+             .dst_pitch = h_q * E,
+             .dst_slice_pitch = S * h_q * E,
+             .width = h_q * E,
+             .height = s_r,
+             .depth = g.b};
+      } else {
+        // x_r[:, S_q:S_q+s_q, :, :] -> out_q[:, :, H_r:H_r+h_r, :], out_q is (b, s_q, N, d).
+        const int64_t s_q = g.seq[q];
+        c = {.src_offset = g.seq_off[q] * h_r * E,
+             .src_pitch = h_r * E,
+             .src_slice_pitch = S * h_r * E,
+             .dst_offset = g.head_off[r] * E,
+             .dst_pitch = N * E,
+             .dst_slice_pitch = s_q * N * E,
+             .width = h_r * E,
+             .height = s_q,
+             .depth = g.b};
+      }
+      p.puts[q] = normalize(c);
+    }
+    return p;
+  }
+
+  // Collective path. A chunk is always laid out as (b, s, h, d) for the (s, h) block it carries,
+  // so packing is one pitched copy and unpacking another.
+  p.pack.resize(P);
+  p.unpack.resize(P);
+  p.send_counts.resize(P);
+  p.send_displs.resize(P);
+  p.recv_counts.resize(P);
+  p.recv_displs.resize(P);
+  int64_t send_off = 0, recv_off = 0;  // elements
+  for (int q = 0; q < P; ++q) {
+    const int64_t s_q = g.seq[q], h_q = g.heads[q];
+    const int64_t send_count =
+        req.mode == 0 ? g.b * s_r * h_q * g.d : g.b * s_q * h_r * g.d;  // chunk r -> q
+    const int64_t recv_count =
+        req.mode == 0 ? g.b * s_q * h_r * g.d : g.b * s_r * h_q * g.d;  // chunk q -> r
+    p.send_counts[q] = send_count;
+    p.send_displs[q] = send_off;
+    p.recv_counts[q] = recv_count;
+    p.recv_displs[q] = recv_off;
+    CopyDesc pk, up;
+    if (req.mode == 0) {
+      // pack: x_r[:, :, H_q:H_q+h_q, :] -> chunk (b, s_r, h_q, d)
+      pk = {.src_offset = g.head_off[q] * E,
+            .src_pitch = N * E,
+            .src_slice_pitch = s_r * N * E,
+            .dst_offset = send_off * g.e,
+            .dst_pitch = h_q * E,
+            .dst_slice_pitch = s_r * h_q * E,
+            .width = h_q * E,
+            .height = s_r,
+            .depth = g.b};
+      // unpack: chunk (b, s_q, h_r, d) -> out[:, S_q:S_q+s_q, :, :], out is (b, S, h_r, d)
+      up = {.src_offset = recv_off * g.e,
+            .src_pitch = s_q * h_r * E,
+            .src_slice_pitch = s_q * h_r * E * g.b,
+            .dst_offset = g.seq_off[q] * h_r * E,
+            .dst_pitch = S * h_r * E,
+            .dst_slice_pitch = S * h_r * E * g.b,
+            .width = s_q * h_r * E,
+            .height = g.b,
+            .depth = 1};
+    } else {
+      // pack: x_r[:, S_q:S_q+s_q, :, :] -> chunk (b, s_q, h_r, d)
+      pk = {.src_offset = g.seq_off[q] * h_r * E,
+            .src_pitch = S * h_r * E,
+            .src_slice_pitch = S * h_r * E * g.b,
+            .dst_offset = send_off * g.e,
+            .dst_pitch = s_q * h_r * E,
+            .dst_slice_pitch = s_q * h_r * E * g.b,
+            .width = s_q * h_r * E,
+            .height = g.b,
+            .depth = 1};
+      // unpack: chunk (b, s_r, h_q, d) -> out[:, :, H_q:H_q+h_q, :], out is (b, s_r, N, d)
+      up = {.src_offset = recv_off * g.e,
+            .src_pitch = h_q * E,
+            .src_slice_pitch = s_r * h_q * E,
+            .dst_offset = g.head_off[q] * E,
+            .dst_pitch = N * E,
+            .dst_slice_pitch = s_r * N * E,
+            .width = h_q * E,
+            .height = s_r,
+            .depth = g.b};
+    }
+    p.pack[q] = normalize(pk);
+    p.unpack[q] = normalize(up);
+    send_off += send_count;
+    recv_off += recv_count;
+  }
+  p.send_elems = send_off;
+  p.recv_elems = recv_off;
+  return p;
+}
+
+void copy_host(const CopyDesc& c, const void* src, void* dst) {
+  if (c.empty()) return;
+  const auto* s = static_cast<const unsigned char*>(src) + c.src_offset;
+  auto* t = static_cast<unsigned char*>(dst) + c.dst_offset;
+  for (int64_t z = 0; z < c.depth; ++z) {
+    for (int64_t y = 0; y < c.height; ++y) {
+      std::memcpy(t + z * c.dst_slice_pitch + y * c.dst_pitch,
+                  s + z * c.src_slice_pitch + y * c.src_pitch, static_cast<size_t>(c.width));
+    }
+  }
+}
+
+std::string to_string(const CopyDesc& c) {
+  std::ostringstream os;
+  if (c.empty()) return "(empty)";
+  os << c.bytes() << " B: " << c.depth << " x " << c.height << " x " << c.width << " B, src @"
+     << c.src_offset << " pitch " << c.src_pitch << " slice " << c.src_slice_pitch << ", dst @"
+     << c.dst_offset << " pitch " << c.dst_pitch << " slice " << c.dst_slice_pitch;
+  return os.str();
+}
+
+}  // namespace fastcomms::plan

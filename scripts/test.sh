@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test that can run on this machine:
+#   formatting check, the plan fuzzer (clang + libFuzzer, a bounded run), then ctest
+#   (plan replay over random geometries, validation messages, ...).
+# FUZZ_SECONDS (default 20) bounds the fuzzer; FASTCOMMS_SEED replays a random test run.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$FASTCOMMS_ROOT"
+bash scripts/setup.sh
+
+step "format check"
+bash scripts/lint.sh --check
+
+bash scripts/build.sh
+
+step "fuzz: plan (${FUZZ_SECONDS:-20} s)"
+fuzz_build="$FASTCOMMS_BUILD-fuzz"
+if [ ! -f "$fuzz_build/build.ninja" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DFASTCOMMS_CUDA=OFF \
+    -DFASTCOMMS_FUZZ=ON -DFASTCOMMS_TOOLS=OFF -DFASTCOMMS_TESTS=ON >/dev/null
+fi
+cmake --build "$fuzz_build" --target fuzz_plan -j "$JOBS" >/dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if ! (cd "$work" && "$fuzz_build/tests/fuzz/fuzz_plan" -max_total_time="${FUZZ_SECONDS:-20}" \
+      -print_final_stats=1 . >fuzz.log 2>&1); then
+  tail -n 40 "$work/fuzz.log"
+  echo "fuzz: fuzz_plan failed; the crashing input is printed above" >&2
+  exit 1
+fi
+grep -E "^Done|stat::number_of_executed_units" "$work/fuzz.log"
+
+step "plan replay summary"
+"$FASTCOMMS_BUILD/tests/host/test_plan" --gtest_filter='PlanReplay.RandomGeometries*' \
+  | grep -E '^\[plan replay\]|FAILED|Failure' || true
+
+step "ctest"
+ctest --test-dir "$FASTCOMMS_BUILD" --output-on-failure -j "$JOBS"
