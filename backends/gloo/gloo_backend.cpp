@@ -1,0 +1,746 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// The gloo backend: every op of the communicator API on CPU tensors over Gloo's TCP transport.
+//
+// NOTE [gloo backend threading]: collectives run one at a time, in issue order, on a worker
+// thread per communicator (every rank issues collectives in the same order, so the order of the
+// queue is the order Gloo needs). Point-to-point ops are posted on the caller's thread (Gloo's
+// unbound buffers are non-blocking) and completed by a second thread that waits on them in
+// order, so a send and a receive posted together can never deadlock each other. Every wait is
+// bounded by the op's timeout; abort() wakes every waiter.
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/error.hpp"
+#include "reduce_kernels.hpp"
+
+namespace fastcomms::gloo_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint8_t kP2PSlotPrefix = 0x40;  // above Gloo's own collective prefixes (0x01..0x08)
+
+// Gloo's store interface over ours.
+class StoreAdapter : public ::gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<fastcomms::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = store_->get(key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    store_->wait(keys, t);
+  }
+
+ private:
+  std::shared_ptr<fastcomms::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+// A byte view of a tensor.
+uint8_t* bytes(const TensorView& t) { return static_cast<uint8_t*>(t.data); }
+size_t nbytes(const TensorView& t) { return static_cast<size_t>(t.nbytes()); }
+int64_t row_bytes(const TensorView& t) { return t.rows() > 0 ? t.nbytes() / t.rows() : 0; }
+
+class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
+ public:
+  explicit GlooImpl(const BackendInit& init);
+  ~GlooImpl();
+  /// Starts the worker threads (they keep the impl alive while they run).
+  void start();
+  /// Stops the workers: joins them, or, after abort(), lets them finish on their own.
+  void shutdown();
+
+  WorkPtr send(const TensorView& t, int dst, const OpContext& ctx) {
+    return batch_p2p({P2POp{P2POp::Kind::kSend, t, dst}}, ctx);
+  }
+  WorkPtr recv(const TensorView& t, int src, const OpContext& ctx) {
+    return batch_p2p({P2POp{P2POp::Kind::kRecv, t, src}}, ctx);
+  }
+  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx);
+  WorkPtr broadcast(const TensorView& t, int root, const OpContext& ctx);
+  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& ctx);
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op,
+                 const OpContext& ctx);
+  WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                     const OpContext& ctx);
+  WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
+                            const OpContext& ctx);
+  WorkPtr reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                         const ReduceOp& op, const OpContext& ctx);
+  WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                const ReduceOp& op, const OpContext& ctx);
+  WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits,
+                              const OpContext& ctx);
+  WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
+                     const OpContext& ctx);
+  WorkPtr barrier(const OpContext& ctx);
+  WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
+                  const OpContext& ctx);
+  WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
+                 const OpContext& ctx);
+  void abort();
+  void finalize();
+
+ private:
+  // A collective body: runs on the worker with the op's timeout and a unique tag.
+  using Body = std::function<void(std::chrono::milliseconds timeout, uint32_t tag)>;
+  struct Task {
+    Body body;
+    std::shared_ptr<AsyncWork> work;
+    std::chrono::milliseconds timeout;
+    uint32_t tag;
+    std::string prefix;
+  };
+  struct P2PTask {
+    std::vector<std::pair<std::unique_ptr<::gloo::transport::UnboundBuffer>, bool /*send*/>>
+        bufs;
+    std::shared_ptr<AsyncWork> work;
+    Clock::time_point deadline;
+    std::string prefix;
+  };
+
+  WorkPtr enqueue(const OpContext& ctx, Body body);
+  void collective_loop();
+  void p2p_loop();
+  std::shared_ptr<AsyncWork> new_work(const OpContext& ctx) const {
+    return std::make_shared<AsyncWork>(ctx.prefix,
+                                       Clock::now() + ctx.timeout + std::chrono::seconds(1));
+  }
+  std::exception_ptr translate(const std::string& prefix, std::exception_ptr e) const;
+  void all_reduce_now(void* data, int64_t count, DType dt, const ReduceOp& op,
+                      std::chrono::milliseconds timeout, uint32_t tag);
+
+  int rank_, size_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::rendezvous::Context> context_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  std::deque<P2PTask> p2p_tasks_;
+  bool stop_ = false;
+  std::atomic<bool> aborted_{false};
+  uint32_t next_tag_ = 1;
+  std::vector<uint32_t> send_seq_, recv_seq_;
+  // Raw pointers of posted unbound buffers, so abort() can wake their waiters.
+  std::vector<::gloo::transport::UnboundBuffer*> live_bufs_;
+  std::shared_ptr<AsyncWork> running_;  // the collective the worker is in, if any
+  std::string running_prefix_;
+  std::thread collective_thread_, p2p_thread_;
+};
+
+GlooImpl::GlooImpl(const BackendInit& init)
+    : rank_(init.rank), size_(init.size), send_seq_(init.size, 0), recv_seq_(init.size, 0) {
+  const std::string where = detail::cat("[rank ", rank_, "/", size_, " ", init.options.name,
+                                        " new_comm] gloo: ");
+  FASTCOMMS_CHECK(init.device.type == DeviceType::kCPU, kInvalidArgument, where,
+                  "the gloo backend serves CPU tensors, got device ", init.device.str());
+  ::gloo::transport::tcp::attr attr;
+  const auto& hints = init.options.hints;
+  if (auto it = hints.find("gloo.interface"); it != hints.end()) {
+    attr.iface = it->second;
+  } else if (auto h = hints.find("gloo.hostname"); h != hints.end()) {
+    attr.hostname = h->second;
+  } else {
+    attr.hostname = "127.0.0.1";  // loopback by default
+  }
+  try {
+    device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+    context_->setTimeout(init.options.timeout);
+    StoreAdapter store(init.options.store, init.options.timeout);
+    context_->connectFullMesh(store, device_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const bool timeout = std::string(e.what()).find("imed out") != std::string::npos;
+    throw Error(timeout ? ErrorCode::kTimeout : ErrorCode::kBackendError,
+                where + "rendezvous failed: " + e.what());
+  }
+}
+
+void GlooImpl::start() {
+  auto self = shared_from_this();
+  collective_thread_ = std::thread([self] { self->collective_loop(); });
+  p2p_thread_ = std::thread([self] { self->p2p_loop(); });
+}
+
+// NOTE [gloo abort and thread lifetime]: Gloo cannot interrupt a collective that is already
+// waiting on the network; it returns only at its own timeout. abort() therefore fails every
+// pending Work at once (waiters are released), and shutdown() detaches the worker threads
+// instead of joining them. Each thread owns a reference to the impl, so the impl (context,
+// buffers) outlives the stuck call and is freed by the last thread to exit.
+void GlooImpl::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread* t : {&collective_thread_, &p2p_thread_}) {
+    if (!t->joinable()) continue;
+    if (aborted_) t->detach();
+    else t->join();
+  }
+}
+
+GlooImpl::~GlooImpl() = default;
+
+std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception_ptr e) const {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return std::make_exception_ptr(
+        Error(err.code(), std::string(err.what()).rfind(prefix, 0) == 0 ? err.what()
+                                                                         : prefix + err.what()));
+  } catch (const std::exception& err) {
+    if (aborted_) {
+      return std::make_exception_ptr(
+          Error(ErrorCode::kAborted, prefix + "the communicator was aborted"));
+    }
+    const std::string what = err.what();
+    // Gloo says "Timed out ..." for the op that timed out and "Application timeout caused pair
+    // closure" for later ops on the closed connection.
+    const bool timeout = what.find("imed out") != std::string::npos ||
+                         what.find("timeout") != std::string::npos;
+    return std::make_exception_ptr(
+        Error(timeout ? ErrorCode::kTimeout : ErrorCode::kBackendError,
+              prefix + (timeout ? "timed out: " : "gloo failed: ") + what));
+  }
+}
+
+WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body) {
+  auto work = new_work(ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
+    tasks_.push_back(Task{std::move(body), work, ctx.timeout, next_tag_++, ctx.prefix});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void GlooImpl::collective_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    if (aborted_) {
+      task.work->fail(std::make_exception_ptr(
+          Error(ErrorCode::kAborted, task.prefix + "the communicator was aborted")));
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = task.work;
+      running_prefix_ = task.prefix;
+    }
+    task.work->start();
+    try {
+      task.body(task.timeout, task.tag);
+      task.work->complete();
+    } catch (...) {
+      task.work->fail(translate(task.prefix, std::current_exception()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.reset();
+  }
+}
+
+void GlooImpl::p2p_loop() {
+  for (;;) {
+    P2PTask task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !p2p_tasks_.empty(); });
+      if (p2p_tasks_.empty()) return;
+      task = std::move(p2p_tasks_.front());
+      p2p_tasks_.pop_front();
+    }
+    try {
+      for (auto& [buf, is_send] : task.bufs) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            task.deadline - Clock::now());
+        const auto t = std::max(left, std::chrono::milliseconds(1));
+        const bool ok = is_send ? buf->waitSend(t) : buf->waitRecv(t);
+        FASTCOMMS_CHECK(ok && !aborted_, kAborted, task.prefix, "the communicator was aborted");
+      }
+      task.work->complete();
+    } catch (...) {
+      task.work->fail(translate(task.prefix, std::current_exception()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [buf, is_send] : task.bufs)
+      live_bufs_.erase(std::remove(live_bufs_.begin(), live_bufs_.end(), buf.get()),
+                       live_bufs_.end());
+  }
+}
+
+WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx) {
+  auto work = new_work(ctx);
+  P2PTask task;
+  task.work = work;
+  task.deadline = Clock::now() + ctx.timeout;
+  task.prefix = ctx.prefix;
+  std::lock_guard<std::mutex> lock(mu_);
+  FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
+  try {
+    for (const P2POp& op : ops) {
+      auto buf = context_->createUnboundBuffer(op.tensor.data, nbytes(op.tensor));
+      const bool is_send = op.kind == P2POp::Kind::kSend;
+      const uint32_t seq = is_send ? send_seq_[op.peer]++ : recv_seq_[op.peer]++;
+      const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, seq);
+      if (is_send) buf->send(op.peer, slot);
+      else buf->recv(op.peer, slot);
+      live_bufs_.push_back(buf.get());
+      task.bufs.emplace_back(std::move(buf), is_send);
+    }
+  } catch (...) {
+    std::rethrow_exception(translate(ctx.prefix, std::current_exception()));
+  }
+  work->start();
+  p2p_tasks_.push_back(std::move(task));
+  cv_.notify_all();
+  return work;
+}
+
+WorkPtr GlooImpl::broadcast(const TensorView& t, int root, const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    if (size_ == 1 || t.nbytes() == 0) return;
+    ::gloo::BroadcastOptions o(context_);
+    if (rank_ == root) o.setInput(bytes(t), nbytes(t));
+    o.setOutput(bytes(t), nbytes(t));
+    o.setRoot(root);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::broadcast(o);
+  });
+}
+
+void GlooImpl::all_reduce_now(void* data, int64_t count, DType dt, const ReduceOp& op,
+                                 std::chrono::milliseconds timeout, uint32_t tag) {
+  if (op.type == RedOpType::kPremulSum) scale_in_place(data, count, dt, op.factor);
+  if (size_ > 1 && count > 0) {
+    const ReduceFn fn = reduce_fn(op.type, dt);
+    ::gloo::AllreduceOptions o(context_);
+    const size_t es = dtype_size(dt);
+    // Gloo sizes buffers by sizeof(T): pick a T of the element's width.
+    switch (es) {
+      case 1:
+        o.setInput(static_cast<uint8_t*>(data), count);
+        o.setOutput(static_cast<uint8_t*>(data), count);
+        break;
+      case 2:
+        o.setInput(static_cast<uint16_t*>(data), count);
+        o.setOutput(static_cast<uint16_t*>(data), count);
+        break;
+      case 4:
+        o.setInput(static_cast<uint32_t*>(data), count);
+        o.setOutput(static_cast<uint32_t*>(data), count);
+        break;
+      default:
+        o.setInput(static_cast<uint64_t*>(data), count);
+        o.setOutput(static_cast<uint64_t*>(data), count);
+        break;
+    }
+    o.setReduceFunction(fn);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::allreduce(o);
+  }
+  if (op.type == RedOpType::kAvg) divide_in_place(data, count, dt, size_);
+}
+
+WorkPtr GlooImpl::all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& ctx) {
+  (void)reduce_fn(op.type, t.dtype);  // reject unsupported combinations on the caller's thread
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    all_reduce_now(t.data, t.numel(), t.dtype, op, timeout, tag);
+  });
+}
+
+WorkPtr GlooImpl::reduce(const TensorView& t, int root, const ReduceOp& op,
+                            const OpContext& ctx) {
+  (void)reduce_fn(op.type, t.dtype);
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    const int64_t n = t.numel();
+    if (op.type == RedOpType::kPremulSum) scale_in_place(t.data, n, t.dtype, op.factor);
+    if (size_ > 1 && n > 0) {
+      ::gloo::ReduceOptions o(context_);
+      const size_t es = t.element_size();
+      switch (es) {
+        case 1:
+          o.setInput(static_cast<uint8_t*>(t.data), n);
+          o.setOutput(static_cast<uint8_t*>(t.data), n);
+          break;
+        case 2:
+          o.setInput(static_cast<uint16_t*>(t.data), n);
+          o.setOutput(static_cast<uint16_t*>(t.data), n);
+          break;
+        case 4:
+          o.setInput(static_cast<uint32_t*>(t.data), n);
+          o.setOutput(static_cast<uint32_t*>(t.data), n);
+          break;
+        default:
+          o.setInput(static_cast<uint64_t*>(t.data), n);
+          o.setOutput(static_cast<uint64_t*>(t.data), n);
+          break;
+      }
+      o.setRoot(root);
+      o.setReduceFunction(reduce_fn(op.type, t.dtype));
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      ::gloo::reduce(o);
+    }
+    if (op.type == RedOpType::kAvg && rank_ == root) divide_in_place(t.data, n, t.dtype, size_);
+  });
+}
+
+WorkPtr GlooImpl::all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                                const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    std::vector<size_t> counts(size_);
+    size_t total = 0;
+    for (int i = 0; i < size_; ++i) total += counts[i] = nbytes(outputs[i]);
+    std::vector<uint8_t> gathered(total);
+    if (size_ == 1) {
+      std::memcpy(gathered.data(), bytes(input), counts[0]);
+    } else if (total > 0) {
+      ::gloo::AllgathervOptions o(context_);
+      o.setInput(bytes(input), nbytes(input));
+      o.setOutput(gathered.data(), counts);
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      ::gloo::allgatherv(o);
+    }
+    size_t off = 0;
+    for (int i = 0; i < size_; ++i) {
+      if (counts[i]) std::memcpy(bytes(outputs[i]), gathered.data() + off, counts[i]);
+      off += counts[i];
+    }
+  });
+}
+
+WorkPtr GlooImpl::all_gather_single(const TensorView& output, const TensorView& input,
+                                       const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    if (size_ == 1 || input.nbytes() == 0) {
+      if (input.nbytes()) std::memcpy(bytes(output), bytes(input), nbytes(input));
+      return;
+    }
+    ::gloo::AllgathervOptions o(context_);
+    o.setInput(bytes(input), nbytes(input));
+    o.setOutput(bytes(output), std::vector<size_t>(size_, nbytes(input)));
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::allgatherv(o);
+  });
+}
+
+WorkPtr GlooImpl::reduce_scatter(const TensorView& output,
+                                    const std::vector<TensorView>& inputs, const ReduceOp& op,
+                                    const OpContext& ctx) {
+  (void)reduce_fn(op.type, output.dtype);
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    // Reduce the concatenation of every rank's inputs, keep this rank's slice.
+    std::vector<size_t> offsets(size_ + 1, 0);
+    for (int i = 0; i < size_; ++i) offsets[i + 1] = offsets[i] + nbytes(inputs[i]);
+    std::vector<uint8_t> buf(offsets[size_]);
+    for (int i = 0; i < size_; ++i)
+      if (offsets[i + 1] > offsets[i]) std::memcpy(buf.data() + offsets[i], bytes(inputs[i]),
+                                                   offsets[i + 1] - offsets[i]);
+    const int64_t count = static_cast<int64_t>(buf.size() / output.element_size());
+    all_reduce_now(buf.data(), count, output.dtype, op, timeout, tag);
+    if (output.nbytes())
+      std::memcpy(bytes(output), buf.data() + offsets[rank_], nbytes(output));
+  });
+}
+
+WorkPtr GlooImpl::reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                           const ReduceOp& op, const OpContext& ctx) {
+  (void)reduce_fn(op.type, output.dtype);
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    std::vector<uint8_t> buf(bytes(input), bytes(input) + nbytes(input));
+    all_reduce_now(buf.data(), input.numel(), input.dtype, op, timeout, tag);
+    if (output.nbytes())
+      std::memcpy(bytes(output), buf.data() + rank_ * nbytes(output), nbytes(output));
+  });
+}
+
+WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView& input,
+                                         const std::vector<int64_t>& output_splits,
+                                         const std::vector<int64_t>& input_splits,
+                                         const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
+    std::vector<int64_t> in_b(size_), out_b(size_);
+    int64_t total = 0;
+    for (int i = 0; i < size_; ++i) {
+      in_b[i] = input_splits[i] * in_row;
+      out_b[i] = output_splits[i] * out_row;
+      total += in_b[i] + out_b[i];
+    }
+    if (size_ == 1) {
+      if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
+      return;
+    }
+    if (total == 0) return;
+    ::gloo::AlltoallvOptions o(context_);
+    o.setInput(bytes(input), in_b);
+    o.setOutput(bytes(output), out_b);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::alltoallv(o);
+  });
+}
+
+WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
+                                const std::vector<TensorView>& inputs, const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    std::vector<int64_t> in_b(size_), out_b(size_);
+    int64_t in_total = 0, out_total = 0;
+    for (int i = 0; i < size_; ++i) {
+      in_total += in_b[i] = inputs[i].nbytes();
+      out_total += out_b[i] = outputs[i].nbytes();
+    }
+    std::vector<uint8_t> send(static_cast<size_t>(in_total)), recv(static_cast<size_t>(out_total));
+    int64_t off = 0;
+    for (int i = 0; i < size_; ++i) {
+      if (in_b[i]) std::memcpy(send.data() + off, bytes(inputs[i]), static_cast<size_t>(in_b[i]));
+      off += in_b[i];
+    }
+    if (size_ == 1) {
+      recv = send;
+    } else if (in_total + out_total > 0) {
+      ::gloo::AlltoallvOptions o(context_);
+      o.setInput(send.data(), in_b);
+      o.setOutput(recv.data(), out_b);
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      ::gloo::alltoallv(o);
+    }
+    off = 0;
+    for (int i = 0; i < size_; ++i) {
+      if (out_b[i])
+        std::memcpy(bytes(outputs[i]), recv.data() + off, static_cast<size_t>(out_b[i]));
+      off += out_b[i];
+    }
+  });
+}
+
+WorkPtr GlooImpl::barrier(const OpContext& ctx) {
+  return enqueue(ctx, [this](std::chrono::milliseconds timeout, uint32_t tag) {
+    if (size_ == 1) return;
+    ::gloo::BarrierOptions o(context_);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::barrier(o);
+  });
+}
+
+WorkPtr GlooImpl::scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                             int root, const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    const size_t n = nbytes(output);
+    if (size_ == 1 || n == 0) {
+      if (n) std::memcpy(bytes(output), bytes(inputs[0]), n);
+      return;
+    }
+    ::gloo::ScatterOptions o(context_);
+    std::vector<uint8_t*> ptrs;
+    if (rank_ == root) {
+      for (const auto& t : inputs) ptrs.push_back(bytes(t));
+      o.setInputs(ptrs, n);
+    }
+    o.setOutput(bytes(output), n);
+    o.setRoot(root);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::scatter(o);
+  });
+}
+
+WorkPtr GlooImpl::gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                            int root, const OpContext& ctx) {
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    const size_t n = nbytes(input);
+    if (size_ == 1 || n == 0) {
+      if (n) std::memcpy(bytes(outputs[0]), bytes(input), n);
+      return;
+    }
+    std::vector<uint8_t> all(rank_ == root ? n * size_ : 0);
+    ::gloo::GatherOptions o(context_);
+    o.setInput(bytes(input), n);
+    if (rank_ == root) o.setOutput(all.data(), n * size_);
+    o.setRoot(root);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::gather(o);
+    if (rank_ == root)
+      for (int i = 0; i < size_; ++i) std::memcpy(bytes(outputs[i]), all.data() + i * n, n);
+  });
+}
+
+void GlooImpl::abort() {
+  std::deque<Task> dropped;
+  std::shared_ptr<AsyncWork> running;
+  std::vector<std::shared_ptr<AsyncWork>> p2p_works;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.exchange(true)) return;
+    dropped.swap(tasks_);
+    running = running_;
+    for (auto& t : p2p_tasks_) p2p_works.push_back(t.work);
+    for (auto* buf : live_bufs_) {
+      buf->abortWaitSend();
+      buf->abortWaitRecv();
+    }
+  }
+  const auto aborted = [](const std::string& prefix) {
+    return std::make_exception_ptr(
+        Error(ErrorCode::kAborted, prefix + "the communicator was aborted"));
+  };
+  for (auto& t : dropped) t.work->fail(aborted(t.prefix));
+  if (running) running->fail(aborted(running_prefix_));
+  for (auto& w : p2p_works) w->fail(aborted(""));
+  // Break the running collective, if any: its waits fail once the connections are gone.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+  }
+  cv_.notify_all();
+}
+
+void GlooImpl::finalize() {
+  // Drain both queues: a marker task on each completes after everything issued before it.
+  auto coll = std::make_shared<AsyncWork>("finalize", Clock::time_point::max());
+  auto p2p = std::make_shared<AsyncWork>("finalize", Clock::time_point::max());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    tasks_.push_back(Task{[](std::chrono::milliseconds, uint32_t) {}, coll,
+                          std::chrono::milliseconds(1), 0, "finalize"});
+    P2PTask marker;
+    marker.work = p2p;
+    marker.deadline = Clock::now();
+    p2p_tasks_.push_back(std::move(marker));
+  }
+  cv_.notify_all();
+  coll->wait();
+  p2p->wait();
+}
+
+// The Backend the factory hands out: a thin owner of the shared impl.
+class GlooBackend : public Backend {
+ public:
+  explicit GlooBackend(const BackendInit& init) : impl_(std::make_shared<GlooImpl>(init)) {
+    impl_->start();
+  }
+  ~GlooBackend() override { impl_->shutdown(); }
+
+  std::string name() const override { return "gloo"; }
+  std::string version() const override { return "gloo 0.0~git20220518 (tcp)"; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    for (int i = 0; i < static_cast<int>(OpKind::kCount); ++i) c.ops |= uint64_t{1} << i;
+    c.cpu_tensors = true;
+    return c;
+  }
+  WorkPtr send(const TensorView& t, int dst, const OpContext& c) override {
+    return impl_->send(t, dst, c);
+  }
+  WorkPtr recv(const TensorView& t, int src, const OpContext& c) override {
+    return impl_->recv(t, src, c);
+  }
+  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& c) override {
+    return impl_->batch_p2p(ops, c);
+  }
+  WorkPtr broadcast(const TensorView& t, int root, const OpContext& c) override {
+    return impl_->broadcast(t, root, c);
+  }
+  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
+    return impl_->all_reduce(t, op, c);
+  }
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op,
+                 const OpContext& c) override {
+    return impl_->reduce(t, root, op, c);
+  }
+  WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                     const OpContext& c) override {
+    return impl_->all_gather(outputs, input, c);
+  }
+  WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
+                            const OpContext& c) override {
+    return impl_->all_gather_single(output, input, c);
+  }
+  WorkPtr reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                         const ReduceOp& op, const OpContext& c) override {
+    return impl_->reduce_scatter(output, inputs, op, c);
+  }
+  WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                const ReduceOp& op, const OpContext& c) override {
+    return impl_->reduce_scatter_single(output, input, op, c);
+  }
+  WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits,
+                              const OpContext& c) override {
+    return impl_->all_to_all_v_single(output, input, output_splits, input_splits, c);
+  }
+  WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
+                     const OpContext& c) override {
+    return impl_->all_to_all(outputs, inputs, c);
+  }
+  WorkPtr barrier(const OpContext& c) override { return impl_->barrier(c); }
+  WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
+                  const OpContext& c) override {
+    return impl_->scatter(output, inputs, root, c);
+  }
+  WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
+                 const OpContext& c) override {
+    return impl_->gather(outputs, input, root, c);
+  }
+  std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit& init) override {
+    return std::make_unique<GlooBackend>(init);
+  }
+  void abort() override { impl_->abort(); }
+  void finalize() override { impl_->finalize(); }
+
+ private:
+  std::shared_ptr<GlooImpl> impl_;
+};
+
+const StaticBackendRegistration kRegistration(
+    "gloo", [](const BackendInit& init) { return std::make_unique<GlooBackend>(init); });
+
+}  // namespace
+}  // namespace fastcomms::gloo_backend

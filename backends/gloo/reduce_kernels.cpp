@@ -1,0 +1,194 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#include "reduce_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::gloo_backend {
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (x < 0x38800000u) {  // subnormal or zero in half
+    if (x < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
+    const uint32_t exp = x >> 23;
+    uint32_t mant = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14 + (113 - exp)
+    const uint32_t half_mant = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    uint32_t r = half_mant;
+    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  // normal: rebias exponent and round mantissa to 10 bits, nearest even
+  uint32_t r = x - 0x38000000u;  // exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+namespace {
+
+// Storage type S, computed in C.
+template <typename S, typename C>
+struct Codec {
+  static C load(S v) { return static_cast<C>(v); }
+  static S store(C v) { return static_cast<S>(v); }
+};
+struct HalfCodec {
+  static float load(uint16_t v) { return half_to_float(v); }
+  static uint16_t store(float v) { return float_to_half(v); }
+};
+struct BF16Codec {
+  static float load(uint16_t v) { return bf16_to_float(v); }
+  static uint16_t store(float v) { return float_to_bf16(v); }
+};
+
+template <typename S, typename Cd, typename Op>
+ReduceFn make(Op op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    auto* pc = static_cast<S*>(c);
+    const auto* pa = static_cast<const S*>(a);
+    const auto* pb = static_cast<const S*>(b);
+    for (size_t i = 0; i < n; ++i) pc[i] = Cd::store(op(Cd::load(pa[i]), Cd::load(pb[i])));
+  };
+}
+
+template <typename S, typename Cd, bool Integral>
+ReduceFn for_op(RedOpType op) {
+  switch (op) {
+    case RedOpType::kSum:
+    case RedOpType::kAvg:
+    case RedOpType::kPremulSum:
+      return make<S, Cd>([](auto x, auto y) { return x + y; });
+    case RedOpType::kProduct:
+      return make<S, Cd>([](auto x, auto y) { return x * y; });
+    case RedOpType::kMin:
+      return make<S, Cd>([](auto x, auto y) { return std::min(x, y); });
+    case RedOpType::kMax:
+      return make<S, Cd>([](auto x, auto y) { return std::max(x, y); });
+    case RedOpType::kBand:
+    case RedOpType::kBor:
+    case RedOpType::kBxor:
+      if constexpr (Integral) {
+        if (op == RedOpType::kBand) return make<S, Cd>([](auto x, auto y) { return x & y; });
+        if (op == RedOpType::kBor) return make<S, Cd>([](auto x, auto y) { return x | y; });
+        return make<S, Cd>([](auto x, auto y) { return x ^ y; });
+      }
+      break;
+  }
+  throw Error(ErrorCode::kUnsupported,
+              detail::cat("gloo: no reduction ", red_op_name(op), " for this dtype"));
+}
+
+}  // namespace
+
+ReduceFn reduce_fn(RedOpType op, DType dt) {
+  switch (dt) {
+    case DType::kFloat16:
+      return for_op<uint16_t, HalfCodec, false>(op);
+    case DType::kBFloat16:
+      return for_op<uint16_t, BF16Codec, false>(op);
+    case DType::kFloat32:
+      return for_op<float, Codec<float, float>, false>(op);
+    case DType::kFloat64:
+      return for_op<double, Codec<double, double>, false>(op);
+    case DType::kInt8:
+      return for_op<int8_t, Codec<int8_t, int8_t>, true>(op);
+    case DType::kUInt8:
+      return for_op<uint8_t, Codec<uint8_t, uint8_t>, true>(op);
+    case DType::kInt32:
+      return for_op<int32_t, Codec<int32_t, int32_t>, true>(op);
+    case DType::kInt64:
+      return for_op<int64_t, Codec<int64_t, int64_t>, true>(op);
+    case DType::kBool:
+      return for_op<uint8_t, Codec<uint8_t, uint8_t>, true>(op);
+    default:
+      break;
+  }
+  throw Error(ErrorCode::kUnsupported,
+              detail::cat("gloo: reductions on ", dtype_name(dt), " are not supported"));
+}
+
+namespace {
+template <typename S, typename Cd, typename F>
+void map_in_place(void* data, int64_t n, F f) {
+  auto* p = static_cast<S*>(data);
+  for (int64_t i = 0; i < n; ++i) p[i] = Cd::store(f(Cd::load(p[i])));
+}
+
+template <typename F>
+void map_any(void* data, int64_t n, DType dt, F f) {
+  switch (dt) {
+    case DType::kFloat16:
+      return map_in_place<uint16_t, HalfCodec>(data, n, f);
+    case DType::kBFloat16:
+      return map_in_place<uint16_t, BF16Codec>(data, n, f);
+    case DType::kFloat32:
+      return map_in_place<float, Codec<float, float>>(data, n, f);
+    case DType::kFloat64:
+      return map_in_place<double, Codec<double, double>>(data, n, f);
+    case DType::kInt8:
+      return map_in_place<int8_t, Codec<int8_t, int8_t>>(data, n, f);
+    case DType::kUInt8:
+    case DType::kBool:
+      return map_in_place<uint8_t, Codec<uint8_t, uint8_t>>(data, n, f);
+    case DType::kInt32:
+      return map_in_place<int32_t, Codec<int32_t, int32_t>>(data, n, f);
+    case DType::kInt64:
+      return map_in_place<int64_t, Codec<int64_t, int64_t>>(data, n, f);
+    default:
+      throw Error(ErrorCode::kUnsupported,
+                  detail::cat("gloo: arithmetic on ", dtype_name(dt), " is not supported"));
+  }
+}
+}  // namespace
+
+void scale_in_place(void* data, int64_t n, DType dt, double factor) {
+  map_any(data, n, dt, [factor](auto v) {
+    using T = decltype(v);
+    return static_cast<T>(v * static_cast<T>(factor));
+  });
+}
+
+void divide_in_place(void* data, int64_t count, DType dt, int64_t n) {
+  map_any(data, count, dt, [n](auto v) {
+    using T = decltype(v);
+    return static_cast<T>(v / static_cast<T>(n));
+  });
+}
+
+}  // namespace fastcomms::gloo_backend

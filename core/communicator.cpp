@@ -1,0 +1,499 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#include "fastcomms/core/communicator.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms {
+
+struct Communicator::Hooks {
+  std::mutex mu;
+  uint64_t next_id = 1;
+  std::map<uint64_t, PreHook> pre;
+  std::map<uint64_t, PostHook> post;
+  std::map<uint64_t, AbortHook> abort;
+};
+
+std::shared_ptr<Communicator> Communicator::create(const std::string& backend_name, int rank,
+                                                   int size, Device device, CommOptions options) {
+  const std::string where = detail::cat("[rank ", rank, "/", size, " ", options.name, "] new_comm: ");
+  FASTCOMMS_CHECK(size >= 1, kInvalidArgument, where, "size must be >= 1, got ", size);
+  FASTCOMMS_CHECK(rank >= 0 && rank < size, kInvalidArgument, where, "rank must be in [0, ", size,
+                  "), got ", rank);
+  FASTCOMMS_CHECK(options.store != nullptr, kInvalidArgument, where, "a store is required");
+  FASTCOMMS_CHECK(options.timeout.count() > 0, kInvalidArgument, where,
+                  "timeout must be positive, got ", options.timeout.count(), " ms");
+  if (options.name.empty()) options.name = "comm";
+  BackendInit init{rank, size, device, options};
+  // Every communicator gets its own key space in the store.
+  init.options.store = std::make_shared<PrefixStore>("fastcomms/" + options.name, options.store);
+  auto backend = create_backend(backend_name, init);
+  return std::make_shared<Communicator>(std::move(backend), rank, size, device,
+                                        std::move(options));
+}
+
+Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
+                           CommOptions options)
+    : backend_(std::move(backend)),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      options_(std::move(options)),
+      hooks_(std::make_shared<Hooks>()) {
+  if (options_.name.empty()) options_.name = "comm";
+}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::prefix(OpKind op) const {
+  return detail::cat("[rank ", rank_, "/", size_, " ", options_.name, " ", op_name(op), "] ");
+}
+
+void Communicator::set_timeout(std::chrono::milliseconds t) {
+  FASTCOMMS_CHECK(t.count() > 0, kInvalidArgument, "[rank ", rank_, "/", size_, " ",
+                  options_.name, "] set_timeout: timeout must be positive, got ", t.count(),
+                  " ms");
+  options_.timeout = t;
+}
+
+void Communicator::set_hints(const Hints& hints) {
+  for (const auto& [k, v] : hints) options_.hints[k] = v;
+}
+
+void Communicator::abort() {
+  if (aborted_.exchange(true)) return;
+  std::vector<AbortHook> fns;
+  {
+    std::lock_guard<std::mutex> lock(hooks_->mu);
+    for (auto& [id, fn] : hooks_->abort) fns.push_back(fn);
+  }
+  for (auto& fn : fns) fn();
+  backend_->abort();
+}
+
+void Communicator::finalize() {
+  if (finalized_.exchange(true) || aborted_) return;
+  backend_->finalize();
+}
+
+void Communicator::check_usable(OpKind op) const {
+  FASTCOMMS_CHECK(!aborted_, kAborted, prefix(op), "the communicator was aborted");
+  FASTCOMMS_CHECK(!finalized_, kInvalidArgument, prefix(op), "the communicator was finalized");
+  FASTCOMMS_CHECK(backend_->capabilities().supports(op), kUnsupported, prefix(op),
+                  "backend '", backend_->name(), "' does not support ", op_name(op));
+}
+
+void Communicator::check_peer(OpKind op, const char* arg, int peer, bool allow_self) const {
+  FASTCOMMS_CHECK(peer >= 0 && peer < size_, kInvalidArgument, prefix(op), arg,
+                  " must be in [0, ", size_, "), got ", peer);
+  FASTCOMMS_CHECK(allow_self || peer != rank_, kInvalidArgument, prefix(op), arg,
+                  " must not be this rank (", rank_, ")");
+}
+
+void Communicator::check_tensor(OpKind op, const char* arg, const TensorView& t) const {
+  FASTCOMMS_CHECK(t.data != nullptr || t.numel() == 0, kInvalidArgument, prefix(op), arg,
+                  " has no data");
+  FASTCOMMS_CHECK(t.is_contiguous(), kInvalidArgument, prefix(op), arg,
+                  " must be contiguous, got ", t.describe(), " with non-dense strides");
+  const Capabilities caps = backend_->capabilities();
+  const bool ok = t.device.type == DeviceType::kCPU ? caps.cpu_tensors : caps.cuda_tensors;
+  FASTCOMMS_CHECK(ok, kInvalidArgument, prefix(op), arg, " is on ", t.device.str(),
+                  ", which backend '", backend_->name(), "' does not serve");
+}
+
+void Communicator::check_same_dtype(OpKind op, const char* arg, const TensorView& t,
+                                    DType want) const {
+  FASTCOMMS_CHECK(t.dtype == want, kTypeError, prefix(op), arg, " has dtype ",
+                  dtype_name(t.dtype), ", expected ", dtype_name(want));
+}
+
+void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
+  const bool bitwise =
+      r.type == RedOpType::kBand || r.type == RedOpType::kBor || r.type == RedOpType::kBxor;
+  FASTCOMMS_CHECK(!bitwise || dtype_is_integral(dt), kTypeError, prefix(op), red_op_name(r.type),
+                  " needs an integer or bool tensor, got ", dtype_name(dt));
+  FASTCOMMS_CHECK(dt != DType::kFloat8E4M3FN && dt != DType::kFloat8E5M2, kUnsupported,
+                  prefix(op), "reductions on ", dtype_name(dt), " are not supported");
+  FASTCOMMS_CHECK(r.type != RedOpType::kPremulSum || !dtype_is_integral(dt), kTypeError,
+                  prefix(op), "PREMUL_SUM needs a floating-point tensor, got ", dtype_name(dt));
+  FASTCOMMS_CHECK(dt != DType::kBool || bitwise || r.type == RedOpType::kMin ||
+                      r.type == RedOpType::kMax,
+                  kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
+}
+
+template <typename Fn>
+WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
+  check_usable(op);
+  OpContext ctx;
+  ctx.op = op;
+  ctx.op_id = next_op_id_.fetch_add(1);
+  ctx.async_op = o.async_op;
+  ctx.timeout = o.options.timeout.count() > 0 ? o.options.timeout : options_.timeout;
+  ctx.hints = &o.options.hints;
+  ctx.prefix = prefix(op);
+  std::vector<PreHook> pre;
+  std::vector<PostHook> post;
+  {
+    std::lock_guard<std::mutex> lock(hooks_->mu);
+    for (auto& [id, fn] : hooks_->pre) pre.push_back(fn);
+    for (auto& [id, fn] : hooks_->post) post.push_back(fn);
+  }
+  for (auto& fn : pre) fn(OpInfo{op, ctx.op_id, ctx.async_op, nullptr});
+  WorkPtr work;
+  try {
+    work = issue(ctx);
+    if (!o.async_op) work->wait();
+  } catch (const Error& e) {
+    if (options_.abort_process_on_timeout_or_error && e.code() != ErrorCode::kInvalidArgument &&
+        e.code() != ErrorCode::kTypeError && e.code() != ErrorCode::kUnsupported) {
+      std::fprintf(stderr, "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
+                   e.what());
+      std::abort();
+    }
+    throw;
+  }
+  for (auto& fn : post) fn(OpInfo{op, ctx.op_id, ctx.async_op, work.get()});
+  return work;
+}
+
+WorkPtr Communicator::send(const TensorView& t, int dst, const CallOptions& o) {
+  const OpKind op = OpKind::kSend;
+  check_peer(op, "dst", dst, false);
+  check_tensor(op, "tensor", t);
+  return run(op, o, [&](const OpContext& c) { return backend_->send(t, dst, c); });
+}
+
+WorkPtr Communicator::recv(const TensorView& t, int src, const CallOptions& o) {
+  const OpKind op = OpKind::kRecv;
+  check_peer(op, "src", src, false);
+  check_tensor(op, "tensor", t);
+  return run(op, o, [&](const OpContext& c) { return backend_->recv(t, src, c); });
+}
+
+WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops, const CallOptions& o) {
+  const OpKind op = OpKind::kBatchP2P;
+  FASTCOMMS_CHECK(!ops.empty(), kInvalidArgument, prefix(op), "the batch is empty");
+  for (const P2POp& p : ops) {
+    check_peer(op, p.kind == P2POp::Kind::kSend ? "send dst" : "recv src", p.peer, false);
+    check_tensor(op, "tensor", p.tensor);
+  }
+  return run(op, o, [&](const OpContext& c) { return backend_->batch_p2p(ops, c); });
+}
+
+WorkPtr Communicator::broadcast(const TensorView& t, int root, const CallOptions& o) {
+  const OpKind op = OpKind::kBroadcast;
+  check_peer(op, "root", root, true);
+  check_tensor(op, "tensor", t);
+  return run(op, o, [&](const OpContext& c) { return backend_->broadcast(t, root, c); });
+}
+
+WorkPtr Communicator::all_reduce(const TensorView& t, const ReduceOp& r, const CallOptions& o) {
+  const OpKind op = OpKind::kAllReduce;
+  check_tensor(op, "tensor", t);
+  check_reduce(op, r, t.dtype);
+  return run(op, o, [&](const OpContext& c) { return backend_->all_reduce(t, r, c); });
+}
+
+WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
+                             const CallOptions& o) {
+  const OpKind op = OpKind::kReduce;
+  check_peer(op, "root", root, true);
+  check_tensor(op, "tensor", t);
+  check_reduce(op, r, t.dtype);
+  return run(op, o, [&](const OpContext& c) { return backend_->reduce(t, root, r, c); });
+}
+
+namespace {
+template <typename Check>
+void check_list(const std::string& prefix, const char* arg, const std::vector<TensorView>& list,
+                int size, Check&& each) {
+  FASTCOMMS_CHECK(static_cast<int>(list.size()) == size, kInvalidArgument, prefix, arg,
+                  " must hold ", size, " tensors (one per rank), got ", list.size());
+  for (int i = 0; i < size; ++i) each(i, list[i]);
+}
+}  // namespace
+
+WorkPtr Communicator::all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                                 const CallOptions& o) {
+  const OpKind op = OpKind::kAllGather;
+  check_tensor(op, "input", input);
+  check_list(prefix(op), "tensor_list", outputs, size_, [&](int i, const TensorView& t) {
+    check_tensor(op, "tensor_list[i]", t);
+    check_same_dtype(op, "tensor_list[i]", t, input.dtype);
+    FASTCOMMS_CHECK(t.numel() == input.numel(), kInvalidArgument, prefix(op), "tensor_list[", i,
+                    "] has ", t.numel(), " elements, input has ", input.numel(),
+                    " (use all_gather_v for different sizes)");
+  });
+  return run(op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); });
+}
+
+WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const TensorView& input,
+                                   const CallOptions& o) {
+  const OpKind op = OpKind::kAllGatherV;
+  check_tensor(op, "input", input);
+  check_list(prefix(op), "tensor_list", outputs, size_, [&](int i, const TensorView& t) {
+    check_tensor(op, "tensor_list[i]", t);
+    check_same_dtype(op, "tensor_list[i]", t, input.dtype);
+    FASTCOMMS_CHECK(i != rank_ || t.numel() == input.numel(), kInvalidArgument, prefix(op),
+                    "tensor_list[", i, "] (this rank's slot) has ", t.numel(),
+                    " elements, input has ", input.numel());
+  });
+  return run(op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); });
+}
+
+WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorView& input,
+                                        const CallOptions& o) {
+  const OpKind op = OpKind::kAllGatherSingle;
+  check_tensor(op, "input", input);
+  check_tensor(op, "output", output);
+  check_same_dtype(op, "output", output, input.dtype);
+  FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, prefix(op),
+                  "output has ", output.numel(), " elements, expected input.numel() * size = ",
+                  input.numel(), " * ", size_);
+  return run(op, o,
+             [&](const OpContext& c) { return backend_->all_gather_single(output, input, c); });
+}
+
+WorkPtr Communicator::reduce_scatter(const TensorView& output,
+                                     const std::vector<TensorView>& inputs, const ReduceOp& r,
+                                     const CallOptions& o) {
+  const OpKind op = OpKind::kReduceScatter;
+  check_tensor(op, "output", output);
+  check_reduce(op, r, output.dtype);
+  check_list(prefix(op), "input_list", inputs, size_, [&](int i, const TensorView& t) {
+    check_tensor(op, "input_list[i]", t);
+    check_same_dtype(op, "input_list[i]", t, output.dtype);
+    FASTCOMMS_CHECK(t.numel() == output.numel(), kInvalidArgument, prefix(op), "input_list[", i,
+                    "] has ", t.numel(), " elements, output has ", output.numel(),
+                    " (use reduce_scatter_v for different sizes)");
+  });
+  return run(op, o,
+             [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); });
+}
+
+WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
+                                       const std::vector<TensorView>& inputs, const ReduceOp& r,
+                                       const CallOptions& o) {
+  const OpKind op = OpKind::kReduceScatterV;
+  check_tensor(op, "output", output);
+  check_reduce(op, r, output.dtype);
+  check_list(prefix(op), "input_list", inputs, size_, [&](int i, const TensorView& t) {
+    check_tensor(op, "input_list[i]", t);
+    check_same_dtype(op, "input_list[i]", t, output.dtype);
+    FASTCOMMS_CHECK(i != rank_ || t.numel() == output.numel(), kInvalidArgument, prefix(op),
+                    "input_list[", i, "] (this rank's slot) has ", t.numel(),
+                    " elements, output has ", output.numel());
+  });
+  return run(op, o,
+             [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); });
+}
+
+WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                            const ReduceOp& r, const CallOptions& o) {
+  const OpKind op = OpKind::kReduceScatterSingle;
+  check_tensor(op, "input", input);
+  check_tensor(op, "output", output);
+  check_same_dtype(op, "output", output, input.dtype);
+  check_reduce(op, r, input.dtype);
+  FASTCOMMS_CHECK(input.numel() == output.numel() * size_, kInvalidArgument, prefix(op),
+                  "input has ", input.numel(), " elements, expected output.numel() * size = ",
+                  output.numel(), " * ", size_);
+  return run(op, o, [&](const OpContext& c) {
+    return backend_->reduce_scatter_single(output, input, r, c);
+  });
+}
+
+WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorView& input,
+                                        const CallOptions& o) {
+  const OpKind op = OpKind::kAllToAllSingle;
+  check_tensor(op, "input", input);
+  check_tensor(op, "output", output);
+  check_same_dtype(op, "output", output, input.dtype);
+  FASTCOMMS_CHECK(input.numel() == output.numel(), kInvalidArgument, prefix(op), "input has ",
+                  input.numel(), " elements, output has ", output.numel());
+  FASTCOMMS_CHECK(input.rows() % size_ == 0, kInvalidArgument, prefix(op), "input.size(0)=",
+                  input.rows(), " is not divisible by size=", size_);
+  FASTCOMMS_CHECK(output.rows() % size_ == 0, kInvalidArgument, prefix(op), "output.size(0)=",
+                  output.rows(), " is not divisible by size=", size_);
+  std::vector<int64_t> in_splits(size_, input.rows() / size_);
+  std::vector<int64_t> out_splits(size_, output.rows() / size_);
+  return run(op, o, [&](const OpContext& c) {
+    return backend_->all_to_all_v_single(output, input, out_splits, in_splits, c);
+  });
+}
+
+WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const TensorView& input,
+                                          const std::vector<int64_t>& output_splits,
+                                          const std::vector<int64_t>& input_splits,
+                                          const CallOptions& o) {
+  const OpKind op = OpKind::kAllToAllVSingle;
+  check_tensor(op, "input", input);
+  check_tensor(op, "output", output);
+  check_same_dtype(op, "output", output, input.dtype);
+  const auto resolve = [&](const std::vector<int64_t>& splits, const TensorView& t,
+                           const char* arg, const char* tensor) {
+    if (splits.empty()) {
+      FASTCOMMS_CHECK(t.rows() % size_ == 0, kInvalidArgument, prefix(op), tensor, ".size(0)=",
+                      t.rows(), " is not divisible by size=", size_, " and ", arg,
+                      " is empty");
+      return std::vector<int64_t>(size_, t.rows() / size_);
+    }
+    FASTCOMMS_CHECK(static_cast<int>(splits.size()) == size_, kInvalidArgument, prefix(op), arg,
+                    " must have ", size_, " entries, got ", splits.size());
+    int64_t sum = 0;
+    for (int i = 0; i < size_; ++i) {
+      FASTCOMMS_CHECK(splits[i] >= 0, kInvalidArgument, prefix(op), arg, "[", i,
+                      "] must be >= 0, got ", splits[i]);
+      sum += splits[i];
+    }
+    FASTCOMMS_CHECK(sum == t.rows(), kInvalidArgument, prefix(op), arg, " sums to ", sum, ", ",
+                    tensor, ".size(0) is ", t.rows());
+    return splits;
+  };
+  const auto out_s = resolve(output_splits, output, "output_split_sizes", "output");
+  const auto in_s = resolve(input_splits, input, "input_split_sizes", "input");
+  return run(op, o, [&](const OpContext& c) {
+    return backend_->all_to_all_v_single(output, input, out_s, in_s, c);
+  });
+}
+
+WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
+                                 const std::vector<TensorView>& inputs, const CallOptions& o) {
+  const OpKind op = OpKind::kAllToAll;
+  FASTCOMMS_CHECK(!inputs.empty(), kInvalidArgument, prefix(op), "input_tensor_list is empty");
+  const DType dt = inputs[0].dtype;
+  check_list(prefix(op), "input_tensor_list", inputs, size_, [&](int, const TensorView& t) {
+    check_tensor(op, "input_tensor_list[i]", t);
+    check_same_dtype(op, "input_tensor_list[i]", t, dt);
+  });
+  check_list(prefix(op), "output_tensor_list", outputs, size_, [&](int, const TensorView& t) {
+    check_tensor(op, "output_tensor_list[i]", t);
+    check_same_dtype(op, "output_tensor_list[i]", t, dt);
+  });
+  return run(op, o, [&](const OpContext& c) { return backend_->all_to_all(outputs, inputs, c); });
+}
+
+WorkPtr Communicator::barrier(const CallOptions& o) {
+  return run(OpKind::kBarrier, o, [&](const OpContext& c) { return backend_->barrier(c); });
+}
+
+WorkPtr Communicator::scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                              int root, const CallOptions& o) {
+  const OpKind op = OpKind::kScatter;
+  check_peer(op, "root", root, true);
+  check_tensor(op, "output_tensor", output);
+  if (rank_ == root) {
+    check_list(prefix(op), "input_tensor_list", inputs, size_, [&](int i, const TensorView& t) {
+      check_tensor(op, "input_tensor_list[i]", t);
+      check_same_dtype(op, "input_tensor_list[i]", t, output.dtype);
+      FASTCOMMS_CHECK(t.numel() == output.numel(), kInvalidArgument, prefix(op),
+                      "input_tensor_list[", i, "] has ", t.numel(),
+                      " elements, output_tensor has ", output.numel());
+    });
+  }
+  return run(op, o,
+             [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); });
+}
+
+WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                             int root, const CallOptions& o) {
+  const OpKind op = OpKind::kGather;
+  check_peer(op, "root", root, true);
+  check_tensor(op, "input_tensor", input);
+  if (rank_ == root) {
+    check_list(prefix(op), "output_tensor_list", outputs, size_, [&](int i, const TensorView& t) {
+      check_tensor(op, "output_tensor_list[i]", t);
+      check_same_dtype(op, "output_tensor_list[i]", t, input.dtype);
+      FASTCOMMS_CHECK(t.numel() == input.numel(), kInvalidArgument, prefix(op),
+                      "output_tensor_list[", i, "] has ", t.numel(),
+                      " elements, input_tensor has ", input.numel());
+    });
+  }
+  return run(op, o, [&](const OpContext& c) { return backend_->gather(outputs, input, root, c); });
+}
+
+WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& input, int root,
+                                    const CallOptions& o) {
+  const OpKind op = OpKind::kGatherSingle;
+  check_peer(op, "root", root, true);
+  check_tensor(op, "input", input);
+  std::vector<TensorView> outs;
+  if (rank_ == root) {
+    check_tensor(op, "output", output);
+    check_same_dtype(op, "output", output, input.dtype);
+    FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, prefix(op),
+                    "output has ", output.numel(),
+                    " elements, expected input.numel() * size = ", input.numel(), " * ", size_);
+    auto* base = static_cast<unsigned char*>(output.data);
+    for (int i = 0; i < size_; ++i)
+      outs.push_back(TensorView::contiguous(base + i * input.nbytes(), input.dtype,
+                                            {input.numel()}, output.device));
+  }
+  return run(OpKind::kGatherSingle, o,
+             [&](const OpContext& c) { return backend_->gather(outs, input, root, c); });
+}
+
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
+                                                  const std::string& name,
+                                                  const CommOptions* options) {
+  const OpKind op = OpKind::kSplit;
+  check_usable(op);
+  FASTCOMMS_CHECK(!ranks.empty(), kInvalidArgument, prefix(op), "ranks is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    FASTCOMMS_CHECK(sorted[i] >= 0 && sorted[i] < size_, kInvalidArgument, prefix(op),
+                    "ranks must be in [0, ", size_, "), got ", sorted[i]);
+    FASTCOMMS_CHECK(i == 0 || sorted[i] != sorted[i - 1], kInvalidArgument, prefix(op),
+                    "rank ", sorted[i], " appears twice in ranks");
+  }
+  const uint64_t split_id = split_counter_.fetch_add(1) + 1;
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  CommOptions opts = options ? *options : options_;
+  if (!opts.store) opts.store = options_.store;
+  opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
+  BackendInit init{static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), device_,
+                   opts};
+  std::string key =
+      detail::cat("fastcomms/", options_.name, "/split", split_id, "/", opts.name, "/");
+  for (int r : ranks) key += detail::cat(r, ".");
+  init.options.store = std::make_shared<PrefixStore>(key, opts.store);
+  auto backend = backend_->split(ranks, init);
+  return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
+                                        std::move(opts));
+}
+
+namespace {
+template <typename Map, typename Fn>
+RemovableHandle add_hook(const std::shared_ptr<void>& owner, std::mutex& mu, uint64_t& next,
+                         Map& map, Fn fn) {
+  std::lock_guard<std::mutex> lock(mu);
+  const uint64_t id = next++;
+  map.emplace(id, std::move(fn));
+  std::weak_ptr<void> weak = owner;
+  return RemovableHandle([weak, &mu, &map, id] {
+    if (auto alive = weak.lock()) {
+      std::lock_guard<std::mutex> lock(mu);
+      map.erase(id);
+    }
+  });
+}
+}  // namespace
+
+RemovableHandle Communicator::register_pre_hook(PreHook fn) {
+  return add_hook(hooks_, hooks_->mu, hooks_->next_id, hooks_->pre, std::move(fn));
+}
+RemovableHandle Communicator::register_post_hook(PostHook fn) {
+  return add_hook(hooks_, hooks_->mu, hooks_->next_id, hooks_->post, std::move(fn));
+}
+RemovableHandle Communicator::register_abort_hook(AbortHook fn) {
+  return add_hook(hooks_, hooks_->mu, hooks_->next_id, hooks_->abort, std::move(fn));
+}
+
+}  // namespace fastcomms

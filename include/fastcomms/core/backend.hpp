@@ -1,0 +1,134 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// The abstract backend every transport implements, and the context an op is issued with.
+///
+/// The Communicator validates arguments (ranks, sizes, dtypes, contiguity) before it calls a
+/// backend, so a backend may assume well-formed input; it still checks what only it knows (the
+/// device type, dtypes it cannot reduce).
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastcomms/core/options.hpp"
+#include "fastcomms/core/reduce_op.hpp"
+#include "fastcomms/core/tensor.hpp"
+#include "fastcomms/core/work.hpp"
+
+namespace fastcomms {
+
+/// Every op of the communicator API, for capabilities() and messages.
+enum class OpKind : int {
+  kSend = 0,
+  kRecv,
+  kBatchP2P,
+  kBroadcast,
+  kAllReduce,
+  kReduce,
+  kAllGather,
+  kAllGatherV,
+  kAllGatherSingle,
+  kReduceScatter,
+  kReduceScatterV,
+  kReduceScatterSingle,
+  kAllToAllSingle,
+  kAllToAllVSingle,
+  kAllToAll,
+  kBarrier,
+  kScatter,
+  kGather,
+  kGatherSingle,
+  kSplit,
+  kCount,
+};
+
+/// The API name of `op` ("all_reduce", ...).
+const char* op_name(OpKind op) noexcept;
+
+/// What a backend can do.
+struct Capabilities {
+  uint64_t ops = 0;          ///< Bit (1 << OpKind) per supported op.
+  bool cpu_tensors = false;  ///< Takes CPU tensors.
+  bool cuda_tensors = false; ///< Takes CUDA tensors.
+  bool supports(OpKind op) const { return (ops >> static_cast<int>(op)) & 1u; }
+};
+
+/// How one op was issued.
+struct OpContext {
+  OpKind op = OpKind::kBarrier;        ///< Which op.
+  uint64_t op_id = 0;                  ///< Increasing per communicator.
+  bool async_op = false;               ///< The caller asked for an async op.
+  std::chrono::milliseconds timeout{0};  ///< Effective timeout (never 0 here).
+  const Hints* hints = nullptr;        ///< Per-op hints (may be null).
+  std::string prefix;                  ///< "[rank r/n comm op] " for error messages.
+};
+
+/// One point-to-point op of a batch.
+struct P2POp {
+  enum class Kind { kSend, kRecv } kind = Kind::kSend;  ///< Send or receive.
+  TensorView tensor;                                    ///< The data.
+  int peer = 0;                                         ///< Destination or source rank.
+};
+
+/// What a backend is created from.
+struct BackendInit {
+  int rank = 0;             ///< This rank.
+  int size = 1;             ///< Ranks in the communicator.
+  Device device;            ///< The device the communicator serves.
+  CommOptions options;      ///< Timeout, store (never null here), hints, name.
+};
+
+/// A transport. All ops default to throwing kUnsupported; a backend overrides what it has and
+/// says so in capabilities().
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Registry name ("gloo", "nccl", ...).
+  virtual std::string name() const = 0;
+  /// Version string of the transport underneath.
+  virtual std::string version() const = 0;
+  /// What it supports.
+  virtual Capabilities capabilities() const = 0;
+
+  virtual WorkPtr send(const TensorView& t, int dst, const OpContext& ctx);
+  virtual WorkPtr recv(const TensorView& t, int src, const OpContext& ctx);
+  virtual WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx);
+  virtual WorkPtr broadcast(const TensorView& t, int root, const OpContext& ctx);
+  virtual WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& ctx);
+  virtual WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& ctx);
+  /// outputs[i] receives rank i's input; sizes may differ per rank (the _v form).
+  virtual WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                             const OpContext& ctx);
+  virtual WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
+                                    const OpContext& ctx);
+  /// inputs[i] is reduced into rank i's output; sizes may differ per rank (the _v form).
+  virtual WorkPtr reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                                 const ReduceOp& op, const OpContext& ctx);
+  virtual WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                        const ReduceOp& op, const OpContext& ctx);
+  /// Splits count dim-0 rows of the (contiguous) tensors; always given, even for the even op.
+  virtual WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
+                                      const std::vector<int64_t>& output_splits,
+                                      const std::vector<int64_t>& input_splits,
+                                      const OpContext& ctx);
+  virtual WorkPtr all_to_all(const std::vector<TensorView>& outputs,
+                             const std::vector<TensorView>& inputs, const OpContext& ctx);
+  virtual WorkPtr barrier(const OpContext& ctx);
+  /// inputs are used on the root only.
+  virtual WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                          int root, const OpContext& ctx);
+  /// outputs are used on the root only.
+  virtual WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                         int root, const OpContext& ctx);
+  /// A backend over `ranks` (this rank is in it); called by every member with the same ranks.
+  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit& init);
+  /// Unblocks every waiter with an Aborted error; the backend is unusable afterwards.
+  virtual void abort() {}
+  /// Collective, orderly shutdown.
+  virtual void finalize() {}
+};
+
+}  // namespace fastcomms

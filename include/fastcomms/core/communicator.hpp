@@ -1,0 +1,155 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// The communicator (torchcomms' TorchComm in C++): validates every call, runs hooks, numbers
+/// ops, and delegates to a backend.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fastcomms/core/backend.hpp"
+#include "fastcomms/core/options.hpp"
+
+namespace fastcomms {
+
+/// What a hook is told about an op.
+struct OpInfo {
+  OpKind op;        ///< Which op.
+  uint64_t op_id;   ///< Increasing per communicator, starting at 1.
+  bool async_op;    ///< Async or sync.
+  const Work* work; ///< The issued op (post-hooks only; null in pre-hooks).
+};
+
+/// Handle on a registered hook; remove() unregisters it (idempotent, safe after the
+/// communicator is gone).
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  explicit RemovableHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  /// Unregisters the hook.
+  void remove() {
+    if (remover_) {
+      auto fn = std::move(remover_);
+      remover_ = nullptr;
+      fn();
+    }
+  }
+
+ private:
+  std::function<void()> remover_;
+};
+
+/// Per-op arguments every collective takes besides its tensors.
+struct CallOptions {
+  bool async_op = false;  ///< Return before completion (wait on the Work).
+  OpOptions options;      ///< Hints and a timeout (0: the communicator's).
+};
+
+/// A communicator over one backend.
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  /// Creates a communicator over `backend_name` (statically registered or dlopen-loaded, see
+  /// factory.hpp). `options.store` must be set.
+  static std::shared_ptr<Communicator> create(const std::string& backend_name, int rank, int size,
+                                              Device device, CommOptions options);
+  /// Wraps an existing backend.
+  Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
+               CommOptions options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return options_.name; }
+  Device device() const { return device_; }
+  std::string backend_name() const { return backend_->name(); }
+  std::string backend_version() const { return backend_->version(); }
+  const CommOptions& options() const { return options_; }
+  Backend& backend() { return *backend_; }
+  /// Changes the default timeout of later ops.
+  void set_timeout(std::chrono::milliseconds t);
+  /// Merges hints into the communicator's hints.
+  void set_hints(const Hints& hints);
+  bool is_aborted() const { return aborted_.load(); }
+  /// Runs abort hooks, then aborts the backend: every waiter gets an Aborted error.
+  void abort();
+  /// Orderly, collective shutdown; later ops raise.
+  void finalize();
+  /// "[rank r/n name op] " for messages.
+  std::string prefix(OpKind op) const;
+
+  WorkPtr send(const TensorView& t, int dst, const CallOptions& o = {});
+  WorkPtr recv(const TensorView& t, int src, const CallOptions& o = {});
+  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const CallOptions& o = {});
+  WorkPtr broadcast(const TensorView& t, int root, const CallOptions& o = {});
+  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const CallOptions& o = {});
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const CallOptions& o = {});
+  WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
+                     const CallOptions& o = {});
+  WorkPtr all_gather_v(const std::vector<TensorView>& outputs, const TensorView& input,
+                       const CallOptions& o = {});
+  WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
+                            const CallOptions& o = {});
+  WorkPtr reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                         const ReduceOp& op, const CallOptions& o = {});
+  WorkPtr reduce_scatter_v(const TensorView& output, const std::vector<TensorView>& inputs,
+                           const ReduceOp& op, const CallOptions& o = {});
+  WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
+                                const ReduceOp& op, const CallOptions& o = {});
+  WorkPtr all_to_all_single(const TensorView& output, const TensorView& input,
+                            const CallOptions& o = {});
+  /// Empty split lists mean even splits (torch.distributed's convention).
+  WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits,
+                              const CallOptions& o = {});
+  WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
+                     const CallOptions& o = {});
+  WorkPtr barrier(const CallOptions& o = {});
+  WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
+                  const CallOptions& o = {});
+  WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
+                 const CallOptions& o = {});
+  WorkPtr gather_single(const TensorView& output, const TensorView& input, int root,
+                        const CallOptions& o = {});
+  /// A communicator over `ranks` (ranks of this one), or null on a rank not in `ranks`. Every
+  /// rank of this communicator calls it; members pass the same list.
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name,
+                                      const CommOptions* options = nullptr);
+
+  using PreHook = std::function<void(const OpInfo&)>;
+  using PostHook = std::function<void(const OpInfo&)>;
+  using AbortHook = std::function<void()>;
+  RemovableHandle register_pre_hook(PreHook fn);
+  RemovableHandle register_post_hook(PostHook fn);
+  RemovableHandle register_abort_hook(AbortHook fn);
+
+ private:
+  struct Hooks;
+  template <typename Fn>
+  WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue);
+  void check_usable(OpKind op) const;
+  void check_peer(OpKind op, const char* arg, int peer, bool allow_self) const;
+  void check_tensor(OpKind op, const char* arg, const TensorView& t) const;
+  void check_same_dtype(OpKind op, const char* arg, const TensorView& t, DType want) const;
+  void check_reduce(OpKind op, const ReduceOp& r, DType dt) const;
+
+  std::unique_ptr<Backend> backend_;
+  int rank_;
+  int size_;
+  Device device_;
+  CommOptions options_;
+  std::atomic<uint64_t> next_op_id_{1};
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> finalized_{false};
+  std::atomic<uint64_t> split_counter_{0};
+  std::shared_ptr<Hooks> hooks_;
+};
+
+}  // namespace fastcomms

@@ -1,0 +1,88 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// Work handles: the result of issuing an op.
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace fastcomms {
+
+/// Where an op stands (torchcomms' WorkStatus).
+enum class WorkStatus : int {
+  kNotStarted = 0,
+  kInProgress = 1,
+  kCompleted = 2,
+  kTimedOut = 3,
+  kError = 4,
+};
+
+/// torchcomms' name of `s` ("NOT_STARTED", "INPROGRESS", ...).
+const char* work_status_name(WorkStatus s) noexcept;
+
+/// A handle on an issued op. Thread-safe.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Current status; never blocks.
+  virtual WorkStatus status() const = 0;
+  /// True once the op has finished, successfully or not.
+  bool is_completed() const {
+    const WorkStatus s = status();
+    return s == WorkStatus::kCompleted || s == WorkStatus::kTimedOut || s == WorkStatus::kError;
+  }
+  /// Waits for the op (CPU backends block the host; CUDA backends make the caller's current
+  /// stream wait). Rethrows the op's error, if any, every time it is called.
+  virtual void wait() = 0;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+/// A Work completed by some other thread (a backend's worker, a transport callback).
+///
+/// It carries a deadline: wait() gives up at the deadline with a Timeout error even when nothing
+/// ever completes the op, so a missing peer never hangs a waiter.
+class AsyncWork : public Work {
+ public:
+  /// @param what message prefix for the timeout error ("[rank r/n comm op]")
+  /// @param deadline when wait() gives up; time_point::max() for never
+  AsyncWork(std::string what, std::chrono::steady_clock::time_point deadline);
+
+  WorkStatus status() const override;
+  void wait() override;
+
+  /// Marks the op running.
+  void start();
+  /// Marks the op completed successfully.
+  void complete();
+  /// Marks the op failed with `error` (a fastcomms::Error, or anything else).
+  void fail(std::exception_ptr error);
+  /// Waits at most until `until`; true when the op has finished. Does not throw.
+  bool wait_until(std::chrono::steady_clock::time_point until);
+  /// A hook run (once, outside the lock) when wait() hits the deadline, before it throws.
+  void on_timeout(std::function<void()> fn);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  WorkStatus status_ = WorkStatus::kNotStarted;
+  std::exception_ptr error_;
+  std::string what_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::function<void()> on_timeout_;
+};
+
+/// A Work that is already complete.
+class CompletedWork : public Work {
+ public:
+  WorkStatus status() const override { return WorkStatus::kCompleted; }
+  void wait() override {}
+};
+
+}  // namespace fastcomms

@@ -1,0 +1,236 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Test harness: worlds of ranks as threads (in-memory store) or processes (file store), and
+// typed host buffers for exact checks.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fastcomms/core/communicator.hpp"
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::test {
+
+inline std::string unique_name(const std::string& base) {
+  static std::atomic<int> n{0};
+  return base + "." + std::to_string(::getpid()) + "." + std::to_string(n++);
+}
+
+/// Runs fn(comm) on P ranks as threads over one MemoryStore; every rank must succeed.
+inline void run_threads(int P, const std::function<void(Communicator&)>& fn,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                        const std::string& backend = "gloo") {
+  auto store = std::make_shared<MemoryStore>();
+  const std::string name = unique_name("t");
+  std::vector<std::string> errors(P);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.store = store;
+        o.name = name;
+        o.timeout = timeout;
+        auto comm = Communicator::create(backend, r, P, Device{}, o);
+        fn(*comm);
+        comm->finalize();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " of " << P;
+}
+
+/// Runs fn(comm) on P forked processes over a FileStore; each child's failure message is
+/// reported. The parent must be single-threaded when this is called.
+inline void run_processes(int P, const std::function<void(Communicator&)>& fn,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  char dir_template[] = "/tmp/fastcomms-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  std::vector<pid_t> pids;
+  std::vector<int> fds;
+  for (int r = 0; r < P; ++r) {
+    int pipefd[2];
+    ASSERT_EQ(::pipe(pipefd), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(pipefd[0]);
+      std::string err;
+      try {
+        CommOptions o;
+        o.store = std::make_shared<FileStore>(dir);
+        o.name = "procs";
+        o.timeout = timeout;
+        auto comm = Communicator::create("gloo", r, P, Device{}, o);
+        fn(*comm);
+        comm->finalize();
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      if (::testing::Test::HasFailure() && err.empty()) err = "an expectation failed in the child";
+      if (!err.empty()) (void)!::write(pipefd[1], err.data(), err.size());
+      ::close(pipefd[1]);
+      ::_exit(err.empty() ? 0 : 1);
+    }
+    ::close(pipefd[1]);
+    pids.push_back(pid);
+    fds.push_back(pipefd[0]);
+  }
+  for (int r = 0; r < P; ++r) {
+    std::string msg;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(fds[r], buf, sizeof buf)) > 0) msg.append(buf, static_cast<size_t>(n));
+    ::close(fds[r]);
+    int status = 0;
+    ::waitpid(pids[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "process rank " << r << " of " << P << " failed: " << msg;
+  }
+  (void)!std::system(("rm -rf " + dir).c_str());
+}
+
+// ---- typed host buffers ----------------------------------------------------------------------
+
+inline uint16_t small_to_half(double v) {  // exact for values representable in fp16
+  if (v == 0) return std::signbit(v) ? 0x8000 : 0;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  int e;
+  const double m = std::frexp(std::fabs(v), &e);  // v = m * 2^e, m in [0.5, 1)
+  const int exp = e - 1 + 15;
+  const auto mant = static_cast<uint16_t>(std::llround((m * 2 - 1) * 1024));
+  return static_cast<uint16_t>(sign | (exp << 10) | mant);
+}
+inline double half_to_double(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const double s = (h & 0x8000) ? -1 : 1;
+  if (exp == 0) return s * std::ldexp(mant, -24);
+  if (exp == 31) return mant ? NAN : s * INFINITY;
+  return s * std::ldexp(1024 + mant, exp - 25);
+}
+
+inline void encode(DType dt, void* p, double v) {
+  switch (dt) {
+    case DType::kFloat16: {
+      const uint16_t h = small_to_half(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kBFloat16: {
+      const float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      const auto h = static_cast<uint16_t>(bits >> 16);  // exact for the small values we use
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kFloat32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::kFloat64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DType::kInt8:
+      *static_cast<int8_t*>(p) = static_cast<int8_t>(v);
+      break;
+    case DType::kUInt8:
+    case DType::kBool:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E5M2:
+      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case DType::kInt32: {
+      const auto i = static_cast<int32_t>(v);
+      std::memcpy(p, &i, 4);
+      break;
+    }
+    case DType::kInt64: {
+      const auto i = static_cast<int64_t>(v);
+      std::memcpy(p, &i, 8);
+      break;
+    }
+  }
+}
+
+inline double decode(DType dt, const void* p) {
+  switch (dt) {
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return half_to_double(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kFloat64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case DType::kInt8:
+      return *static_cast<const int8_t*>(p);
+    case DType::kUInt8:
+    case DType::kBool:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E5M2:
+      return *static_cast<const uint8_t*>(p);
+    case DType::kInt32: {
+      int32_t i;
+      std::memcpy(&i, p, 4);
+      return i;
+    }
+    case DType::kInt64: {
+      int64_t i;
+      std::memcpy(&i, p, 8);
+      return static_cast<double>(i);
+    }
+  }
+  return 0;
+}
+
+/// A host tensor of `n` elements of `dt`, poisoned on creation.
+struct HostTensor {
+  DType dt;
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> shape;
+  HostTensor(DType d, std::vector<int64_t> s) : dt(d), shape(std::move(s)) {
+    int64_t n = 1;
+    for (auto v : shape) n *= v;
+    bytes.assign(static_cast<size_t>(n) * dtype_size(dt), 0xCD);
+  }
+  HostTensor(DType d, int64_t n) : HostTensor(d, std::vector<int64_t>{n}) {}
+  int64_t numel() const { return static_cast<int64_t>(bytes.size() / dtype_size(dt)); }
+  void set(int64_t i, double v) { encode(dt, bytes.data() + i * dtype_size(dt), v); }
+  double get(int64_t i) const { return decode(dt, bytes.data() + i * dtype_size(dt)); }
+  void poison() { std::fill(bytes.begin(), bytes.end(), 0xCD); }
+  TensorView view() { return TensorView::contiguous(bytes.data(), dt, shape); }
+};
+
+}  // namespace fastcomms::test
