@@ -7,44 +7,62 @@ namespace fastcomms {
 
 const char* op_name(OpKind op) noexcept {
   switch (op) {
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
-    case OpKind::kBatchP2P: return "batch_op_issue";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kAllGatherV: return "all_gather_v";
-    case OpKind::kAllGatherSingle: return "all_gather_single";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kReduceScatterV: return "reduce_scatter_v";
-    case OpKind::kReduceScatterSingle: return "reduce_scatter_single";
-    case OpKind::kAllToAllSingle: return "all_to_all_single";
-    case OpKind::kAllToAllVSingle: return "all_to_all_v_single";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kScatter: return "scatter";
-    case OpKind::kGather: return "gather";
-    case OpKind::kGatherSingle: return "gather_single";
-    case OpKind::kSplit: return "split";
-    case OpKind::kCount: break;
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kBatchP2P:
+      return "batch_op_issue";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kAllGatherV:
+      return "all_gather_v";
+    case OpKind::kAllGatherSingle:
+      return "all_gather_single";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kReduceScatterV:
+      return "reduce_scatter_v";
+    case OpKind::kReduceScatterSingle:
+      return "reduce_scatter_single";
+    case OpKind::kAllToAllSingle:
+      return "all_to_all_single";
+    case OpKind::kAllToAllVSingle:
+      return "all_to_all_v_single";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kGatherSingle:
+      return "gather_single";
+    case OpKind::kSplit:
+      return "split";
+    case OpKind::kCount:
+      break;
   }
   return "unknown";
 }
 
 namespace {
 [[noreturn]] void unsupported(const Backend& b, const OpContext& ctx) {
-  throw Error(ErrorCode::kUnsupported,
-              detail::cat(ctx.prefix, "backend '", b.name(), "' does not implement ",
-                          op_name(ctx.op)));
+  throw Error(ErrorCode::kUnsupported, detail::cat(ctx.prefix, "backend '", b.name(),
+                                                   "' does not implement ", op_name(ctx.op)));
 }
 }  // namespace
 
 WorkPtr Backend::send(const TensorView&, int, const OpContext& c) { unsupported(*this, c); }
 WorkPtr Backend::recv(const TensorView&, int, const OpContext& c) { unsupported(*this, c); }
-WorkPtr Backend::batch_p2p(const std::vector<P2POp>&, const OpContext& c) {
-  unsupported(*this, c);
-}
+WorkPtr Backend::batch_p2p(const std::vector<P2POp>&, const OpContext& c) { unsupported(*this, c); }
 WorkPtr Backend::broadcast(const TensorView&, int, const OpContext& c) { unsupported(*this, c); }
 WorkPtr Backend::all_reduce(const TensorView&, const ReduceOp&, const OpContext& c) {
   unsupported(*this, c);
@@ -52,15 +70,14 @@ WorkPtr Backend::all_reduce(const TensorView&, const ReduceOp&, const OpContext&
 WorkPtr Backend::reduce(const TensorView&, int, const ReduceOp&, const OpContext& c) {
   unsupported(*this, c);
 }
-WorkPtr Backend::all_gather(const std::vector<TensorView>&, const TensorView&,
-                            const OpContext& c) {
+WorkPtr Backend::all_gather(const std::vector<TensorView>&, const TensorView&, const OpContext& c) {
   unsupported(*this, c);
 }
 WorkPtr Backend::all_gather_single(const TensorView&, const TensorView&, const OpContext& c) {
   unsupported(*this, c);
 }
-WorkPtr Backend::reduce_scatter(const TensorView&, const std::vector<TensorView>&,
-                                const ReduceOp&, const OpContext& c) {
+WorkPtr Backend::reduce_scatter(const TensorView&, const std::vector<TensorView>&, const ReduceOp&,
+                                const OpContext& c) {
   unsupported(*this, c);
 }
 WorkPtr Backend::reduce_scatter_single(const TensorView&, const TensorView&, const ReduceOp&,

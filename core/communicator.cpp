@@ -21,7 +21,8 @@ struct Communicator::Hooks {
 
 std::shared_ptr<Communicator> Communicator::create(const std::string& backend_name, int rank,
                                                    int size, Device device, CommOptions options) {
-  const std::string where = detail::cat("[rank ", rank, "/", size, " ", options.name, "] new_comm: ");
+  const std::string where =
+      detail::cat("[rank ", rank, "/", size, " ", options.name, "] new_comm: ");
   FASTCOMMS_CHECK(size >= 1, kInvalidArgument, where, "size must be >= 1, got ", size);
   FASTCOMMS_CHECK(rank >= 0 && rank < size, kInvalidArgument, where, "rank must be in [0, ", size,
                   "), got ", rank);
@@ -33,8 +34,7 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // Every communicator gets its own key space in the store.
   init.options.store = std::make_shared<PrefixStore>("fastcomms/" + options.name, options.store);
   auto backend = create_backend(backend_name, init);
-  return std::make_shared<Communicator>(std::move(backend), rank, size, device,
-                                        std::move(options));
+  return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options));
 }
 
 Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
@@ -55,9 +55,8 @@ std::string Communicator::prefix(OpKind op) const {
 }
 
 void Communicator::set_timeout(std::chrono::milliseconds t) {
-  FASTCOMMS_CHECK(t.count() > 0, kInvalidArgument, "[rank ", rank_, "/", size_, " ",
-                  options_.name, "] set_timeout: timeout must be positive, got ", t.count(),
-                  " ms");
+  FASTCOMMS_CHECK(t.count() > 0, kInvalidArgument, "[rank ", rank_, "/", size_, " ", options_.name,
+                  "] set_timeout: timeout must be positive, got ", t.count(), " ms");
   options_.timeout = t;
 }
 
@@ -84,13 +83,13 @@ void Communicator::finalize() {
 void Communicator::check_usable(OpKind op) const {
   FASTCOMMS_CHECK(!aborted_, kAborted, prefix(op), "the communicator was aborted");
   FASTCOMMS_CHECK(!finalized_, kInvalidArgument, prefix(op), "the communicator was finalized");
-  FASTCOMMS_CHECK(backend_->capabilities().supports(op), kUnsupported, prefix(op),
-                  "backend '", backend_->name(), "' does not support ", op_name(op));
+  FASTCOMMS_CHECK(backend_->capabilities().supports(op), kUnsupported, prefix(op), "backend '",
+                  backend_->name(), "' does not support ", op_name(op));
 }
 
 void Communicator::check_peer(OpKind op, const char* arg, int peer, bool allow_self) const {
-  FASTCOMMS_CHECK(peer >= 0 && peer < size_, kInvalidArgument, prefix(op), arg,
-                  " must be in [0, ", size_, "), got ", peer);
+  FASTCOMMS_CHECK(peer >= 0 && peer < size_, kInvalidArgument, prefix(op), arg, " must be in [0, ",
+                  size_, "), got ", peer);
   FASTCOMMS_CHECK(allow_self || peer != rank_, kInvalidArgument, prefix(op), arg,
                   " must not be this rank (", rank_, ")");
 }
@@ -98,8 +97,8 @@ void Communicator::check_peer(OpKind op, const char* arg, int peer, bool allow_s
 void Communicator::check_tensor(OpKind op, const char* arg, const TensorView& t) const {
   FASTCOMMS_CHECK(t.data != nullptr || t.numel() == 0, kInvalidArgument, prefix(op), arg,
                   " has no data");
-  FASTCOMMS_CHECK(t.is_contiguous(), kInvalidArgument, prefix(op), arg,
-                  " must be contiguous, got ", t.describe(), " with non-dense strides");
+  FASTCOMMS_CHECK(t.is_contiguous(), kInvalidArgument, prefix(op), arg, " must be contiguous, got ",
+                  t.describe(), " with non-dense strides");
   const Capabilities caps = backend_->capabilities();
   const bool ok = t.device.type == DeviceType::kCPU ? caps.cpu_tensors : caps.cuda_tensors;
   FASTCOMMS_CHECK(ok, kInvalidArgument, prefix(op), arg, " is on ", t.device.str(),
@@ -108,8 +107,8 @@ void Communicator::check_tensor(OpKind op, const char* arg, const TensorView& t)
 
 void Communicator::check_same_dtype(OpKind op, const char* arg, const TensorView& t,
                                     DType want) const {
-  FASTCOMMS_CHECK(t.dtype == want, kTypeError, prefix(op), arg, " has dtype ",
-                  dtype_name(t.dtype), ", expected ", dtype_name(want));
+  FASTCOMMS_CHECK(t.dtype == want, kTypeError, prefix(op), arg, " has dtype ", dtype_name(t.dtype),
+                  ", expected ", dtype_name(want));
 }
 
 void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
@@ -117,13 +116,13 @@ void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
       r.type == RedOpType::kBand || r.type == RedOpType::kBor || r.type == RedOpType::kBxor;
   FASTCOMMS_CHECK(!bitwise || dtype_is_integral(dt), kTypeError, prefix(op), red_op_name(r.type),
                   " needs an integer or bool tensor, got ", dtype_name(dt));
-  FASTCOMMS_CHECK(dt != DType::kFloat8E4M3FN && dt != DType::kFloat8E5M2, kUnsupported,
-                  prefix(op), "reductions on ", dtype_name(dt), " are not supported");
-  FASTCOMMS_CHECK(r.type != RedOpType::kPremulSum || !dtype_is_integral(dt), kTypeError,
-                  prefix(op), "PREMUL_SUM needs a floating-point tensor, got ", dtype_name(dt));
-  FASTCOMMS_CHECK(dt != DType::kBool || bitwise || r.type == RedOpType::kMin ||
-                      r.type == RedOpType::kMax,
-                  kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
+  FASTCOMMS_CHECK(dt != DType::kFloat8E4M3FN && dt != DType::kFloat8E5M2, kUnsupported, prefix(op),
+                  "reductions on ", dtype_name(dt), " are not supported");
+  FASTCOMMS_CHECK(r.type != RedOpType::kPremulSum || !dtype_is_integral(dt), kTypeError, prefix(op),
+                  "PREMUL_SUM needs a floating-point tensor, got ", dtype_name(dt));
+  FASTCOMMS_CHECK(
+      dt != DType::kBool || bitwise || r.type == RedOpType::kMin || r.type == RedOpType::kMax,
+      kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
 }
 
 template <typename Fn>
@@ -151,7 +150,8 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
   } catch (const Error& e) {
     if (options_.abort_process_on_timeout_or_error && e.code() != ErrorCode::kInvalidArgument &&
         e.code() != ErrorCode::kTypeError && e.code() != ErrorCode::kUnsupported) {
-      std::fprintf(stderr, "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
+      std::fprintf(stderr,
+                   "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
                    e.what());
       std::abort();
     }
@@ -253,8 +253,8 @@ WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorVi
   check_tensor(op, "output", output);
   check_same_dtype(op, "output", output, input.dtype);
   FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, prefix(op),
-                  "output has ", output.numel(), " elements, expected input.numel() * size = ",
-                  input.numel(), " * ", size_);
+                  "output has ", output.numel(),
+                  " elements, expected input.numel() * size = ", input.numel(), " * ", size_);
   return run(op, o,
              [&](const OpContext& c) { return backend_->all_gather_single(output, input, c); });
 }
@@ -301,8 +301,8 @@ WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const Tens
   check_same_dtype(op, "output", output, input.dtype);
   check_reduce(op, r, input.dtype);
   FASTCOMMS_CHECK(input.numel() == output.numel() * size_, kInvalidArgument, prefix(op),
-                  "input has ", input.numel(), " elements, expected output.numel() * size = ",
-                  output.numel(), " * ", size_);
+                  "input has ", input.numel(),
+                  " elements, expected output.numel() * size = ", output.numel(), " * ", size_);
   return run(op, o, [&](const OpContext& c) {
     return backend_->reduce_scatter_single(output, input, r, c);
   });
@@ -316,10 +316,10 @@ WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorVi
   check_same_dtype(op, "output", output, input.dtype);
   FASTCOMMS_CHECK(input.numel() == output.numel(), kInvalidArgument, prefix(op), "input has ",
                   input.numel(), " elements, output has ", output.numel());
-  FASTCOMMS_CHECK(input.rows() % size_ == 0, kInvalidArgument, prefix(op), "input.size(0)=",
-                  input.rows(), " is not divisible by size=", size_);
-  FASTCOMMS_CHECK(output.rows() % size_ == 0, kInvalidArgument, prefix(op), "output.size(0)=",
-                  output.rows(), " is not divisible by size=", size_);
+  FASTCOMMS_CHECK(input.rows() % size_ == 0, kInvalidArgument, prefix(op),
+                  "input.size(0)=", input.rows(), " is not divisible by size=", size_);
+  FASTCOMMS_CHECK(output.rows() % size_ == 0, kInvalidArgument, prefix(op),
+                  "output.size(0)=", output.rows(), " is not divisible by size=", size_);
   std::vector<int64_t> in_splits(size_, input.rows() / size_);
   std::vector<int64_t> out_splits(size_, output.rows() / size_);
   return run(op, o, [&](const OpContext& c) {
@@ -335,11 +335,11 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
   check_same_dtype(op, "output", output, input.dtype);
-  const auto resolve = [&](const std::vector<int64_t>& splits, const TensorView& t,
-                           const char* arg, const char* tensor) {
+  const auto resolve = [&](const std::vector<int64_t>& splits, const TensorView& t, const char* arg,
+                           const char* tensor) {
     if (splits.empty()) {
-      FASTCOMMS_CHECK(t.rows() % size_ == 0, kInvalidArgument, prefix(op), tensor, ".size(0)=",
-                      t.rows(), " is not divisible by size=", size_, " and ", arg,
+      FASTCOMMS_CHECK(t.rows() % size_ == 0, kInvalidArgument, prefix(op), tensor,
+                      ".size(0)=", t.rows(), " is not divisible by size=", size_, " and ", arg,
                       " is empty");
       return std::vector<int64_t>(size_, t.rows() / size_);
     }
@@ -392,12 +392,11 @@ WorkPtr Communicator::scatter(const TensorView& output, const std::vector<Tensor
       check_tensor(op, "input_tensor_list[i]", t);
       check_same_dtype(op, "input_tensor_list[i]", t, output.dtype);
       FASTCOMMS_CHECK(t.numel() == output.numel(), kInvalidArgument, prefix(op),
-                      "input_tensor_list[", i, "] has ", t.numel(),
-                      " elements, output_tensor has ", output.numel());
+                      "input_tensor_list[", i, "] has ", t.numel(), " elements, output_tensor has ",
+                      output.numel());
     });
   }
-  return run(op, o,
-             [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); });
+  return run(op, o, [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); });
 }
 
 WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -410,8 +409,8 @@ WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const Tenso
       check_tensor(op, "output_tensor_list[i]", t);
       check_same_dtype(op, "output_tensor_list[i]", t, input.dtype);
       FASTCOMMS_CHECK(t.numel() == input.numel(), kInvalidArgument, prefix(op),
-                      "output_tensor_list[", i, "] has ", t.numel(),
-                      " elements, input_tensor has ", input.numel());
+                      "output_tensor_list[", i, "] has ", t.numel(), " elements, input_tensor has ",
+                      input.numel());
     });
   }
   return run(op, o, [&](const OpContext& c) { return backend_->gather(outputs, input, root, c); });
@@ -431,8 +430,8 @@ WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& 
                     " elements, expected input.numel() * size = ", input.numel(), " * ", size_);
     auto* base = static_cast<unsigned char*>(output.data);
     for (int i = 0; i < size_; ++i)
-      outs.push_back(TensorView::contiguous(base + i * input.nbytes(), input.dtype,
-                                            {input.numel()}, output.device));
+      outs.push_back(TensorView::contiguous(base + i * input.nbytes(), input.dtype, {input.numel()},
+                                            output.device));
   }
   return run(OpKind::kGatherSingle, o,
              [&](const OpContext& c) { return backend_->gather(outs, input, root, c); });
@@ -449,8 +448,8 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   for (size_t i = 0; i < sorted.size(); ++i) {
     FASTCOMMS_CHECK(sorted[i] >= 0 && sorted[i] < size_, kInvalidArgument, prefix(op),
                     "ranks must be in [0, ", size_, "), got ", sorted[i]);
-    FASTCOMMS_CHECK(i == 0 || sorted[i] != sorted[i - 1], kInvalidArgument, prefix(op),
-                    "rank ", sorted[i], " appears twice in ranks");
+    FASTCOMMS_CHECK(i == 0 || sorted[i] != sorted[i - 1], kInvalidArgument, prefix(op), "rank ",
+                    sorted[i], " appears twice in ranks");
   }
   const uint64_t split_id = split_counter_.fetch_add(1) + 1;
   const auto it = std::find(ranks.begin(), ranks.end(), rank_);

@@ -27,9 +27,10 @@ Registry& registry() {
 
 std::string env_name(const std::string& name) {
   std::string v = "FASTCOMMS_BACKEND_LIB_PATH_";
-  for (char c : name) v += std::isalnum(static_cast<unsigned char>(c))
-                               ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
-                               : '_';
+  for (char c : name)
+    v += std::isalnum(static_cast<unsigned char>(c))
+             ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
+             : '_';
   return v;
 }
 
@@ -74,9 +75,9 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendIn
     std::string known;
     for (const auto& n : registered_backends()) known += (known.empty() ? "" : ", ") + n;
     throw Error(ErrorCode::kInvalidArgument,
-                detail::cat("backend '", name, "' is not built in (built in: ",
-                            known.empty() ? "none" : known, ") and ", var,
-                            " is not set to a backend library"));
+                detail::cat("backend '", name,
+                            "' is not built in (built in: ", known.empty() ? "none" : known,
+                            ") and ", var, " is not set to a backend library"));
   }
   void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -85,7 +86,8 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendIn
                 detail::cat("backend '", name, "': cannot load ", var, "=", path, ": ",
                             err ? err : "unknown dlopen error"));
   }
-  auto entry_fn = reinterpret_cast<FastcommsBackendEntryFn>(::dlsym(handle, "fastcomms_backend_entry"));
+  auto entry_fn =
+      reinterpret_cast<FastcommsBackendEntryFn>(::dlsym(handle, "fastcomms_backend_entry"));
   if (entry_fn == nullptr) {
     ::dlclose(handle);
     throw Error(ErrorCode::kBackendError,
@@ -99,8 +101,8 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendIn
     ::dlclose(handle);
     throw Error(ErrorCode::kBackendError,
                 detail::cat("backend '", name, "': ", path, " was built for backend ABI version ",
-                            got, ", this fastcomms has ABI version ",
-                            FASTCOMMS_BACKEND_ABI_VERSION, "; rebuild the backend"));
+                            got, ", this fastcomms has ABI version ", FASTCOMMS_BACKEND_ABI_VERSION,
+                            "; rebuild the backend"));
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);

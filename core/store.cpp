@@ -230,7 +230,9 @@ void PrefixStore::set(const std::string& key, const std::vector<uint8_t>& value)
 std::vector<uint8_t> PrefixStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   return base_->get(k(key), timeout);
 }
-int64_t PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(k(key), delta); }
+int64_t PrefixStore::add(const std::string& key, int64_t delta) {
+  return base_->add(k(key), delta);
+}
 bool PrefixStore::check(const std::vector<std::string>& keys) {
   std::vector<std::string> ks;
   for (const auto& key : keys) ks.push_back(k(key));

@@ -59,8 +59,8 @@ std::string_view dtype_name(DType dt) noexcept {
 }
 
 bool dtype_is_integral(DType dt) noexcept {
-  return dt == DType::kInt8 || dt == DType::kUInt8 || dt == DType::kInt32 ||
-         dt == DType::kInt64 || dt == DType::kBool;
+  return dt == DType::kInt8 || dt == DType::kUInt8 || dt == DType::kInt32 || dt == DType::kInt64 ||
+         dt == DType::kBool;
 }
 
 DType dtype_from_name(std::string_view name) {

@@ -54,11 +54,10 @@ UlyssesGroup::UlyssesGroup(std::shared_ptr<Communicator> comm) : comm_(std::move
 }
 
 plan::UlyssesRequest UlyssesGroup::request(const TensorView& x, const UlyssesArgs& args) const {
-  const std::string where = comm_->prefix(OpKind::kAllToAllVSingle);
-  const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
-                                         comm_->name(), " ", kOp, "] ");
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix,
-                  "x must be 4-D (b, s, h, d), got ", x.describe());
+  const std::string prefix =
+      detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ", comm_->name(), "] ", kOp, ": ");
+  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix, "x must be 4-D (b, s, h, d), got ",
+                  x.describe());
   FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous, got ",
                   x.describe(), " with non-dense strides");
   plan::UlyssesRequest req;
@@ -70,7 +69,8 @@ plan::UlyssesRequest UlyssesGroup::request(const TensorView& x, const UlyssesArg
   req.seq_splits = args.seq_splits;
   req.head_splits = args.head_splits;
   req.path = plan::Path::kCollective;
-  req.op_name = detail::cat(comm_->name(), " ", kOp);
+  req.op_name = kOp;
+  req.comm_name = comm_->name();
   return req;
 }
 
@@ -79,12 +79,11 @@ std::array<int64_t, 4> UlyssesGroup::output_shape(const TensorView& x,
   return plan::ulysses_output_shape(request(x, args));
 }
 
-std::shared_ptr<const plan::UlyssesPlan> UlyssesGroup::plan_for(
-    const plan::UlyssesRequest& req) {
-  auto key = std::make_tuple(req.mode, req.shape[0], req.shape[1], req.shape[2], req.shape[3],
-                             req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
-                             req.head_splits.value_or(std::vector<int64_t>{}),
-                             req.seq_splits.has_value());
+std::shared_ptr<const plan::UlyssesPlan> UlyssesGroup::plan_for(const plan::UlyssesRequest& req) {
+  auto key =
+      std::make_tuple(req.mode, req.shape[0], req.shape[1], req.shape[2], req.shape[3],
+                      req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
+                      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -97,26 +96,36 @@ std::shared_ptr<const plan::UlyssesPlan> UlyssesGroup::plan_for(
 void UlyssesGroup::check_agreement(const plan::UlyssesPlan& p, DType dt) {
   const int P = comm_->size();
   constexpr int kFields = 6;
-  const int64_t mine[kFields] = {static_cast<int64_t>(p.geometry_key), p.mode, p.b, p.d,
-                                 p.element_size, static_cast<int64_t>(dt)};
+  const int64_t mine[kFields] = {static_cast<int64_t>(p.geometry_key),
+                                 p.mode,
+                                 p.b,
+                                 p.d,
+                                 p.element_size,
+                                 static_cast<int64_t>(dt)};
   std::vector<int64_t> all(static_cast<size_t>(kFields) * P);
-  comm_->all_gather_single(TensorView::contiguous(all.data(), DType::kInt64, {kFields * P}),
-                           TensorView::contiguous(const_cast<int64_t*>(mine), DType::kInt64,
-                                                  {kFields}));
-  const char* names[kFields] = {"splits/shape", "mode", "b", "d", "element size", "dtype"};
+  comm_->all_gather_single(
+      TensorView::contiguous(all.data(), DType::kInt64, {kFields * P}),
+      TensorView::contiguous(const_cast<int64_t*>(mine), DType::kInt64, {kFields}));
+  const char* names[kFields] = {"", "mode", "b", "d", "element size", "dtype"};
+  const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", P, " ", comm_->name(), "] ",
+                                         kOp, ": ranks disagree on the call: rank ");
   for (int r = 0; r < P; ++r) {
-    for (int f = 0; f < kFields; ++f) {
-      const int64_t theirs = all[static_cast<size_t>(r) * kFields + f];
-      if (theirs == mine[f]) continue;
-      std::string got = f == 5 ? std::string(dtype_name(static_cast<DType>(theirs)))
-                               : std::to_string(theirs);
-      std::string want = f == 5 ? std::string(dtype_name(dt)) : std::to_string(mine[f]);
+    for (int f = 1; f <= kFields; ++f) {
+      const int field = f % kFields;  // compare the named fields first, the splits hash last
+      const int64_t theirs = all[static_cast<size_t>(r) * kFields + field];
+      if (theirs == mine[field]) continue;
+      if (field == 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    detail::cat(prefix, r,
+                                "'s global sequence/head splits differ from this "
+                                "rank's"));
+      }
+      const auto show = [&](int64_t v) {
+        return field == 5 ? std::string(dtype_name(static_cast<DType>(v))) : std::to_string(v);
+      };
       throw Error(ErrorCode::kInvalidArgument,
-                  detail::cat("[rank ", comm_->rank(), "/", P, " ", comm_->name(), " ", kOp,
-                              "] ranks disagree on the call: rank ", r, " has ", names[f], " ",
-                              f == 0 ? "differing" : got, ", this rank has ",
-                              f == 0 ? "another" : want,
-                              f == 0 ? " (the global sequence/head splits differ)" : ""));
+                  detail::cat(prefix, r, " has ", names[field], " ", show(theirs),
+                              ", this rank has ", show(mine[field])));
     }
   }
 }
@@ -124,13 +133,13 @@ void UlyssesGroup::check_agreement(const plan::UlyssesPlan& p, DType dt) {
 WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
                                     const UlyssesArgs& args) {
   const plan::UlyssesRequest req = request(x, args);
-  const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
-                                         comm_->name(), " ", kOp, "] ");
+  const std::string prefix =
+      detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ", comm_->name(), "] ", kOp, ": ");
   auto p = plan_for(req);
-  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ",
-                  dtype_name(out.dtype), ", x has ", dtype_name(x.dtype));
-  FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, prefix, "out is on ",
-                  out.device.str(), ", x on ", x.device.str());
+  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
+                  ", x has ", dtype_name(x.dtype));
+  FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, prefix, "out is on ", out.device.str(),
+                  ", x on ", x.device.str());
   FASTCOMMS_CHECK(out.is_contiguous(), kInvalidArgument, prefix, "out must be contiguous");
   FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p->out_shape.begin(), p->out_shape.end()),
                   kInvalidArgument, prefix, "out has shape ", out.describe(), ", expected [",

@@ -33,7 +33,8 @@ Geometry resolve(const UlyssesRequest& req) {
   std::string prefix;
   {
     std::ostringstream os;
-    os << "[rank " << r << "/" << P << "] " << req.op_name << ": ";
+    os << "[rank " << r << "/" << P << (req.comm_name.empty() ? "" : " ") << req.comm_name << "] "
+       << req.op_name << ": ";
     prefix = os.str();
   }
   FASTCOMMS_CHECK(P >= 1, kInvalidArgument, prefix, "world_size must be >= 1, got ", P);

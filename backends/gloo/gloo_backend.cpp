@@ -83,8 +83,7 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx);
   WorkPtr broadcast(const TensorView& t, int root, const OpContext& ctx);
   WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& ctx);
-  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op,
-                 const OpContext& ctx);
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& ctx);
   WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
                      const OpContext& ctx);
   WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
@@ -95,8 +94,7 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
                                 const ReduceOp& op, const OpContext& ctx);
   WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
                               const std::vector<int64_t>& output_splits,
-                              const std::vector<int64_t>& input_splits,
-                              const OpContext& ctx);
+                              const std::vector<int64_t>& input_splits, const OpContext& ctx);
   WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
                      const OpContext& ctx);
   WorkPtr barrier(const OpContext& ctx);
@@ -118,8 +116,7 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     std::string prefix;
   };
   struct P2PTask {
-    std::vector<std::pair<std::unique_ptr<::gloo::transport::UnboundBuffer>, bool /*send*/>>
-        bufs;
+    std::vector<std::pair<std::unique_ptr<::gloo::transport::UnboundBuffer>, bool /*send*/>> bufs;
     std::shared_ptr<AsyncWork> work;
     Clock::time_point deadline;
     std::string prefix;
@@ -157,8 +154,8 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
 
 GlooImpl::GlooImpl(const BackendInit& init)
     : rank_(init.rank), size_(init.size), send_seq_(init.size, 0), recv_seq_(init.size, 0) {
-  const std::string where = detail::cat("[rank ", rank_, "/", size_, " ", init.options.name,
-                                        " new_comm] gloo: ");
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", init.options.name, " new_comm] gloo: ");
   FASTCOMMS_CHECK(init.device.type == DeviceType::kCPU, kInvalidArgument, where,
                   "the gloo backend serves CPU tensors, got device ", init.device.str());
   ::gloo::transport::tcp::attr attr;
@@ -204,8 +201,10 @@ void GlooImpl::shutdown() {
   cv_.notify_all();
   for (std::thread* t : {&collective_thread_, &p2p_thread_}) {
     if (!t->joinable()) continue;
-    if (aborted_) t->detach();
-    else t->join();
+    if (aborted_)
+      t->detach();
+    else
+      t->join();
   }
 }
 
@@ -215,9 +214,9 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
-    return std::make_exception_ptr(
-        Error(err.code(), std::string(err.what()).rfind(prefix, 0) == 0 ? err.what()
-                                                                         : prefix + err.what()));
+    return std::make_exception_ptr(Error(err.code(), std::string(err.what()).rfind(prefix, 0) == 0
+                                                         ? err.what()
+                                                         : prefix + err.what()));
   } catch (const std::exception& err) {
     if (aborted_) {
       return std::make_exception_ptr(
@@ -226,8 +225,8 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
     const std::string what = err.what();
     // Gloo says "Timed out ..." for the op that timed out and "Application timeout caused pair
     // closure" for later ops on the closed connection.
-    const bool timeout = what.find("imed out") != std::string::npos ||
-                         what.find("timeout") != std::string::npos;
+    const bool timeout =
+        what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos;
     return std::make_exception_ptr(
         Error(timeout ? ErrorCode::kTimeout : ErrorCode::kBackendError,
               prefix + (timeout ? "timed out: " : "gloo failed: ") + what));
@@ -289,8 +288,8 @@ void GlooImpl::p2p_loop() {
     }
     try {
       for (auto& [buf, is_send] : task.bufs) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            task.deadline - Clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(task.deadline - Clock::now());
         const auto t = std::max(left, std::chrono::milliseconds(1));
         const bool ok = is_send ? buf->waitSend(t) : buf->waitRecv(t);
         FASTCOMMS_CHECK(ok && !aborted_, kAborted, task.prefix, "the communicator was aborted");
@@ -320,8 +319,10 @@ WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx)
       const bool is_send = op.kind == P2POp::Kind::kSend;
       const uint32_t seq = is_send ? send_seq_[op.peer]++ : recv_seq_[op.peer]++;
       const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, seq);
-      if (is_send) buf->send(op.peer, slot);
-      else buf->recv(op.peer, slot);
+      if (is_send)
+        buf->send(op.peer, slot);
+      else
+        buf->recv(op.peer, slot);
       live_bufs_.push_back(buf.get());
       task.bufs.emplace_back(std::move(buf), is_send);
     }
@@ -348,7 +349,7 @@ WorkPtr GlooImpl::broadcast(const TensorView& t, int root, const OpContext& ctx)
 }
 
 void GlooImpl::all_reduce_now(void* data, int64_t count, DType dt, const ReduceOp& op,
-                                 std::chrono::milliseconds timeout, uint32_t tag) {
+                              std::chrono::milliseconds timeout, uint32_t tag) {
   if (op.type == RedOpType::kPremulSum) scale_in_place(data, count, dt, op.factor);
   if (size_ > 1 && count > 0) {
     const ReduceFn fn = reduce_fn(op.type, dt);
@@ -388,8 +389,7 @@ WorkPtr GlooImpl::all_reduce(const TensorView& t, const ReduceOp& op, const OpCo
   });
 }
 
-WorkPtr GlooImpl::reduce(const TensorView& t, int root, const ReduceOp& op,
-                            const OpContext& ctx) {
+WorkPtr GlooImpl::reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& ctx) {
   (void)reduce_fn(op.type, t.dtype);
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     const int64_t n = t.numel();
@@ -426,7 +426,7 @@ WorkPtr GlooImpl::reduce(const TensorView& t, int root, const ReduceOp& op,
 }
 
 WorkPtr GlooImpl::all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
-                                const OpContext& ctx) {
+                             const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<size_t> counts(size_);
     size_t total = 0;
@@ -451,7 +451,7 @@ WorkPtr GlooImpl::all_gather(const std::vector<TensorView>& outputs, const Tenso
 }
 
 WorkPtr GlooImpl::all_gather_single(const TensorView& output, const TensorView& input,
-                                       const OpContext& ctx) {
+                                    const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     if (size_ == 1 || input.nbytes() == 0) {
       if (input.nbytes()) std::memcpy(bytes(output), bytes(input), nbytes(input));
@@ -466,9 +466,8 @@ WorkPtr GlooImpl::all_gather_single(const TensorView& output, const TensorView& 
   });
 }
 
-WorkPtr GlooImpl::reduce_scatter(const TensorView& output,
-                                    const std::vector<TensorView>& inputs, const ReduceOp& op,
-                                    const OpContext& ctx) {
+WorkPtr GlooImpl::reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
+                                 const ReduceOp& op, const OpContext& ctx) {
   (void)reduce_fn(op.type, output.dtype);
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     // Reduce the concatenation of every rank's inputs, keep this rank's slice.
@@ -476,17 +475,16 @@ WorkPtr GlooImpl::reduce_scatter(const TensorView& output,
     for (int i = 0; i < size_; ++i) offsets[i + 1] = offsets[i] + nbytes(inputs[i]);
     std::vector<uint8_t> buf(offsets[size_]);
     for (int i = 0; i < size_; ++i)
-      if (offsets[i + 1] > offsets[i]) std::memcpy(buf.data() + offsets[i], bytes(inputs[i]),
-                                                   offsets[i + 1] - offsets[i]);
+      if (offsets[i + 1] > offsets[i])
+        std::memcpy(buf.data() + offsets[i], bytes(inputs[i]), offsets[i + 1] - offsets[i]);
     const int64_t count = static_cast<int64_t>(buf.size() / output.element_size());
     all_reduce_now(buf.data(), count, output.dtype, op, timeout, tag);
-    if (output.nbytes())
-      std::memcpy(bytes(output), buf.data() + offsets[rank_], nbytes(output));
+    if (output.nbytes()) std::memcpy(bytes(output), buf.data() + offsets[rank_], nbytes(output));
   });
 }
 
 WorkPtr GlooImpl::reduce_scatter_single(const TensorView& output, const TensorView& input,
-                                           const ReduceOp& op, const OpContext& ctx) {
+                                        const ReduceOp& op, const OpContext& ctx) {
   (void)reduce_fn(op.type, output.dtype);
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<uint8_t> buf(bytes(input), bytes(input) + nbytes(input));
@@ -497,9 +495,9 @@ WorkPtr GlooImpl::reduce_scatter_single(const TensorView& output, const TensorVi
 }
 
 WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView& input,
-                                         const std::vector<int64_t>& output_splits,
-                                         const std::vector<int64_t>& input_splits,
-                                         const OpContext& ctx) {
+                                      const std::vector<int64_t>& output_splits,
+                                      const std::vector<int64_t>& input_splits,
+                                      const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
     std::vector<int64_t> in_b(size_), out_b(size_);
@@ -513,7 +511,9 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
       if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
       return;
     }
-    if (total == 0) return;
+    // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
+    // messages with every peer, and the peers wait for them.
+    (void)total;
     ::gloo::AlltoallvOptions o(context_);
     o.setInput(bytes(input), in_b);
     o.setOutput(bytes(output), out_b);
@@ -524,7 +524,7 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
 }
 
 WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
-                                const std::vector<TensorView>& inputs, const OpContext& ctx) {
+                             const std::vector<TensorView>& inputs, const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<int64_t> in_b(size_), out_b(size_);
     int64_t in_total = 0, out_total = 0;
@@ -540,7 +540,7 @@ WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
     }
     if (size_ == 1) {
       recv = send;
-    } else if (in_total + out_total > 0) {
+    } else {  // every rank takes part, even one that moves nothing (see all_to_all_v_single)
       ::gloo::AlltoallvOptions o(context_);
       o.setInput(send.data(), in_b);
       o.setOutput(recv.data(), out_b);
@@ -567,8 +567,8 @@ WorkPtr GlooImpl::barrier(const OpContext& ctx) {
   });
 }
 
-WorkPtr GlooImpl::scatter(const TensorView& output, const std::vector<TensorView>& inputs,
-                             int root, const OpContext& ctx) {
+WorkPtr GlooImpl::scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
+                          const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     const size_t n = nbytes(output);
     if (size_ == 1 || n == 0) {
@@ -589,8 +589,8 @@ WorkPtr GlooImpl::scatter(const TensorView& output, const std::vector<TensorView
   });
 }
 
-WorkPtr GlooImpl::gather(const std::vector<TensorView>& outputs, const TensorView& input,
-                            int root, const OpContext& ctx) {
+WorkPtr GlooImpl::gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
+                         const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     const size_t n = nbytes(input);
     if (size_ == 1 || n == 0) {
@@ -690,8 +690,7 @@ class GlooBackend : public Backend {
   WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
     return impl_->all_reduce(t, op, c);
   }
-  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op,
-                 const OpContext& c) override {
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& c) override {
     return impl_->reduce(t, root, op, c);
   }
   WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -739,8 +738,9 @@ class GlooBackend : public Backend {
   std::shared_ptr<GlooImpl> impl_;
 };
 
-const StaticBackendRegistration kRegistration(
-    "gloo", [](const BackendInit& init) { return std::make_unique<GlooBackend>(init); });
+const StaticBackendRegistration kRegistration("gloo", [](const BackendInit& init) {
+  return std::make_unique<GlooBackend>(init);
+});
 
 }  // namespace
 }  // namespace fastcomms::gloo_backend

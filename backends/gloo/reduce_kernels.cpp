@@ -40,10 +40,10 @@ uint16_t float_to_half(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (x < 0x38800000u) {  // subnormal or zero in half
-    if (x < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
+  if (x < 0x38800000u) {                                               // subnormal or zero in half
+    if (x < 0x33000000u) return static_cast<uint16_t>(sign);           // rounds to zero
     const uint32_t exp = x >> 23;
     uint32_t mant = (x & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exp;  // 14 + (113 - exp)

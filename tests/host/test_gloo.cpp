@@ -16,9 +16,8 @@ namespace {
 
 using namespace std::chrono_literals;
 const int kWorlds[] = {1, 2, 3, 4, 7};
-const DType kReduceTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
-                              DType::kFloat16, DType::kInt32,   DType::kInt64,
-                              DType::kUInt8};
+const DType kReduceTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16,
+                              DType::kInt32,   DType::kInt64,   DType::kUInt8};
 const DType kMoveTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8,
                             DType::kFloat8E4M3FN};
 
@@ -253,7 +252,8 @@ TEST(Gloo, ReduceScatterFamily) {
           for (int q = 0; q < P; ++q) {
             vins.emplace_back(dt, q + 2);
             offs.push_back(off);
-            for (int64_t i = 0; i < q + 2; ++i) vins.back().set(i, value(op.type, dt, P, r, off + i));
+            for (int64_t i = 0; i < q + 2; ++i)
+              vins.back().set(i, value(op.type, dt, P, r, off + i));
             off += q + 2;
           }
           std::vector<TensorView> vviews;
@@ -298,8 +298,8 @@ TEST(Gloo, AllToAllFamily) {
           HostTensor vin(dt, std::vector<int64_t>{in_rows, width});
           for (int64_t i = 0; i < vin.numel(); ++i) vin.set(i, (r * 29 + i) % 100);
           HostTensor vout(dt, std::vector<int64_t>{out_rows, width});
-          comm.all_to_all_v_single(vout.view(), vin.view(), out_splits, in_splits,
-                                   mode(async_op))->wait();
+          comm.all_to_all_v_single(vout.view(), vin.view(), out_splits, in_splits, mode(async_op))
+              ->wait();
           int64_t o = 0;
           for (int p = 0; p < P; ++p) {
             int64_t src_off = 0;  // offset of p's chunk for r inside p's input
@@ -314,7 +314,8 @@ TEST(Gloo, AllToAllFamily) {
           std::vector<HostTensor> ins, outs;
           for (int q = 0; q < P; ++q) {
             ins.emplace_back(dt, rows[r][q] * width);
-            for (int64_t i = 0; i < ins.back().numel(); ++i) ins.back().set(i, (r * 3 + q * 5 + i) % 100);
+            for (int64_t i = 0; i < ins.back().numel(); ++i)
+              ins.back().set(i, (r * 3 + q * 5 + i) % 100);
             outs.emplace_back(dt, rows[q][r] * width);
           }
           std::vector<TensorView> iv, ov;
@@ -324,6 +325,30 @@ TEST(Gloo, AllToAllFamily) {
           for (int p = 0; p < P; ++p)
             for (int64_t i = 0; i < outs[p].numel(); ++i)
               ASSERT_EQ(outs[p].get(i), (p * 3 + r * 5 + i) % 100);
+        }
+      }
+    });
+  }
+}
+
+TEST(Gloo, AllToAllWithARankThatMovesNothing) {
+  // Rank 0 neither sends nor receives a byte; the others exchange among themselves.
+  for (int P : {2, 3, 4}) {
+    run_threads(P, [&](Communicator& comm) {
+      const int r = comm.rank();
+      std::vector<int64_t> in_s(P), out_s(P);
+      for (int q = 0; q < P; ++q) {
+        in_s[q] = (r == 0 || q == 0) ? 0 : 2;
+        out_s[q] = (r == 0 || q == 0) ? 0 : 2;
+      }
+      for (int iter = 0; iter < 3; ++iter) {
+        HostTensor in(DType::kInt32, r == 0 ? 0 : 2 * (P - 1));
+        HostTensor out(DType::kInt32, r == 0 ? 0 : 2 * (P - 1));
+        for (int64_t i = 0; i < in.numel(); ++i) in.set(i, r * 100 + i);
+        comm.all_to_all_v_single(out.view(), in.view(), out_s, in_s, mode(iter % 2 == 1))->wait();
+        for (int p = 1, o = 0; p < P && r != 0; ++p, o += 2) {
+          const int my_slot = r - 1;  // p's chunk for r sits after its chunks for 1..r-1
+          for (int i = 0; i < 2; ++i) ASSERT_EQ(out.get(o + i), p * 100 + my_slot * 2 + i);
         }
       }
     });
@@ -415,95 +440,104 @@ TEST(Gloo, MissingPeerTimesOut) {
   // Rank 1 never calls all_reduce; rank 0 must get a Timeout within timeout + 1 s.
   const auto timeout = 600ms;
   std::atomic<bool> done{false};
-  run_threads(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) {  // alive, connected, but never calls
-      while (!done) std::this_thread::sleep_for(5ms);
-      return;
-    }
-    {
-      HostTensor t(DType::kFloat32, 8);
-      CallOptions o;
-      o.options.timeout = timeout;
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        comm.all_reduce(t.view(), ReduceOp::sum(), o);
-        ADD_FAILURE() << "all_reduce returned without its peer";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
-        EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
-      }
-      const auto took = std::chrono::steady_clock::now() - t0;
-      EXPECT_LT(took, timeout + 1s);
-      EXPECT_GE(took, timeout - 50ms);
-      // A receive nobody sends to also times out.
-      CallOptions o2 = o;
-      try {
-        comm.recv(t.view(), 1, o2);
-        ADD_FAILURE() << "recv returned without a sender";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
-      }
-      done = true;
-    }
-  }, 5s);
+  run_threads(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {  // alive, connected, but never calls
+          while (!done) std::this_thread::sleep_for(5ms);
+          return;
+        }
+        {
+          HostTensor t(DType::kFloat32, 8);
+          CallOptions o;
+          o.options.timeout = timeout;
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            comm.all_reduce(t.view(), ReduceOp::sum(), o);
+            ADD_FAILURE() << "all_reduce returned without its peer";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+            EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
+          }
+          const auto took = std::chrono::steady_clock::now() - t0;
+          EXPECT_LT(took, timeout + 1s);
+          EXPECT_GE(took, timeout - 50ms);
+          // A receive nobody sends to also times out.
+          CallOptions o2 = o;
+          try {
+            comm.recv(t.view(), 1, o2);
+            ADD_FAILURE() << "recv returned without a sender";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+          }
+          done = true;
+        }
+      },
+      5s);
 }
 
 TEST(Gloo, PeerThatDiesFailsFast) {
   // A peer whose communicator goes away breaks the connection: the waiter fails at once.
-  run_threads(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) return;
-    HostTensor t(DType::kFloat32, 8);
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      comm.all_reduce(t.view(), ReduceOp::sum());
-      ADD_FAILURE() << "all_reduce returned without its peer";
-    } catch (const Error& e) {
-      EXPECT_TRUE(e.code() == ErrorCode::kBackendError || e.code() == ErrorCode::kTimeout)
-          << e.what();
-    }
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-  }, 10s);
+  run_threads(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) return;
+        HostTensor t(DType::kFloat32, 8);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          comm.all_reduce(t.view(), ReduceOp::sum());
+          ADD_FAILURE() << "all_reduce returned without its peer";
+        } catch (const Error& e) {
+          EXPECT_TRUE(e.code() == ErrorCode::kBackendError || e.code() == ErrorCode::kTimeout)
+              << e.what();
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+      },
+      10s);
 }
 
 TEST(Gloo, AbortUnblocksWaiters) {
   std::atomic<bool> done{false};
-  run_threads(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) {
-      while (!done) std::this_thread::sleep_for(5ms);
-      return;
-    }
-    HostTensor t(DType::kFloat32, 8);
-    bool hook_ran = false;
-    auto h = comm.register_abort_hook([&] { hook_ran = true; });
-    auto w = comm.all_reduce(t.view(), ReduceOp::sum(), mode(true));
-    HostTensor r(DType::kFloat32, 8);
-    auto wr = comm.recv(r.view(), 1, mode(true));
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(200ms);
-      comm.abort();
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    for (auto& work : {w, wr}) {
-      try {
-        work->wait();
-        ADD_FAILURE() << "wait returned after abort";
-      } catch (const Error& e) {
-        EXPECT_TRUE(e.code() == ErrorCode::kAborted) << e.what();
-      }
-    }
-    aborter.join();
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-    EXPECT_TRUE(hook_ran);
-    EXPECT_TRUE(comm.is_aborted());
-    EXPECT_EQ(w->status(), WorkStatus::kError);
-    try {
-      comm.barrier();
-      ADD_FAILURE() << "an aborted communicator accepted an op";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kAborted);
-    }
-    done = true;
-  }, 60s);
+  run_threads(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {
+          while (!done) std::this_thread::sleep_for(5ms);
+          return;
+        }
+        HostTensor t(DType::kFloat32, 8);
+        bool hook_ran = false;
+        auto h = comm.register_abort_hook([&] { hook_ran = true; });
+        auto w = comm.all_reduce(t.view(), ReduceOp::sum(), mode(true));
+        HostTensor r(DType::kFloat32, 8);
+        auto wr = comm.recv(r.view(), 1, mode(true));
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(200ms);
+          comm.abort();
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto& work : {w, wr}) {
+          try {
+            work->wait();
+            ADD_FAILURE() << "wait returned after abort";
+          } catch (const Error& e) {
+            EXPECT_TRUE(e.code() == ErrorCode::kAborted) << e.what();
+          }
+        }
+        aborter.join();
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+        EXPECT_TRUE(hook_ran);
+        EXPECT_TRUE(comm.is_aborted());
+        EXPECT_EQ(w->status(), WorkStatus::kError);
+        try {
+          comm.barrier();
+          ADD_FAILURE() << "an aborted communicator accepted an op";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kAborted);
+        }
+        done = true;
+      },
+      60s);
 }
 
 TEST(Gloo, HooksSeeIncreasingOpIds) {
@@ -547,8 +581,8 @@ TEST(GlooProcesses, EveryOpFamilyAcrossProcesses) {
         for (int q = 0; q < P; ++q) want += (q + i) % 7;
         if (t.get(i) != want) throw std::runtime_error("all_reduce mismatch");
       }
-      HostTensor in(DType::kInt64, std::vector<int64_t>{P * 3}), out(DType::kInt64,
-                                                                     std::vector<int64_t>{P * 3});
+      HostTensor in(DType::kInt64, std::vector<int64_t>{P * 3}),
+          out(DType::kInt64, std::vector<int64_t>{P * 3});
       for (int64_t i = 0; i < in.numel(); ++i) in.set(i, r * 100 + i);
       comm.all_to_all_single(out.view(), in.view(), mode(true))->wait();
       for (int p = 0; p < P; ++p)

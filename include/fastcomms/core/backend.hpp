@@ -50,20 +50,20 @@ const char* op_name(OpKind op) noexcept;
 
 /// What a backend can do.
 struct Capabilities {
-  uint64_t ops = 0;          ///< Bit (1 << OpKind) per supported op.
-  bool cpu_tensors = false;  ///< Takes CPU tensors.
-  bool cuda_tensors = false; ///< Takes CUDA tensors.
+  uint64_t ops = 0;           ///< Bit (1 << OpKind) per supported op.
+  bool cpu_tensors = false;   ///< Takes CPU tensors.
+  bool cuda_tensors = false;  ///< Takes CUDA tensors.
   bool supports(OpKind op) const { return (ops >> static_cast<int>(op)) & 1u; }
 };
 
 /// How one op was issued.
 struct OpContext {
-  OpKind op = OpKind::kBarrier;        ///< Which op.
-  uint64_t op_id = 0;                  ///< Increasing per communicator.
-  bool async_op = false;               ///< The caller asked for an async op.
+  OpKind op = OpKind::kBarrier;          ///< Which op.
+  uint64_t op_id = 0;                    ///< Increasing per communicator.
+  bool async_op = false;                 ///< The caller asked for an async op.
   std::chrono::milliseconds timeout{0};  ///< Effective timeout (never 0 here).
-  const Hints* hints = nullptr;        ///< Per-op hints (may be null).
-  std::string prefix;                  ///< "[rank r/n comm op] " for error messages.
+  const Hints* hints = nullptr;          ///< Per-op hints (may be null).
+  std::string prefix;                    ///< "[rank r/n comm op] " for error messages.
 };
 
 /// One point-to-point op of a batch.
@@ -75,10 +75,10 @@ struct P2POp {
 
 /// What a backend is created from.
 struct BackendInit {
-  int rank = 0;             ///< This rank.
-  int size = 1;             ///< Ranks in the communicator.
-  Device device;            ///< The device the communicator serves.
-  CommOptions options;      ///< Timeout, store (never null here), hints, name.
+  int rank = 0;         ///< This rank.
+  int size = 1;         ///< Ranks in the communicator.
+  Device device;        ///< The device the communicator serves.
+  CommOptions options;  ///< Timeout, store (never null here), hints, name.
 };
 
 /// A transport. All ops default to throwing kUnsupported; a backend overrides what it has and
@@ -118,11 +118,11 @@ class Backend {
                              const std::vector<TensorView>& inputs, const OpContext& ctx);
   virtual WorkPtr barrier(const OpContext& ctx);
   /// inputs are used on the root only.
-  virtual WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs,
-                          int root, const OpContext& ctx);
+  virtual WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
+                          const OpContext& ctx);
   /// outputs are used on the root only.
-  virtual WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input,
-                         int root, const OpContext& ctx);
+  virtual WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
+                         const OpContext& ctx);
   /// A backend over `ranks` (this rank is in it); called by every member with the same ranks.
   virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit& init);
   /// Unblocks every waiter with an Aborted error; the backend is unusable afterwards.

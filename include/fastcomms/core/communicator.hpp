@@ -19,10 +19,10 @@ namespace fastcomms {
 
 /// What a hook is told about an op.
 struct OpInfo {
-  OpKind op;        ///< Which op.
-  uint64_t op_id;   ///< Increasing per communicator, starting at 1.
-  bool async_op;    ///< Async or sync.
-  const Work* work; ///< The issued op (post-hooks only; null in pre-hooks).
+  OpKind op;         ///< Which op.
+  uint64_t op_id;    ///< Increasing per communicator, starting at 1.
+  bool async_op;     ///< Async or sync.
+  const Work* work;  ///< The issued op (post-hooks only; null in pre-hooks).
 };
 
 /// Handle on a registered hook; remove() unregisters it (idempotent, safe after the
@@ -107,8 +107,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// Empty split lists mean even splits (torch.distributed's convention).
   WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
                               const std::vector<int64_t>& output_splits,
-                              const std::vector<int64_t>& input_splits,
-                              const CallOptions& o = {});
+                              const std::vector<int64_t>& input_splits, const CallOptions& o = {});
   WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
                      const CallOptions& o = {});
   WorkPtr barrier(const CallOptions& o = {});

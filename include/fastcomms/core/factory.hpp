@@ -29,15 +29,13 @@ typedef const FastcommsBackendEntry* (*FastcommsBackendEntryFn)();
 
 /// Defines the entry point of a backend library for class `Cls` (constructible from
 /// const BackendInit&) registered as `NAME`.
-#define FASTCOMMS_DEFINE_BACKEND_ENTRY(NAME, Cls)                                          \
-  extern "C" __attribute__((visibility("default"))) const FastcommsBackendEntry*           \
-  fastcomms_backend_entry() {                                                              \
-    static const FastcommsBackendEntry entry{                                              \
-        FASTCOMMS_BACKEND_ABI_VERSION, NAME,                                               \
-        [](const fastcomms::BackendInit* init) -> fastcomms::Backend* {                     \
-          return new Cls(*init);                                                           \
-        }};                                                                                \
-    return &entry;                                                                         \
+#define FASTCOMMS_DEFINE_BACKEND_ENTRY(NAME, Cls)                                                  \
+  extern "C" __attribute__((visibility("default"))) const FastcommsBackendEntry*                   \
+  fastcomms_backend_entry() {                                                                      \
+    static const FastcommsBackendEntry entry{                                                      \
+        FASTCOMMS_BACKEND_ABI_VERSION, NAME,                                                       \
+        [](const fastcomms::BackendInit* init) -> fastcomms::Backend* { return new Cls(*init); }}; \
+    return &entry;                                                                                 \
   }
 
 namespace fastcomms {

@@ -21,8 +21,8 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout{600'000};
 
 /// Options of one op.
 struct OpOptions {
-  Hints hints;                             ///< Per-op hints.
-  std::chrono::milliseconds timeout{0};    ///< 0: the communicator's timeout.
+  Hints hints;                           ///< Per-op hints.
+  std::chrono::milliseconds timeout{0};  ///< 0: the communicator's timeout.
 };
 
 /// Options of a communicator.

@@ -50,11 +50,11 @@ struct Device {
 
 /// A non-owning view of a strided tensor: what the binding layer hands the core.
 struct TensorView {
-  void* data = nullptr;          ///< First element (already offset by the storage offset).
+  void* data = nullptr;           ///< First element (already offset by the storage offset).
   DType dtype = DType::kFloat32;  ///< Element type.
-  std::vector<int64_t> shape;    ///< Sizes per dimension.
-  std::vector<int64_t> strides;  ///< Strides per dimension, in elements.
-  Device device;                 ///< Where the memory lives.
+  std::vector<int64_t> shape;     ///< Sizes per dimension.
+  std::vector<int64_t> strides;   ///< Strides per dimension, in elements.
+  Device device;                  ///< Where the memory lives.
 
   /// A contiguous view over `data` with the given shape.
   static TensorView contiguous(void* data, DType dtype, std::vector<int64_t> shape,

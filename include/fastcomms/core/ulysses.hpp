@@ -21,10 +21,10 @@ namespace fastcomms {
 
 /// Arguments of one Ulysses call besides the tensors.
 struct UlyssesArgs {
-  int mode = 0;                                    ///< 0 or 1 (see ulysses_plan.hpp).
-  std::optional<std::vector<int64_t>> seq_splits;  ///< Per-rank sequence shards, or even.
-  std::optional<std::vector<int64_t>> head_splits; ///< Per-rank head shards, or even.
-  bool async_op = false;                           ///< Return before completion.
+  int mode = 0;                                     ///< 0 or 1 (see ulysses_plan.hpp).
+  std::optional<std::vector<int64_t>> seq_splits;   ///< Per-rank sequence shards, or even.
+  std::optional<std::vector<int64_t>> head_splits;  ///< Per-rank head shards, or even.
+  bool async_op = false;                            ///< Return before completion.
   bool check_agreement = true;  ///< Compare the call across ranks first (one small all_gather).
 };
 

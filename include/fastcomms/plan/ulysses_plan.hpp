@@ -76,6 +76,7 @@ struct UlyssesRequest {
   std::optional<std::vector<int64_t>> head_splits;
   Path path = Path::kPeerToPeer;          ///< Which descriptors to produce.
   std::string op_name = "all_to_all_4d";  ///< Used in error messages.
+  std::string comm_name;                  ///< Communicator name for messages (may be empty).
 };
 
 /// Everything a transport needs to run one Ulysses all-to-all on one rank.
