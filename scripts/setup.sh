@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything the build and the tests need; quick when it is already there.
-#   Debian packages: compilers, CMake, Ninja, GoogleTest, clang (libFuzzer), clang-format.
+#   Debian packages: compilers, CMake, Ninja, GoogleTest, Gloo, clang (libFuzzer), clang-format.
 #   A Python venv ($FASTCOMMS_VENV) with the pinned tools of requirements-dev.txt.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev clang libclang-rt-14-dev
-              clang-format python3-venv)
+              clang-format python3-venv libgloo-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -28,6 +28,12 @@ struct UlyssesArgs {
   bool check_agreement = true;  ///< Compare the call across ranks first (one small all_gather).
 };
 
+/// A grow-only host staging buffer (uninitialized).
+struct UlyssesScratch {
+  std::unique_ptr<std::byte[]> data;
+  int64_t size = 0;
+};
+
 /// The Ulysses all-to-all of API.md §2 on the collective path.
 class UlyssesGroup {
  public:
@@ -47,7 +53,7 @@ class UlyssesGroup {
  private:
   plan::UlyssesRequest request(const TensorView& x, const UlyssesArgs& args) const;
   std::shared_ptr<const plan::UlyssesPlan> plan_for(const plan::UlyssesRequest& req);
-  void check_agreement(const plan::UlyssesPlan& p, DType dt);
+  std::shared_ptr<UlyssesScratch> scratch(std::shared_ptr<UlyssesScratch>& pool, int64_t bytes);
 
   std::shared_ptr<Communicator> comm_;
   std::mutex mu_;
@@ -55,6 +61,7 @@ class UlyssesGroup {
                       std::vector<int64_t>, bool>,
            std::shared_ptr<const plan::UlyssesPlan>>
       plans_;
+  std::shared_ptr<UlyssesScratch> send_pool_, recv_pool_;
 };
 
 }  // namespace fastcomms
