@@ -19,16 +19,15 @@ constexpr const char* kOp = "all_to_all_4d";
 constexpr int kHeaderWords = 6;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
 using Header = std::array<int64_t, kHeaderWords>;
-constexpr const char* kHeaderFields[kHeaderWords] = {"", "mode", "b", "d", "element size",
-                                                     "dtype"};
+constexpr const char* kHeaderFields[kHeaderWords] = {"", "mode", "b", "d", "element size", "dtype"};
 
 // Finishes the collective path on the caller's thread: waits for the exchange, checks the
 // headers, then unpacks.
 class UnpackWork : public Work {
  public:
   UnpackWork(WorkPtr inner, std::shared_ptr<const plan::UlyssesPlan> plan,
-             std::shared_ptr<UlyssesScratch> send, std::shared_ptr<UlyssesScratch> recv,
-             void* out, Header mine, std::string prefix)
+             std::shared_ptr<UlyssesScratch> send, std::shared_ptr<UlyssesScratch> recv, void* out,
+             Header mine, std::string prefix)
       : inner_(std::move(inner)),
         plan_(std::move(plan)),
         send_(std::move(send)),
@@ -103,7 +102,7 @@ class UnpackWork : public Work {
 }  // namespace
 
 std::shared_ptr<UlyssesScratch> UlyssesGroup::scratch(std::shared_ptr<UlyssesScratch>& pool,
-                                                     int64_t bytes) {
+                                                      int64_t bytes) {
   // NOTE [ulysses scratch reuse]: a buffer is reused only when no in-flight async call still
   // holds it (use_count 1: the pool alone); otherwise a fresh one replaces it in the pool.
   std::lock_guard<std::mutex> lock(mu_);
@@ -199,10 +198,9 @@ WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
   o.async_op = true;
   WorkPtr inner = comm_->all_to_all_v_single(
       TensorView::contiguous(recv->data.get(), DType::kUInt8, {recv_total}, x.device),
-      TensorView::contiguous(send->data.get(), DType::kUInt8, {send_total}, x.device),
-      recv_bytes, send_bytes, o);
-  auto work =
-      std::make_shared<UnpackWork>(std::move(inner), p, send, recv, out.data, mine, prefix);
+      TensorView::contiguous(send->data.get(), DType::kUInt8, {send_total}, x.device), recv_bytes,
+      send_bytes, o);
+  auto work = std::make_shared<UnpackWork>(std::move(inner), p, send, recv, out.data, mine, prefix);
   if (!args.async_op) work->wait();
   return work;
 }

@@ -74,9 +74,9 @@ Result run(int rank, int P, const std::string& dir) {
         ::gloo::allreduce(ao);
       };
       auto ours_ar_fn = [&] {
-        comm->all_reduce(TensorView::contiguous(buf.data(), DType::kFloat32,
-                                                {static_cast<int64_t>(floats)}),
-                         ReduceOp::sum());
+        comm->all_reduce(
+            TensorView::contiguous(buf.data(), DType::kFloat32, {static_cast<int64_t>(floats)}),
+            ReduceOp::sum());
       };
       auto raw_a2a_fn = [&] {
         ::gloo::AlltoallOptions ao(ctx);

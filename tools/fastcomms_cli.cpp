@@ -41,8 +41,8 @@ struct Options {
 
 // Element `idx` of rank `rank`'s input: a hash, so any rank can recompute any input element.
 inline uint64_t input_word(int rank, int64_t idx) {
-  uint64_t x = (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(idx) ^
-               0x9e3779b97f4a7c15ull;
+  uint64_t x =
+      (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(idx) ^ 0x9e3779b97f4a7c15ull;
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
@@ -80,8 +80,8 @@ std::vector<int64_t> parse_list(const std::string& s) {
   size_t pos = 0;
   while (pos <= s.size()) {
     const size_t comma = s.find(',', pos);
-    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos
-                                                                      : comma - pos);
+    const std::string item =
+        s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     v.push_back(std::strtoll(item.c_str(), &end, 10));
     if (item.empty() || *end)
@@ -116,8 +116,9 @@ void baseline_mode0(Communicator& comm, const std::vector<uint8_t>& x, std::vect
         std::memcpy(send.data() + (((p * s + j) * b + i) * h) * row,
                     x.data() + ((i * s + j) * n + p * h) * row, static_cast<size_t>(h * row));
   const DType raw = DType::kUInt8;
-  comm.all_to_all_single(TensorView::contiguous(recv.data(), raw, {static_cast<int64_t>(recv.size())}),
-                         TensorView::contiguous(send.data(), raw, {static_cast<int64_t>(send.size())}));
+  comm.all_to_all_single(
+      TensorView::contiguous(recv.data(), raw, {static_cast<int64_t>(recv.size())}),
+      TensorView::contiguous(send.data(), raw, {static_cast<int64_t>(send.size())}));
   // recv (P, s, b, h, d) = (S, b, h, d) -> out (b, S, h, d)
   for (int64_t t = 0; t < s * P; ++t)
     for (int64_t i = 0; i < b; ++i)
@@ -139,7 +140,7 @@ int run_rank(int rank, const Options& opt, const std::string& dir, int out_fd) {
     shapes.push_back(opt.shape);
   } else {
     const int64_t heads = 8 * P * ((40 + 8 * P - 1) / (8 * P));  // ~40 heads, divisible by P
-    for (int64_t s = 16; ; s *= 4) {
+    for (int64_t s = 16;; s *= 4) {
       const double mib = static_cast<double>(s * heads * 128 * e) / (1 << 20);
       if (mib > opt.max_mib) break;
       shapes.push_back({1, s, heads, 128});
@@ -162,8 +163,8 @@ int run_rank(int rank, const Options& opt, const std::string& dir, int out_fd) {
     for (int it = 0; it < opt.warmup + opt.iters; ++it) {
       if (rank == 0 && isatty(STDERR_FILENO)) {
         std::fprintf(stderr, "\r  [%zu/%zu] shape (%lld, %lld, %lld, %lld): iteration %d/%d   ",
-                     si + 1, shapes.size(), (long long)b, (long long)s, (long long)n,
-                     (long long)d, it + 1, opt.warmup + opt.iters);
+                     si + 1, shapes.size(), (long long)b, (long long)s, (long long)n, (long long)d,
+                     it + 1, opt.warmup + opt.iters);
       }
       std::fill(out.begin(), out.end(), 0xA5);  // poison
       comm->barrier();
@@ -210,13 +211,20 @@ int bench(int argc, char** argv) {
       if (i + 1 >= argc) throw Error(ErrorCode::kInvalidArgument, a + " needs a value");
       return argv[++i];
     };
-    if (a == "--backend") opt.backend = value();
-    else if (a == "--nproc") opt.nproc = static_cast<int>(parse_list(value())[0]);
-    else if (a == "--shape") opt.shape = parse_list(value());
-    else if (a == "--dtype") opt.dtype = dtype_from_name(value());
-    else if (a == "--iters") opt.iters = static_cast<int>(parse_list(value())[0]);
-    else if (a == "--warmup") opt.warmup = static_cast<int>(parse_list(value())[0]);
-    else if (a == "--max-mib") opt.max_mib = std::stod(value());
+    if (a == "--backend")
+      opt.backend = value();
+    else if (a == "--nproc")
+      opt.nproc = static_cast<int>(parse_list(value())[0]);
+    else if (a == "--shape")
+      opt.shape = parse_list(value());
+    else if (a == "--dtype")
+      opt.dtype = dtype_from_name(value());
+    else if (a == "--iters")
+      opt.iters = static_cast<int>(parse_list(value())[0]);
+    else if (a == "--warmup")
+      opt.warmup = static_cast<int>(parse_list(value())[0]);
+    else if (a == "--max-mib")
+      opt.max_mib = std::stod(value());
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -241,10 +249,11 @@ int bench(int argc, char** argv) {
 
   char tmpl[] = "/tmp/fastcomms-bench-XXXXXX";
   if (!::mkdtemp(tmpl)) throw Error(ErrorCode::kBackendError, "bench: mkdtemp failed");
-  std::printf("fastcomms bench: backend %s, %d ranks (processes), dtype %s, %d iterations after "
-              "%d warm-up, median\n",
-              opt.backend.c_str(), opt.nproc, std::string(dtype_name(opt.dtype)).c_str(),
-              opt.iters, opt.warmup);
+  std::printf(
+      "fastcomms bench: backend %s, %d ranks (processes), dtype %s, %d iterations after "
+      "%d warm-up, median\n",
+      opt.backend.c_str(), opt.nproc, std::string(dtype_name(opt.dtype)).c_str(), opt.iters,
+      opt.warmup);
   std::fflush(stdout);
   std::vector<pid_t> pids;
   std::vector<int> fds;
@@ -303,10 +312,11 @@ int bench(int argc, char** argv) {
                 worst.ours_ms, worst.mib * 1.048576 / worst.ours_ms, worst.base_ms, worst.a2a_ms,
                 worst.base_ms / worst.ours_ms, worst.ok ? "OK" : "FAIL");
   }
-  std::printf("\nGB/s = bytes of one rank's input / time (slowest rank). speed-up = permute path / "
-              "ulysses. check: bit-exact against the definition, against the permute path, and "
-              "the mode-1 round trip.\n%s\n",
-              bad ? "SOME CHECKS FAILED" : "all checks passed");
+  std::printf(
+      "\nGB/s = bytes of one rank's input / time (slowest rank). speed-up = permute path / "
+      "ulysses. check: bit-exact against the definition, against the permute path, and "
+      "the mode-1 round trip.\n%s\n",
+      bad ? "SOME CHECKS FAILED" : "all checks passed");
   return bad ? 1 : 0;
 }
 

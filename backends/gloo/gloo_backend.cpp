@@ -516,8 +516,9 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
     // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
     // messages with every peer, and the peers wait for them.
     (void)total;
-    const bool even = std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
-                      std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
+    const bool even =
+        std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
+        std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
     if (even && in_b[0] > 0) {  // Gloo's plain alltoall skips the per-peer bookkeeping
       ::gloo::AlltoallOptions o(context_);
       o.setInput(bytes(input), static_cast<size_t>(in_b[0] * size_));
