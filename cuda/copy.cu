@@ -34,8 +34,9 @@ __device__ void copy_rows(const CopyJob& j) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) copy_kernel(JobBatch batch) {
+__global__ void __launch_bounds__(kThreads) copy_kernel(JobBatch batch, const int* skip) {
   if (blockIdx.y >= static_cast<unsigned>(batch.count)) return;
+  if (skip != nullptr && *reinterpret_cast<const volatile int*>(skip) != 0) return;
   const CopyJob& j = batch.jobs[blockIdx.y];
   if (j.desc.width == 0) return;
   const auto align = [](int64_t v) { return static_cast<uint64_t>(v); };
@@ -85,7 +86,8 @@ void copy_engine_async(const CopyJob& job, cudaStream_t stream) {
   FASTCOMMS_CUDA_CHECK(cudaMemcpy3DAsync(&p, stream));
 }
 
-void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream) {
+void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream,
+                   const int* skip) {
   for (int first = 0; first < count; first += kJobsPerLaunch) {
     JobBatch batch{};
     batch.count = std::min(kJobsPerLaunch, count - first);
@@ -97,7 +99,7 @@ void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t 
     if (rows == 0) continue;
     const int64_t cap = max_blocks > 0 ? max_blocks : 1024;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, cap)), batch.count);
-    copy_kernel<<<grid, kThreads, 0, stream>>>(batch);
+    copy_kernel<<<grid, kThreads, 0, stream>>>(batch, skip);
     FASTCOMMS_CUDA_LAUNCH_CHECK();
   }
 }

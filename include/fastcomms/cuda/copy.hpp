@@ -33,6 +33,9 @@ void copy_engine_async(const CopyJob& job, cudaStream_t stream);
 /// @param count number of jobs
 /// @param max_blocks upper bound on thread blocks per launch (0: the kernel's default)
 /// @param stream the stream they are ordered on
-void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream);
+/// @param skip if not null, a device word: the kernel copies nothing when it is non-zero
+///        (set by a barrier that found the ranks disagreeing)
+void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream,
+                   const int* skip = nullptr);
 
 }  // namespace fastcomms::cuda

@@ -1,0 +1,254 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#include "fastcomms/backends/nvlink_ulysses.hpp"
+
+#include <cstring>
+
+#include "fastcomms/cuda/barrier.hpp"
+#include "fastcomms/cuda/copy.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms {
+namespace {
+constexpr int kSlotEntry = 0, kSlotExit = 1, kSlotSetup = 2;
+}  // namespace
+
+int64_t NvlinkUlysses::crossover_bytes() {
+  // Per-peer chunk size above which the copy engines move the data (see docs/benchmarks.md for
+  // the measurement this comes from; FASTCOMMS_CE_CROSSOVER overrides it).
+  static const int64_t v = [] {
+    if (const char* e = std::getenv("FASTCOMMS_CE_CROSSOVER")) return int64_t{std::atoll(e)};
+    return int64_t{1} << 20;
+  }();
+  return v;
+}
+
+std::string NvlinkUlysses::prefix() const {
+  return detail::cat("[rank ", opt_.rank, "/", opt_.size, " ", opt_.name, "] all_to_all_4d: ");
+}
+
+NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(options)) {
+  FASTCOMMS_CHECK(opt_.store != nullptr, kInvalidArgument, prefix(), "a store is required");
+  FASTCOMMS_CHECK(opt_.size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.size, kInvalidArgument,
+                  prefix(), "rank ", opt_.rank, " is not in a group of ", opt_.size);
+  cuda::DeviceGuard guard(opt_.device);
+  pads_ = exchange(static_cast<int64_t>(cuda::pad_bytes(opt_.size)), "pads");
+  FASTCOMMS_CUDA_CHECK(cudaMemset(pads_.local.get(), 0, pads_.bytes));
+  peer_pad_table_ = cuda::DeviceBuffer(sizeof(void*) * opt_.size);
+  FASTCOMMS_CUDA_CHECK(cudaMemcpy(peer_pad_table_.get(), pads_.ptrs.data(),
+                                  sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
+  skip_ = cuda::DeviceBuffer(sizeof(int));
+  FASTCOMMS_CUDA_CHECK(cudaMemset(skip_.get(), 0, sizeof(int)));
+  error_ = cuda::PinnedBuffer(sizeof(int));
+  std::memset(error_.get(), 0, sizeof(int));
+  FASTCOMMS_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  // Every pad must be zeroed before any peer signals into it.
+  opt_.store->set_string(detail::cat(opt_.name, "/pads_zeroed/", opt_.rank), "1");
+  for (int q = 0; q < opt_.size; ++q)
+    opt_.store->wait({detail::cat(opt_.name, "/pads_zeroed/", q)}, opt_.timeout);
+}
+
+NvlinkUlysses::~NvlinkUlysses() {
+  // Local work only: let this device finish what was enqueued before unmapping.
+  (void)cudaSetDevice(opt_.device);
+  (void)cudaDeviceSynchronize();
+}
+
+NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& tag) {
+  Window w;
+  w.bytes = bytes;
+  w.local = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+  cudaIpcMemHandle_t handle;
+  FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, w.local.get()));
+  const std::string base = detail::cat(opt_.name, "/", tag, "/", generation_++, "/");
+  std::vector<uint8_t> value(sizeof handle + sizeof bytes);
+  std::memcpy(value.data(), &handle, sizeof handle);
+  std::memcpy(value.data() + sizeof handle, &bytes, sizeof bytes);
+  opt_.store->set(base + std::to_string(opt_.rank), value);
+  w.maps.resize(opt_.size);
+  w.ptrs.resize(opt_.size);
+  for (int q = 0; q < opt_.size; ++q) {
+    if (q == opt_.rank) {
+      w.ptrs[q] = w.local.get();
+      continue;
+    }
+    std::vector<uint8_t> v;
+    try {
+      v = opt_.store->get(base + std::to_string(q), opt_.timeout);
+    } catch (const Error& e) {
+      throw Error(e.code(), detail::cat(prefix(), "rank ", q, " did not publish its ", tag,
+                                        " window: ", e.what()));
+    }
+    FASTCOMMS_CHECK(v.size() == value.size(), kInternal, prefix(), "malformed window record");
+    cudaIpcMemHandle_t peer;
+    int64_t peer_bytes = 0;
+    std::memcpy(&peer, v.data(), sizeof peer);
+    std::memcpy(&peer_bytes, v.data() + sizeof peer, sizeof peer_bytes);
+    FASTCOMMS_CHECK(peer_bytes == bytes, kInvalidArgument, prefix(), "rank ", q, " sized its ", tag,
+                    " window ", peer_bytes, " bytes, this rank ", bytes,
+                    ": the ranks issued different calls");
+    w.maps[q] = cuda::IpcMapping(peer);
+    w.ptrs[q] = w.maps[q].get();
+  }
+  return w;
+}
+
+void NvlinkUlysses::ensure_window(int64_t bytes, cudaStream_t stream) {
+  if (window_.bytes >= bytes) return;
+  // Growing is collective and rare: every rank reaches the same decision from the same call.
+  // Drain this rank's use of the old window, agree through the store, then swap.
+  FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  Window fresh = exchange(std::max(bytes, window_.bytes * 2), "window");
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  window_ = std::move(fresh);
+}
+
+void* NvlinkUlysses::empty_output(int64_t bytes) {
+  FASTCOMMS_CHECK(bytes > 0, kInvalidArgument, prefix(), "empty_output needs bytes > 0, got ",
+                  bytes);
+  cuda::DeviceGuard guard(opt_.device);
+  user_windows_.push_back(std::make_unique<Window>(exchange(bytes, "user")));
+  return user_windows_.back()->local.get();
+}
+
+void NvlinkUlysses::check_errors() {
+  const int e = *static_cast<volatile int*>(error_.get());
+  if (e == cuda::kBarrierOk) return;
+  *static_cast<volatile int*>(error_.get()) = 0;
+  {
+    cuda::DeviceGuard guard(opt_.device);
+    FASTCOMMS_CUDA_CHECK(cudaMemset(skip_.get(), 0, sizeof(int)));  // later calls run again
+  }
+  throw Error(e == cuda::kBarrierTimeout ? ErrorCode::kTimeout : ErrorCode::kInvalidArgument,
+              prefix() + (e == cuda::kBarrierTimeout
+                              ? "a peer did not reach the device barrier within the timeout"
+                              : "ranks disagree on the call (a peer's geometry key differs); "
+                                "the transfer was skipped"));
+}
+
+int64_t NvlinkUlysses::memory_bytes() const {
+  int64_t total = pads_.bytes + window_.bytes;
+  for (const auto& w : user_windows_) total += w->bytes;
+  return total;
+}
+
+std::array<int64_t, 4> NvlinkUlysses::output_shape(const TensorView& x,
+                                                   const UlyssesArgs& args) const {
+  plan::UlyssesRequest req;
+  req.world_size = opt_.size;
+  req.rank = opt_.rank;
+  req.mode = args.mode;
+  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix(),
+                  "x must be 4-D (b, s, h, d), got ", x.describe());
+  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
+  req.element_size = static_cast<int64_t>(x.element_size());
+  req.seq_splits = args.seq_splits;
+  req.head_splits = args.head_splits;
+  req.comm_name = opt_.name;
+  return plan::ulysses_output_shape(req);
+}
+
+void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
+                                  const UlyssesArgs& args, cudaStream_t stream,
+                                  TransferEngine engine) {
+  check_errors();
+  const std::string where = prefix();
+  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, where, "x must be 4-D (b, s, h, d), got ",
+                  x.describe());
+  FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, where, "x must be contiguous");
+  FASTCOMMS_CHECK(x.device.type == DeviceType::kCUDA && x.device.index == opt_.device,
+                  kInvalidArgument, where, "x is on ", x.device.str(),
+                  ", the group serves cuda:", opt_.device);
+  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, where, "out has dtype ", dtype_name(out.dtype),
+                  ", x has ", dtype_name(x.dtype));
+  FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, where, "out is on ", out.device.str(),
+                  ", x on ", x.device.str());
+  FASTCOMMS_CHECK(out.is_contiguous(), kInvalidArgument, where, "out must be contiguous");
+
+  plan::UlyssesRequest req;
+  req.world_size = opt_.size;
+  req.rank = opt_.rank;
+  req.mode = args.mode;
+  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
+  req.element_size = static_cast<int64_t>(x.element_size());
+  req.seq_splits = args.seq_splits;
+  req.head_splits = args.head_splits;
+  req.path = plan::Path::kPeerToPeer;
+  req.comm_name = opt_.name;
+  auto key =
+      std::make_tuple(req.mode, req.shape[0], req.shape[1], req.shape[2], req.shape[3],
+                      req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
+                      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    if (plans_.size() > 64) plans_.clear();
+    it =
+        plans_.emplace(key, std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req)))
+            .first;
+  }
+  const plan::UlyssesPlan& p = *it->second;
+  FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
+                  kInvalidArgument, where, "out has shape ", out.describe(), ", expected [",
+                  p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ", p.out_shape[3],
+                  "]");
+
+  cuda::DeviceGuard guard(opt_.device);
+  // Destination: a user window when `out` is one (zero copy), else the group's window.
+  const Window* dest = nullptr;
+  for (const auto& w : user_windows_) {
+    if (w->local.get() == out.data) {
+      FASTCOMMS_CHECK(w->bytes >= p.max_out_bytes, kInvalidArgument, where,
+                      "the empty_output buffer holds ", w->bytes, " bytes, the call needs ",
+                      p.max_out_bytes, " on some rank");
+      dest = w.get();
+    }
+  }
+  if (dest == nullptr) {
+    ensure_window(p.max_out_bytes, stream);
+    dest = &window_;
+  }
+  // Ranks must agree on zero copy or not: the key carries the choice.
+  const uint64_t call_key = p.geometry_key ^ (dest == &window_ ? 0 : 0x9e3779b97f4a7c15ull);
+
+  const uint64_t e = ++epoch_;
+  cuda::BarrierArgs b;
+  b.local_pad = static_cast<uint64_t*>(pads_.local.get());
+  b.peer_pads = static_cast<uint64_t* const*>(peer_pad_table_.get());
+  b.rank = opt_.rank;
+  b.size = opt_.size;
+  b.value = e;
+  b.key = call_key;
+  b.error = error_dev_;
+  b.skip = static_cast<int*>(skip_.get());
+  b.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
+
+  b.slot = kSlotEntry;
+  cuda::barrier_async(b, stream);
+  int64_t max_chunk = 0;
+  for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
+  const bool use_ce = engine == TransferEngine::kCopyEngine ||
+                      (engine == TransferEngine::kAuto && max_chunk >= crossover_bytes());
+  std::vector<cuda::CopyJob> jobs;
+  for (int q = 0; q < opt_.size; ++q) {
+    // Rotate the start so that ranks do not all hit peer 0 first.
+    const int peer = (opt_.rank + q) % opt_.size;
+    if (p.puts[peer].empty()) continue;
+    jobs.push_back({x.data, dest->ptrs[peer], p.puts[peer]});
+  }
+  if (use_ce) {
+    for (const auto& j : jobs) cuda::copy_engine_async(j, stream);
+  } else {
+    cuda::copy_sm_async(jobs.data(), static_cast<int>(jobs.size()), 0, stream,
+                        static_cast<const int*>(skip_.get()));
+  }
+  b.slot = kSlotExit;
+  cuda::barrier_async(b, stream);
+  if (dest == &window_ && p.out_bytes > 0) {
+    FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(out.data, window_.local.get(), p.out_bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+  (void)kSlotSetup;
+}
+
+}  // namespace fastcomms

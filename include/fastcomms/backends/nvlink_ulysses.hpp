@@ -1,0 +1,105 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// The peer-to-peer Ulysses all-to-all over NVLink: every rank writes its contribution straight
+/// into each peer's window (CUDA IPC memory mapped into every peer), in the final layout, between
+/// two device-side epoch barriers. No NCCL: the setup needs only the store, so several ranks may
+/// share one GPU.
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/core/tensor.hpp"
+#include "fastcomms/core/ulysses.hpp"
+#include "fastcomms/cuda/runtime.hpp"
+#include "fastcomms/plan/ulysses_plan.hpp"
+
+namespace fastcomms {
+
+/// How the bytes cross.
+enum class TransferEngine {
+  kAuto,        ///< Copy engines above the measured crossover, SM kernel below.
+  kCopyEngine,  ///< One pitched cudaMemcpy per peer: zero SMs.
+  kSM,          ///< One kernel pushing 16-byte vectors into every peer.
+};
+
+/// Setup of a group.
+struct NvlinkUlyssesOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;                              ///< This rank's CUDA ordinal.
+  std::shared_ptr<Store> store;                ///< Rendezvous (IPC handles travel through it).
+  std::string name = "ulysses";                ///< Key namespace in the store.
+  std::chrono::milliseconds timeout{600'000};  ///< Store waits and device barrier waits.
+};
+
+/// One group of ranks doing Ulysses all-to-alls over NVLink.
+class NvlinkUlysses {
+ public:
+  /// Collective: allocates and exchanges the signal pads.
+  explicit NvlinkUlysses(NvlinkUlyssesOptions options);
+  ~NvlinkUlysses();
+  NvlinkUlysses(const NvlinkUlysses&) = delete;
+  NvlinkUlysses& operator=(const NvlinkUlysses&) = delete;
+
+  /// The output shape of a call (validated like the call).
+  std::array<int64_t, 4> output_shape(const TensorView& x, const UlyssesArgs& args) const;
+
+  /// Enqueues the exchange on `stream` (no host block). `out` is a contiguous device tensor of
+  /// output_shape(); when it is a buffer from empty_output() peers write into it directly (zero
+  /// copy), otherwise into this group's window, then a local copy-out fills `out`.
+  /// Device-side failures (ranks disagreeing on the call, a barrier timeout) are reported by the
+  /// next call or by check_errors().
+  void all_to_all_4d(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
+                     cudaStream_t stream, TransferEngine engine = TransferEngine::kAuto);
+
+  /// Collective: a device buffer of `bytes` mapped into every peer; passing it (as a tensor of
+  /// the right shape) as `out` skips the copy-out. Released by destroy() or the destructor.
+  void* empty_output(int64_t bytes);
+
+  /// Throws if a device-side barrier flagged an error (reads pinned memory; no sync).
+  void check_errors();
+
+  /// Bytes of device memory this group holds (windows, user windows, pads).
+  int64_t memory_bytes() const;
+  /// Calls issued so far (the epoch).
+  uint64_t epoch() const { return epoch_; }
+  /// The copy-engine / SM crossover in bytes per peer chunk.
+  static int64_t crossover_bytes();
+
+ private:
+  struct Window {
+    cuda::DeviceBuffer local;
+    std::vector<cuda::IpcMapping> maps;  // index q: peer q's buffer (empty for q == rank)
+    std::vector<void*> ptrs;             // index q: where to write for peer q
+    int64_t bytes = 0;
+  };
+  Window exchange(int64_t bytes, const std::string& tag);
+  void ensure_window(int64_t bytes, cudaStream_t stream);
+  std::string prefix() const;
+
+  NvlinkUlyssesOptions opt_;
+  Window pads_;
+  cuda::DeviceBuffer peer_pad_table_;  // device array of P pad pointers
+  cuda::DeviceBuffer skip_;            // device int: transfer kernels skip when set
+  cuda::PinnedBuffer error_;           // host-mapped int: BarrierError
+  int* error_dev_ = nullptr;
+  Window window_;  // grow-only destination for copying calls
+  std::vector<std::unique_ptr<Window>> user_windows_;
+  uint64_t epoch_ = 0;
+  uint64_t generation_ = 0;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>,
+                      std::vector<int64_t>, bool>,
+           std::shared_ptr<const plan::UlyssesPlan>>
+      plans_;
+};
+
+}  // namespace fastcomms

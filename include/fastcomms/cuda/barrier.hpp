@@ -1,0 +1,59 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// Device-side epoch barriers over signal pads mapped into every peer.
+///
+/// NOTE [epoch barrier ordering]: a barrier with value v on slot s does, for every peer q:
+/// (1) fence.acq_rel.sys, so every write this rank issued before the barrier in stream order
+///     (SM stores into peers' windows, and copy-engine copies, which are complete once the stream
+///     reaches the kernel) is ordered before (2);
+/// (2) st.release.sys of {key, v} into q's pad at [s][rank];
+/// (3) ld.acquire.sys spin on this rank's pad at [s][q] until it reads >= v, so every write q made
+///     before its own (2) is visible here afterwards.
+/// Values only grow (one epoch per call, the same on every rank), so a flag left from an earlier
+/// call can never satisfy a later wait, and a peer can run ahead by at most one barrier: it
+/// cannot pass the next entry barrier before this rank arrives there, which is what keeps a
+/// peer's next call from writing into a window this rank is still reading (copy-out happens
+/// before this rank's next entry barrier, in stream order).
+/// The key (a hash of the call's geometry) travels with the flag; a peer whose key differs sets
+/// `error` (kBarrierMismatch) and the `skip` word that stops the transfer kernel. A wait that
+/// exceeds `timeout_ns` sets kBarrierTimeout and stops waiting.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fastcomms::cuda {
+
+/// Error codes a barrier leaves in its error word.
+enum BarrierError : int { kBarrierOk = 0, kBarrierMismatch = 1, kBarrierTimeout = 2 };
+
+/// Slots per pad; each slot holds {epoch, key} for every rank.
+inline constexpr int kPadSlots = 4;
+
+/// Bytes of one rank's signal pad for a world of `size`.
+inline constexpr size_t pad_bytes(int size) {
+  return static_cast<size_t>(kPadSlots) * size * 2 * sizeof(uint64_t);
+}
+
+/// What the barrier kernel needs; trivially copyable, passed by value.
+struct BarrierArgs {
+  uint64_t* local_pad = nullptr;         ///< This rank's pad (peers write it).
+  uint64_t* const* peer_pads = nullptr;  ///< Device array: peer q's pad, mapped here.
+  int rank = 0;
+  int size = 1;
+  int slot = 0;             ///< Which slot of the pads.
+  uint64_t value = 0;       ///< The epoch to publish and wait for.
+  uint64_t key = 0;         ///< The call's geometry key.
+  int* error = nullptr;     ///< Host-visible word for BarrierError (mapped pinned).
+  int* skip = nullptr;      ///< Device word the transfer kernel checks.
+  uint64_t timeout_ns = 0;  ///< Give up after this long (0: never).
+};
+static_assert(std::is_trivially_copyable_v<BarrierArgs>);
+
+/// Enqueues the barrier on `stream`.
+void barrier_async(const BarrierArgs& args, cudaStream_t stream);
+
+}  // namespace fastcomms::cuda

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds and runs every GPU test and the GPU benchmark on a machine with 2+ NVLink GPUs, in one
+# call (the device machine has cmake, ninja, nvcc, NCCL in python's nvidia-nccl package, no
+# registry). Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# Never use NVLink multicast on shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
+declare -A result
+summary() {
+  printf '\n==================== GPU summary ====================\n'
+  for k in env build test_nvlink_ulysses bench_a2a; do
+    printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
+  done
+}
+trap summary EXIT
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m
+  nvcc --version | tail -2
+  cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+result[env]="see env.txt"
+
+NCCL_HOME=${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)}
+export NCCL_HOME
+echo "NCCL_HOME=$NCCL_HOME"
+if [ -n "$NCCL_HOME" ] && [ ! -e "$NCCL_HOME/lib/libnccl.so" ] && [ -e "$NCCL_HOME/lib/libnccl.so.2" ]; then
+  mkdir -p "$OUT/nccl-lib" && ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
+fi
+export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
+
+start=$(date +%s)
+if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+     -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
+   cmake --build "$BUILD" -j "$(nproc)" --target test_nvlink_ulysses bench_a2a \
+     >"$OUT/build.log" 2>&1; then
+  result[build]="ok ($(( $(date +%s) - start )) s)"
+else
+  result[build]="FAILED (see configure.log / build.log)"
+  tail -30 "$OUT/configure.log" "$OUT/build.log"
+  exit 1
+fi
+
+timeout 300 "$BUILD/tests/gpu/test_nvlink_ulysses" 2>&1 | tee "$OUT/test_nvlink_ulysses.log"
+rc=${PIPESTATUS[0]}
+case $rc in
+  0) result[test_nvlink_ulysses]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nvlink_ulysses.log"))" ;;
+  77) result[test_nvlink_ulysses]="SKIPPED ($(head -1 "$OUT/test_nvlink_ulysses.log"))" ;;
+  *) result[test_nvlink_ulysses]="FAILED (rc $rc)" ;;
+esac
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout 300 "$BUILD/tools/bench_a2a" 2>&1 | tee "$OUT/bench_a2a.log"
+  rc=${PIPESTATUS[0]}
+  result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")
+fi

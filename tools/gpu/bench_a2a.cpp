@@ -1,0 +1,218 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// bench_a2a (a benchmark, not a test): the peer-to-peer Ulysses all-to-all over NVLink against
+// the collective path on NCCL (permute kernel + grouped ncclSend/ncclRecv + permute kernel, i.e.
+// permute + all_to_all_single + permute with fast permutes) and against the NCCL exchange alone,
+// in the same run; bf16, mode 0, 2 ranks, the shapes of DESIGN.md. Each variant: 5 warm-up
+// iterations, then `reps` timed batches of `iters` back-to-back calls (CUDA events), median of the
+// per-call times. Every variant's output is checked bit for bit against the plan reference first.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "../../tests/gpu/gpu_world.hpp"
+#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "fastcomms/cuda/copy.hpp"
+#include "fastcomms/plan/reference.hpp"
+
+using namespace fastcomms;
+
+namespace {
+
+#define NCCL_CHECK(call)                                                    \
+  do {                                                                      \
+    ncclResult_t r_ = (call);                                               \
+    if (r_ != ncclSuccess)                                                  \
+      throw Error(ErrorCode::kBackendError,                                 \
+                  detail::cat(#call, " failed: ", ncclGetErrorString(r_))); \
+  } while (0)
+
+struct Shape {
+  int64_t b, s, h, d;
+};
+
+const Shape kShapes[] = {{1, 16, 40, 128},    {1, 64, 40, 128},   {1, 256, 40, 128},
+                         {1, 1024, 40, 128},  {1, 4096, 40, 128}, {1, 37800, 40, 128},
+                         {1, 16380, 40, 384}, {1, 37800, 40, 384}};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  NvlinkUlyssesOptions o;
+  o.rank = rank;
+  o.size = P;
+  o.device = device;
+  o.store = store;
+  o.name = "bench";
+  o.timeout = std::chrono::seconds(120);
+  NvlinkUlysses group(o);
+  // NCCL for the baseline (unique id through the store).
+  ncclUniqueId id;
+  if (rank == 0) {
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    store->set("nccl_id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
+                                               reinterpret_cast<uint8_t*>(&id) + sizeof id));
+  } else {
+    auto v = store->get("nccl_id", std::chrono::seconds(120));
+    std::memcpy(&id, v.data(), sizeof id);
+  }
+  ncclComm_t nccl;
+  NCCL_CHECK(ncclCommInitRank(&nccl, P, id, rank));
+  cuda::Stream stream;
+  cudaStream_t st = stream.get();
+  const Device dev{DeviceType::kCUDA, device};
+  cuda::Event t0(true), t1(true);
+
+  if (rank == 0) {
+    int drv = 0, rt = 0, nv = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    ncclGetVersion(&nv);
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, device);
+    std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
+                prop.name, drv, rt, nv);
+    std::printf("%-20s %8s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n", "shape (b,s,h,d)",
+                "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us", "best/p",
+                "ce0/p", "GB/s ce0");
+  }
+  for (const Shape& sh : kShapes) {
+    const int64_t n = sh.h, S = sh.s * P;
+    if (n % P) continue;
+    const int64_t in_elems = sh.b * sh.s * n * sh.d;
+    const size_t bytes = static_cast<size_t>(in_elems) * 2;
+    // Inputs: random, fresh per shape; the reference for the check (small shapes only).
+    std::vector<std::byte> host(bytes);
+    std::mt19937_64 rng(1234 + rank * 7 + sh.s);
+    for (size_t i = 0; i < bytes; i += 8) {
+      const uint64_t w = rng();
+      std::memcpy(host.data() + i, &w, std::min<size_t>(8, bytes - i));
+    }
+    cuda::DeviceBuffer xin(bytes), out(bytes), send(bytes), recv(bytes);
+    void* zc = group.empty_output(static_cast<int64_t>(bytes));
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xin.get(), host.data(), bytes, cudaMemcpyHostToDevice));
+    TensorView x = TensorView::contiguous(xin.get(), DType::kBFloat16, {sh.b, sh.s, n, sh.d}, dev);
+    TensorView ov =
+        TensorView::contiguous(out.get(), DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);
+    TensorView zv = TensorView::contiguous(zc, DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);
+    plan::UlyssesRequest req;
+    req.world_size = P;
+    req.rank = rank;
+    req.shape = {sh.b, sh.s, n, sh.d};
+    req.element_size = 2;
+    req.path = plan::Path::kCollective;
+    const plan::UlyssesPlan cp = plan::make_ulysses_plan(req);
+    std::vector<cuda::CopyJob> pack, unpack;
+    for (int q = 0; q < P; ++q) {
+      pack.push_back({xin.get(), send.get(), cp.pack[q]});
+      unpack.push_back({recv.get(), out.get(), cp.unpack[q]});
+    }
+    auto nccl_exchange = [&] {
+      NCCL_CHECK(ncclGroupStart());
+      for (int q = 0; q < P; ++q) {
+        NCCL_CHECK(ncclSend(static_cast<char*>(send.get()) + cp.send_displs[q] * 2,
+                            cp.send_counts[q] * 2, ncclUint8, q, nccl, st));
+        NCCL_CHECK(ncclRecv(static_cast<char*>(recv.get()) + cp.recv_displs[q] * 2,
+                            cp.recv_counts[q] * 2, ncclUint8, q, nccl, st));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    };
+    auto baseline = [&] {
+      cuda::copy_sm_async(pack.data(), P, 0, st);
+      nccl_exchange();
+      cuda::copy_sm_async(unpack.data(), P, 0, st);
+    };
+    std::vector<std::function<void()>> variants = {
+        [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+        [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kSM); },
+        [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+        [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kSM); },
+        baseline,
+        nccl_exchange,
+    };
+    // Check every output variant once (the exchange-only variant has no final layout).
+    std::vector<std::byte> want;
+    if (bytes <= (64u << 20)) {
+      plan::RankBuffers inputs(P);
+      for (int r = 0; r < P; ++r) {
+        inputs[r].resize(bytes);
+        std::mt19937_64 rr(1234 + r * 7 + sh.s);
+        for (size_t i = 0; i < bytes; i += 8) {
+          const uint64_t w = rr();
+          std::memcpy(inputs[r].data() + i, &w, std::min<size_t>(8, bytes - i));
+        }
+      }
+      want = plan::reference_all_to_all_4d(0, sh.b, sh.d, 2, std::vector<int64_t>(P, sh.s),
+                                           std::vector<int64_t>(P, n / P), inputs)[rank];
+    }
+    int bad = 0;
+    for (int v = 0; v < 5; ++v) {
+      void* dst = (v == 2 || v == 3) ? zc : out.get();
+      FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
+      variants[v]();
+      std::vector<std::byte> got(bytes);
+      FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(got.data(), dst, bytes, cudaMemcpyDeviceToHost, st));
+      FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+      group.check_errors();
+      if (!want.empty() && got != want) ++bad;
+    }
+    std::vector<double> us(variants.size());
+    const int iters = bytes < (16u << 20) ? 50 : 10, reps = 7;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      for (int w = 0; w < 5; ++w) variants[v]();
+      std::vector<double> samples;
+      for (int rep = 0; rep < reps; ++rep) {
+        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+        t0.record(st);
+        for (int it = 0; it < iters; ++it) variants[v]();
+        t1.record(st);
+        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
+        float ms = 0;
+        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
+        samples.push_back(1000.0 * ms / iters);
+      }
+      us[v] = median(samples);
+    }
+    group.check_errors();
+    if (rank == 0) {
+      char name[48];
+      std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", (long long)sh.b, (long long)sh.s,
+                    (long long)n, (long long)sh.d);
+      const double best = std::min({us[0], us[1], us[2], us[3]});
+      std::printf("%-20s %8.2f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %6.2fx %6.2fx %8.1f %s\n",
+                  name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[4] / best,
+                  us[4] / us[2], bytes * (P - 1.0) / P / (us[2] * 1e3),
+                  want.empty() ? "(unchecked)"
+                  : bad        ? "MISMATCH"
+                               : "ok");
+      std::fflush(stdout);
+    }
+    if (bad) return 1;
+  }
+  ncclCommDestroy(nccl);
+  return 0;
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  const int ndev = gpu_test::device_count_forked(&why);
+  if (ndev < 2) {
+    std::printf("SKIPPED: bench_a2a needs 2 CUDA devices, found %d %s\n", ndev, why.c_str());
+    return gpu_test::kSkip;
+  }
+  const int failed = gpu_test::run_ranks(
+      2, ndev, [](int r, int P, int dev, auto store) { return rank_main(r, P, dev, store); });
+  std::printf(
+      "columns: ce/sm = copy-engine / SM-kernel transfer into the group window + "
+      "copy-out; ce0/sm0 = zero copy (out = empty_output); nccl+perm = pack kernel + "
+      "ncclSend/Recv + unpack kernel; nccl = the exchange alone; best/p and ce0/p = "
+      "speed-up over nccl+perm; GB/s ce0 = bytes crossing NVLink per rank / time\n");
+  return failed ? 1 : 0;
+}
