@@ -17,20 +17,42 @@ struct JobBatch {
 };
 static_assert(sizeof(JobBatch) <= 4096, "kernel parameter space");
 
-// Moves one job's rows with accesses of type V (uint4 = 16 bytes). blockIdx.y picks the job,
-// blocks stride over rows, threads over the row's vectors.
+// Work is split into units of one row segment of at most kChunkBytes, so a single wide row (a
+// flat copy) spreads over many blocks just like many narrow rows do. blockIdx.y picks the job,
+// blocks stride over its units, each thread moves kUnroll accesses of type V per unit with all
+// loads issued before the stores (more bytes in flight per thread).
+constexpr int64_t kChunkBytes = 32 * 1024;
+constexpr int kUnroll = 4;
+
 template <typename V>
-__device__ void copy_rows(const CopyJob& j) {
+__device__ void copy_units(const CopyJob& j) {
   const plan::CopyDesc& c = j.desc;
+  constexpr int64_t kVec = sizeof(V);
   const int64_t rows = c.height * c.depth;
-  const int64_t vecs = c.width / static_cast<int64_t>(sizeof(V));
+  const int64_t chunks = (c.width + kChunkBytes - 1) / kChunkBytes;
+  const int64_t units = rows * chunks;
   const auto* src = static_cast<const unsigned char*>(j.src) + c.src_offset;
   auto* dst = static_cast<unsigned char*>(j.dst) + c.dst_offset;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t row = u / chunks, chunk = u - row * chunks;
     const int64_t z = row / c.height, y = row - z * c.height;
-    const V* s = reinterpret_cast<const V*>(src + z * c.src_slice_pitch + y * c.src_pitch);
-    V* t = reinterpret_cast<V*>(dst + z * c.dst_slice_pitch + y * c.dst_pitch);
-    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) t[i] = s[i];
+    const int64_t begin = chunk * kChunkBytes;
+    const int64_t n = (min(c.width - begin, kChunkBytes)) / kVec;
+    const V* s = reinterpret_cast<const V*>(src + z * c.src_slice_pitch + y * c.src_pitch + begin);
+    V* t = reinterpret_cast<V*>(dst + z * c.dst_slice_pitch + y * c.dst_pitch + begin);
+    for (int64_t i = threadIdx.x; i < n; i += static_cast<int64_t>(blockDim.x) * kUnroll) {
+      V v[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t idx = i + static_cast<int64_t>(k) * blockDim.x;
+        if (idx < n) v[k] = s[idx];
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t idx = i + static_cast<int64_t>(k) * blockDim.x;
+        if (idx < n) t[idx] = v[k];
+      }
+    }
   }
 }
 
@@ -45,14 +67,10 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(JobBatch batch, const in
                         align(j.desc.src_pitch) | align(j.desc.dst_pitch) |
                         align(j.desc.src_slice_pitch) | align(j.desc.dst_slice_pitch) |
                         align(j.desc.width);
-  if ((bits & 15) == 0)
-    copy_rows<uint4>(j);
-  else if ((bits & 7) == 0)
-    copy_rows<uint2>(j);
-  else if ((bits & 3) == 0)
-    copy_rows<uint32_t>(j);
-  else
-    copy_rows<unsigned char>(j);
+  if ((bits & 15) == 0) copy_units<uint4>(j);
+  else if ((bits & 7) == 0) copy_units<uint2>(j);
+  else if ((bits & 3) == 0) copy_units<uint32_t>(j);
+  else copy_units<unsigned char>(j);
 }
 
 }  // namespace
@@ -88,17 +106,28 @@ void copy_engine_async(const CopyJob& job, cudaStream_t stream) {
 
 void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream,
                    const int* skip) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 132;
+    }
+    return n;
+  }();
   for (int first = 0; first < count; first += kJobsPerLaunch) {
     JobBatch batch{};
     batch.count = std::min(kJobsPerLaunch, count - first);
-    int64_t rows = 0;
+    int64_t units = 0;
     for (int i = 0; i < batch.count; ++i) {
       batch.jobs[i] = jobs[first + i];
-      rows = std::max(rows, batch.jobs[i].desc.height * batch.jobs[i].desc.depth);
+      const plan::CopyDesc& c = batch.jobs[i].desc;
+      units = std::max(units, c.height * c.depth * ((c.width + kChunkBytes - 1) / kChunkBytes));
     }
-    if (rows == 0) continue;
-    const int64_t cap = max_blocks > 0 ? max_blocks : 1024;
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, cap)), batch.count);
+    if (units == 0) continue;
+    // Enough blocks to fill every SM a few times over, shared among the jobs of the launch.
+    const int64_t cap = max_blocks > 0 ? max_blocks : std::max<int64_t>(1, 4 * sms / batch.count);
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, cap)), batch.count);
     copy_kernel<<<grid, kThreads, 0, stream>>>(batch, skip);
     FASTCOMMS_CUDA_LAUNCH_CHECK();
   }

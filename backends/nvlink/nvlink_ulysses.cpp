@@ -112,6 +112,12 @@ void* NvlinkUlysses::empty_output(int64_t bytes) {
   return user_windows_.back()->local.get();
 }
 
+void* NvlinkUlysses::peer_window(const void* local, int q) const {
+  for (const auto& w : user_windows_)
+    if (w->local.get() == local && q >= 0 && q < opt_.size) return w->ptrs[q];
+  return nullptr;
+}
+
 void NvlinkUlysses::check_errors() {
   const int e = *static_cast<volatile int*>(error_.get());
   if (e == cuda::kBarrierOk) return;

@@ -65,6 +65,10 @@ class NvlinkUlysses {
   /// the right shape) as `out` skips the copy-out. Released by destroy() or the destructor.
   void* empty_output(int64_t bytes);
 
+  /// Peer `q`'s mapping of the empty_output() buffer whose local base is `local` (null if
+  /// `local` is not one).
+  void* peer_window(const void* local, int q) const;
+
   /// Throws if a device-side barrier flagged an error (reads pinned memory; no sync).
   void check_errors();
 
