@@ -18,11 +18,12 @@ struct JobBatch {
 static_assert(sizeof(JobBatch) <= 4096, "kernel parameter space");
 
 // Work is split into units of one row segment of at most kChunkBytes, so a single wide row (a
-// flat copy) spreads over many blocks just like many narrow rows do. blockIdx.y picks the job,
-// blocks stride over its units, each thread moves kUnroll accesses of type V per unit with all
-// loads issued before the stores (more bytes in flight per thread).
-constexpr int64_t kChunkBytes = 32 * 1024;
+// flat copy) spreads over many warps just like many narrow rows do. blockIdx.y picks the job;
+// each warp takes units in a grid-stride loop (16 units in flight per 512-thread block), and each
+// lane moves kUnroll accesses of type V per step with all loads issued before the stores.
+constexpr int64_t kChunkBytes = 16 * 1024;
 constexpr int kUnroll = 4;
+constexpr int kWarps = kThreads / 32;
 
 template <typename V>
 __device__ void copy_units(const CopyJob& j) {
@@ -33,25 +34,24 @@ __device__ void copy_units(const CopyJob& j) {
   const int64_t units = rows * chunks;
   const auto* src = static_cast<const unsigned char*>(j.src) + c.src_offset;
   auto* dst = static_cast<unsigned char*>(j.dst) + c.dst_offset;
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t u = warp; u < units; u += warps) {
     const int64_t row = u / chunks, chunk = u - row * chunks;
     const int64_t z = row / c.height, y = row - z * c.height;
     const int64_t begin = chunk * kChunkBytes;
-    const int64_t n = (min(c.width - begin, kChunkBytes)) / kVec;
+    const int n = static_cast<int>(min(c.width - begin, kChunkBytes) / kVec);
     const V* s = reinterpret_cast<const V*>(src + z * c.src_slice_pitch + y * c.src_pitch + begin);
     V* t = reinterpret_cast<V*>(dst + z * c.dst_slice_pitch + y * c.dst_pitch + begin);
-    for (int64_t i = threadIdx.x; i < n; i += static_cast<int64_t>(blockDim.x) * kUnroll) {
+    for (int i = lane; i < n; i += 32 * kUnroll) {
       V v[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int64_t idx = i + static_cast<int64_t>(k) * blockDim.x;
-        if (idx < n) v[k] = s[idx];
-      }
+      for (int k = 0; k < kUnroll; ++k)
+        if (i + k * 32 < n) v[k] = s[i + k * 32];
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int64_t idx = i + static_cast<int64_t>(k) * blockDim.x;
-        if (idx < n) t[idx] = v[k];
-      }
+      for (int k = 0; k < kUnroll; ++k)
+        if (i + k * 32 < n) t[i + k * 32] = v[k];
     }
   }
 }
@@ -127,7 +127,8 @@ void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t 
     if (units == 0) continue;
     // Enough blocks to fill every SM a few times over, shared among the jobs of the launch.
     const int64_t cap = max_blocks > 0 ? max_blocks : std::max<int64_t>(1, 4 * sms / batch.count);
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, cap)), batch.count);
+    const int64_t blocks = (units + kWarps - 1) / kWarps;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, cap)), batch.count);
     copy_kernel<<<grid, kThreads, 0, stream>>>(batch, skip);
     FASTCOMMS_CUDA_LAUNCH_CHECK();
   }
