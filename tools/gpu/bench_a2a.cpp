@@ -77,9 +77,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     cudaGetDeviceProperties(&prop, device);
     std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
                 prop.name, drv, rt, nv);
-    std::printf("%-20s %8s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n", "shape (b,s,h,d)",
-                "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us", "best/p",
-                "ce0/p", "GB/s ce0");
+    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s | %7s %7s %8s %8s\n",
+                "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm",
+                "nccl us", "flatCE", "flatSM", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -204,12 +204,13 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", (long long)sh.b, (long long)sh.s,
                     (long long)n, (long long)sh.d);
       const double best = std::min({us[0], us[1], us[2], us[3]});
-      std::printf("%-20s %8.2f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %6.2fx %6.2fx %8.1f %s\n",
-                  name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[4] / best,
-                  us[4] / us[2], bytes * (P - 1.0) / P / (us[2] * 1e3),
-                  want.empty() ? "(unchecked)"
-                  : bad        ? "MISMATCH"
-                               : "ok");
+      const double cross = bytes * (P - 1.0) / P;
+      std::printf(
+          "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f | %6.2fx %6.2fx "
+          "%8.1f %8.1f %s\n",
+          name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7],
+          us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3),
+          want.empty() ? "(unchecked)" : bad ? "MISMATCH" : "ok");
       std::fflush(stdout);
     }
     if (bad) return 1;
