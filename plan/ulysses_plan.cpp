@@ -1,6 +1,7 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fastcomms/plan/ulysses_plan.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -346,6 +347,58 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
   p.send_elems = send_off;
   p.recv_elems = recv_off;
   return p;
+}
+
+std::vector<CopyDesc> split_desc(const CopyDesc& c, int parts) {
+  std::vector<CopyDesc> out;
+  if (c.empty()) return out;
+  parts = std::max(parts, 1);
+  const auto ranges = [&](int64_t n, int64_t align) {
+    // Up to `parts` ranges of [0, n) whose starts are multiples of `align`.
+    std::vector<std::pair<int64_t, int64_t>> r;
+    const int64_t units = (n + align - 1) / align;
+    const int64_t k = std::min<int64_t>(parts, units);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t b = units * i / k * align, e = std::min(n, units * (i + 1) / k * align);
+      if (e > b) r.emplace_back(b, e - b);
+    }
+    return r;
+  };
+  if (c.depth >= parts) {
+    for (auto [b, n] : ranges(c.depth, 1)) {
+      CopyDesc d = c;
+      d.src_offset += b * c.src_slice_pitch;
+      d.dst_offset += b * c.dst_slice_pitch;
+      d.depth = n;
+      out.push_back(d);
+    }
+  } else if (c.height > 1) {
+    for (auto [b, n] : ranges(c.height, 1)) {
+      CopyDesc d = c;
+      d.src_offset += b * c.src_pitch;
+      d.dst_offset += b * c.dst_pitch;
+      d.height = n;
+      if (d.depth == 1) {
+        d.src_slice_pitch = d.src_pitch * d.height;
+        d.dst_slice_pitch = d.dst_pitch * d.height;
+      }
+      out.push_back(d);
+    }
+  } else {  // one row per slice and depth < parts: split the flat run (16-byte aligned cuts)
+    for (int64_t z = 0; z < c.depth; ++z) {
+      for (auto [b, n] : ranges(c.width, 16)) {
+        CopyDesc d = c;
+        d.src_offset += z * c.src_slice_pitch + b;
+        d.dst_offset += z * c.dst_slice_pitch + b;
+        d.width = n;
+        d.depth = 1;
+        d.src_pitch = d.dst_pitch = n;
+        d.src_slice_pitch = d.dst_slice_pitch = n;
+        out.push_back(d);
+      }
+    }
+  }
+  return out;
 }
 
 void copy_host(const CopyDesc& c, const void* src, void* dst) {

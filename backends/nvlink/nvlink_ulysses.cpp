@@ -42,6 +42,12 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   std::memset(error_.get(), 0, sizeof(int));
   FASTCOMMS_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
+  int fan = 4;
+  if (const char* e = std::getenv("FASTCOMMS_CE_STREAMS")) fan = std::max(1, std::atoi(e));
+  for (int k = 0; k < fan; ++k) {
+    ce_streams_.emplace_back(false);
+    ce_join_.emplace_back(false);
+  }
   FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
   // Every pad must be zeroed before any peer signals into it.
   opt_.store->set_string(detail::cat(opt_.name, "/pads_zeroed/", opt_.rank), "1");
@@ -243,7 +249,23 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     jobs.push_back({x.data, dest->ptrs[peer], p.puts[peer]});
   }
   if (use_ce) {
-    for (const auto& j : jobs) cuda::copy_engine_async(j, stream);
+    // Split every peer's copy over the side streams (each picks a copy engine of its own).
+    const int fan = static_cast<int>(ce_streams_.size());
+    std::vector<cuda::CopyJob> pieces;
+    for (const auto& j : jobs)
+      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan)) pieces.push_back({j.src, j.dst, d});
+    if (fan <= 1 || pieces.size() <= 1) {
+      for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
+    } else {
+      ce_fork_.record(stream);
+      for (int k = 0; k < fan; ++k) ce_fork_.wait_on(ce_streams_[k].get());
+      for (size_t i = 0; i < pieces.size(); ++i)
+        cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
+      for (int k = 0; k < fan; ++k) {
+        ce_join_[k].record(ce_streams_[k].get());
+        ce_join_[k].wait_on(stream);
+      }
+    }
   } else {
     cuda::copy_sm_async(jobs.data(), static_cast<int>(jobs.size()), 0, stream,
                         static_cast<const int*>(skip_.get()));

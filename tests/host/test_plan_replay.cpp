@@ -154,6 +154,40 @@ TEST(PlanReplay, FaultyDescriptorIsCaught) {
   EXPECT_NE(out, want);
 }
 
+TEST(PlanShape, SplitDescCoversTheSameBytes) {
+  std::mt19937_64 rng(11);
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    WorldSpec spec = random_spec(rng);
+    if ((spec.d * spec.element_size) % 16 != 0) continue;
+    const auto plan = make_ulysses_plan(spec.request(0, Path::kPeerToPeer));
+    std::vector<std::byte> src(static_cast<size_t>(plan.in_bytes));
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    for (int q = 0; q < spec.world_size; ++q) {
+      const CopyDesc& c = plan.puts[q];
+      const int64_t dst_size = std::max<int64_t>(c.dst_extent(), 1);
+      std::vector<std::byte> whole(static_cast<size_t>(dst_size), std::byte{0x11});
+      copy_host(c, src.data(), whole.data());
+      for (int parts : {1, 2, 3, 4, 7}) {
+        std::vector<std::byte> pieces(whole.size(), std::byte{0x11});
+        int64_t bytes = 0;
+        const auto split = split_desc(c, parts);
+        EXPECT_LE(static_cast<int>(split.size()), std::max(parts, 1) * std::max<int>(1, c.depth));
+        for (const CopyDesc& d : split) {
+          EXPECT_GT(d.bytes(), 0);
+          EXPECT_LE(d.dst_extent(), c.dst_extent());
+          bytes += d.bytes();
+          copy_host(d, src.data(), pieces.data());
+        }
+        EXPECT_EQ(bytes, c.bytes());
+        ASSERT_EQ(pieces, whole) << "parts " << parts << " " << to_string(c);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
 TEST(PlanShape, DescriptorsAreCompact) {
   // b == 1: every peer copy is one 2-D pitched copy; a world of one is one flat copy.
   UlyssesRequest req;

@@ -66,7 +66,13 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   cuda::Stream stream;
   cudaStream_t st = stream.get();
   const Device dev{DeviceType::kCUDA, device};
-  cuda::Event t0(true), t1(true);
+  cuda::Event t0(true), t1(true), fork;
+  std::vector<cuda::Stream> side;
+  std::vector<cuda::Event> join;
+  for (int k = 0; k < 4; ++k) {
+    side.emplace_back(false);
+    join.emplace_back(false);
+  }
 
   if (rank == 0) {
     int drv = 0, rt = 0, nv = 0;
@@ -77,9 +83,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     cudaGetDeviceProperties(&prop, device);
     std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
                 prop.name, drv, rt, nv);
-    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s | %7s %7s %8s %8s\n",
+    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s\n",
                 "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm",
-                "nccl us", "flatCE", "flatSM", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0");
+                "nccl us", "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0",
+                "GB/s sm0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -154,6 +161,22 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
           }
           cuda::copy_sm_async(flat.data(), static_cast<int>(flat.size()), 0, st);
         },
+        // The same flat copy split over 4 streams (4 copy engines).
+        [&] {
+          fork.record(st);
+          const size_t part = bytes / P / 4 / 16 * 16;
+          for (int k = 0; k < 4; ++k) {
+            fork.wait_on(side[k].get());
+            const size_t off = part * k, n = k == 3 ? bytes / P - off : part;
+            for (int q = 1; q < P; ++q)
+              FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(
+                  static_cast<char*>(group.peer_window(zc, (rank + q) % P)) + off,
+                  static_cast<char*>(xin.get()) + off, n, cudaMemcpyDeviceToDevice,
+                  side[k].get()));
+            join[k].record(side[k].get());
+            join[k].wait_on(st);
+          }
+        },
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -206,9 +229,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       const double best = std::min({us[0], us[1], us[2], us[3]});
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
-          "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f | %6.2fx %6.2fx "
+          "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
           "%8.1f %8.1f %s\n",
-          name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7],
+          name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
           us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3),
           want.empty() ? "(unchecked)" : bad ? "MISMATCH" : "ok");
       std::fflush(stdout);

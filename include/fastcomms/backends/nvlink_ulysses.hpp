@@ -98,6 +98,11 @@ class NvlinkUlysses {
   int* error_dev_ = nullptr;
   Window window_;  // grow-only destination for copying calls
   std::vector<std::unique_ptr<Window>> user_windows_;
+  // Copy-engine fan-out: one transfer is split over several streams so that several copy
+  // engines work at once (a single cudaMemcpy uses one).
+  std::vector<cuda::Stream> ce_streams_;
+  cuda::Event ce_fork_;
+  std::vector<cuda::Event> ce_join_;
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>,

@@ -130,6 +130,12 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req);
 /// The output shape of a call, validated like make_ulysses_plan (no descriptors are built).
 std::array<int64_t, 4> ulysses_output_shape(const UlyssesRequest& req);
 
+/// Splits `desc` into at most `parts` non-empty descriptors that together copy exactly the same
+/// bytes (by slices when there are enough, else by rows, else a flat run by byte ranges), so that
+/// several copy engines can share one transfer. Each part keeps NOTE [copy descriptor
+/// invariants] except that it is not re-folded.
+std::vector<CopyDesc> split_desc(const CopyDesc& desc, int parts);
+
 /// Runs one descriptor with memcpy over host memory.
 /// @param desc the copy
 /// @param src base of the source buffer (desc.src_offset is relative to it)
