@@ -2,6 +2,7 @@
 #include "fastcomms/backends/nvlink_ulysses.hpp"
 
 #include <cstring>
+#include <limits>
 
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
@@ -17,7 +18,10 @@ int64_t NvlinkUlysses::crossover_bytes() {
   // the measurement this comes from; FASTCOMMS_CE_CROSSOVER overrides it).
   static const int64_t v = [] {
     if (const char* e = std::getenv("FASTCOMMS_CE_CROSSOVER")) return int64_t{std::atoll(e)};
-    return int64_t{1} << 20;
+    // Measured on 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines at every
+    // size from 0.16 to 1107 MiB per rank, so kAuto never picks them; they remain the zero-SM
+    // choice (TransferEngine::kCopyEngine) for overlap with compute.
+    return std::numeric_limits<int64_t>::max();
   }();
   return v;
 }
@@ -116,6 +120,24 @@ void* NvlinkUlysses::empty_output(int64_t bytes) {
   cuda::DeviceGuard guard(opt_.device);
   user_windows_.push_back(std::make_unique<Window>(exchange(bytes, "user")));
   return user_windows_.back()->local.get();
+}
+
+const plan::UlyssesPlan& NvlinkUlysses::peer_plan(const plan::UlyssesRequest& mine, int q) {
+  // Peer q's plan for the same call: its shape follows from the (agreed) global geometry.
+  plan::UlyssesRequest req = mine;
+  req.rank = q;
+  auto key = std::make_tuple(q, req.mode, req.shape, req.element_size,
+                             req.seq_splits.value_or(std::vector<int64_t>{}),
+                             req.head_splits.value_or(std::vector<int64_t>{}));
+  auto it = peer_plans_.find(key);
+  if (it != peer_plans_.end()) return *it->second;
+  // Rank q's input shape: mode 0 takes q's sequence shard, mode 1 q's head shard.
+  const plan::UlyssesPlan mine_plan = plan::make_ulysses_plan(mine);
+  if (req.mode == 0) req.shape[1] = mine_plan.seq_splits[q];
+  else req.shape[2] = mine_plan.head_splits[q];
+  if (peer_plans_.size() > 256) peer_plans_.clear();
+  auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
+  return *peer_plans_.emplace(key, p).first->second;
 }
 
 void* NvlinkUlysses::peer_window(const void* local, int q) const {
@@ -241,12 +263,17 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
   const bool use_ce = engine == TransferEngine::kCopyEngine ||
                       (engine == TransferEngine::kAuto && max_chunk >= crossover_bytes());
+  // NOTE [copying path]: without a zero-copy `out`, peers write into this rank's window and a
+  // copy-out moves their regions into `out` after the exit barrier; this rank's own share goes
+  // straight into `out` (it never crosses a link, so it needs no window and no copy-out).
+  const bool copying = dest == &window_;
   std::vector<cuda::CopyJob> jobs;
   for (int q = 0; q < opt_.size; ++q) {
     // Rotate the start so that ranks do not all hit peer 0 first.
     const int peer = (opt_.rank + q) % opt_.size;
     if (p.puts[peer].empty()) continue;
-    jobs.push_back({x.data, dest->ptrs[peer], p.puts[peer]});
+    void* target = copying && peer == opt_.rank ? out.data : dest->ptrs[peer];
+    jobs.push_back({x.data, target, p.puts[peer]});
   }
   if (use_ce) {
     // Split every peer's copy over the side streams (each picks a copy engine of its own).
@@ -272,9 +299,20 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   }
   b.slot = kSlotExit;
   cuda::barrier_async(b, stream);
-  if (dest == &window_ && p.out_bytes > 0) {
-    FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(out.data, window_.local.get(), p.out_bytes,
-                                         cudaMemcpyDeviceToDevice, stream));
+  if (copying && p.out_bytes > 0) {
+    // The regions peer q wrote are q's puts to this rank, read back in place from the window.
+    std::vector<cuda::CopyJob> out_jobs;
+    for (int q = 0; q < opt_.size; ++q) {
+      if (q == opt_.rank) continue;
+      const plan::CopyDesc& in = peer_plan(req, q).puts[opt_.rank];
+      if (in.empty()) continue;
+      plan::CopyDesc c = in;
+      c.src_offset = in.dst_offset;
+      c.src_pitch = in.dst_pitch;
+      c.src_slice_pitch = in.dst_slice_pitch;
+      out_jobs.push_back({window_.local.get(), out.data, c});
+    }
+    cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
   }
   (void)kSlotSetup;
 }

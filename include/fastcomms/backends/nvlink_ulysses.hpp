@@ -89,6 +89,7 @@ class NvlinkUlysses {
   Window exchange(int64_t bytes, const std::string& tag);
   void ensure_window(int64_t bytes, cudaStream_t stream);
   std::string prefix() const;
+  const plan::UlyssesPlan& peer_plan(const plan::UlyssesRequest& mine, int q);
 
   NvlinkUlyssesOptions opt_;
   Window pads_;
@@ -109,6 +110,10 @@ class NvlinkUlysses {
                       std::vector<int64_t>, bool>,
            std::shared_ptr<const plan::UlyssesPlan>>
       plans_;
+  std::map<std::tuple<int, int, std::array<int64_t, 4>, int64_t, std::vector<int64_t>,
+                      std::vector<int64_t>>,
+           std::shared_ptr<const plan::UlyssesPlan>>
+      peer_plans_;
 };
 
 }  // namespace fastcomms
