@@ -1,6 +1,7 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fastcomms/backends/nvlink_ulysses.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -275,12 +276,32 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     void* target = copying && peer == opt_.rank ? out.data : dest->ptrs[peer];
     jobs.push_back({x.data, target, p.puts[peer]});
   }
-  if (use_ce) {
-    // Split every peer's copy over the side streams (each picks a copy engine of its own).
+  // Pieces for the copy engines and jobs for the SM kernel, per the engine.
+  std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
+  if (engine == TransferEngine::kHybrid) {
+    static const int ce_percent = [] {
+      const char* e = std::getenv("FASTCOMMS_HYBRID_CE_PERCENT");
+      return e ? std::clamp(std::atoi(e), 0, 100) : 30;
+    }();
+    for (const auto& j : jobs) {
+      const bool remote = j.dst != out.data;
+      const auto tenths = plan::split_desc(j.desc, 10);
+      const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
+      for (size_t i = 0; i < tenths.size(); ++i)
+        (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
+    }
+  } else if (use_ce) {
+    ce_jobs = jobs;
+  } else {
+    sm_jobs = jobs;
+  }
+  if (!ce_jobs.empty()) {
+    // Split every copy over the side streams (each picks a copy engine of its own).
     const int fan = static_cast<int>(ce_streams_.size());
     std::vector<cuda::CopyJob> pieces;
-    for (const auto& j : jobs)
-      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan)) pieces.push_back({j.src, j.dst, d});
+    for (const auto& j : ce_jobs)
+      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
+        pieces.push_back({j.src, j.dst, d});
     if (fan <= 1 || pieces.size() <= 1) {
       for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
     } else {
@@ -288,14 +309,15 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
       for (int k = 0; k < fan; ++k) ce_fork_.wait_on(ce_streams_[k].get());
       for (size_t i = 0; i < pieces.size(); ++i)
         cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
-      for (int k = 0; k < fan; ++k) {
-        ce_join_[k].record(ce_streams_[k].get());
-        ce_join_[k].wait_on(stream);
-      }
+      for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
     }
-  } else {
-    cuda::copy_sm_async(jobs.data(), static_cast<int>(jobs.size()), 0, stream,
+  }
+  if (!sm_jobs.empty()) {
+    cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
                         static_cast<const int*>(skip_.get()));
+  }
+  if (!ce_jobs.empty() && ce_streams_.size() > 1) {
+    for (auto& ev : ce_join_) ev.wait_on(stream);
   }
   b.slot = kSlotExit;
   cuda::barrier_async(b, stream);

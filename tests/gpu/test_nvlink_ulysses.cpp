@@ -103,12 +103,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     }
     const auto os = group.output_shape(x, args);
     const size_t out_bytes = static_cast<size_t>(os[0] * os[1] * os[2] * os[3] * g.e);
-    const bool zero_copy = gi % 3 == 2;
+    const bool zero_copy = gi % 4 == 1;  // crosses every engine (gi % 3)
     cuda::DeviceBuffer own(std::max<size_t>(out_bytes, 1));
     void* out_ptr = zero_copy ? user : own.get();
     TensorView out = TensorView::contiguous(out_ptr, dt, {os[0], os[1], os[2], os[3]},
                                             Device{DeviceType::kCUDA, device});
-    const TransferEngine engine = gi % 2 ? TransferEngine::kCopyEngine : TransferEngine::kSM;
+    const TransferEngine engine = gi % 3 == 0   ? TransferEngine::kSM
+                                  : gi % 3 == 1 ? TransferEngine::kCopyEngine
+                                                : TransferEngine::kHybrid;
     for (unsigned char poison : {0xA5, 0x5A}) {
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(out_ptr, poison, out_bytes, stream.get()));
       group.all_to_all_4d(x, out, args, stream.get(), engine);
@@ -125,7 +127,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
                      "rank %d: geometry %d MISMATCH (mode %d e %lld b %lld d %lld engine %s "
                      "zero_copy %d poison %02x) first differing byte %zu of %zu\n",
                      rank, gi, g.mode, (long long)g.e, (long long)g.b, (long long)g.d,
-                     engine == TransferEngine::kSM ? "sm" : "ce", zero_copy, poison, first,
+                     engine == TransferEngine::kSM ? "sm" : engine == TransferEngine::kHybrid ? "hybrid" : "ce", zero_copy, poison, first,
                      got.size());
       }
       ++checked;
@@ -152,8 +154,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       TensorView out =
           TensorView::contiguous(obuf.get(), DType::kBFloat16, {1, s_local * P, heads / P, d}, dev);
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(obuf.get(), 0xEE, obuf.size(), stream.get()));
-      group.all_to_all_4d(x, out, UlyssesArgs{}, stream.get(),
-                          round % 2 ? TransferEngine::kSM : TransferEngine::kCopyEngine);
+      const TransferEngine engines[] = {TransferEngine::kSM, TransferEngine::kCopyEngine,
+                                        TransferEngine::kHybrid, TransferEngine::kAuto};
+      group.all_to_all_4d(x, out, UlyssesArgs{}, stream.get(), engines[round % 4]);
       std::vector<std::byte> got(want[rank].size());
       FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(got.data(), obuf.get(), got.size(),
                                            cudaMemcpyDeviceToHost, stream.get()));

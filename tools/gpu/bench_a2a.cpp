@@ -83,10 +83,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     cudaGetDeviceProperties(&prop, device);
     std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
                 prop.name, drv, rt, nv);
-    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s\n",
+    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s\n",
                 "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm",
                 "nccl us", "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0",
-                "GB/s sm0");
+                "GB/s sm0", "hyb us", "hyb0 us");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -177,6 +177,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
             join[k].wait_on(st);
           }
         },
+        [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kHybrid); },
+        [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kHybrid); },
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -194,8 +196,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                            std::vector<int64_t>(P, n / P), inputs)[rank];
     }
     int bad = 0;
-    for (int v = 0; v < 5; ++v) {
-      void* dst = (v == 2 || v == 3) ? zc : out.get();
+    for (int v : {0, 1, 2, 3, 4, 9, 10}) {
+      void* dst = (v == 2 || v == 3 || v == 10) ? zc : out.get();
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
       variants[v]();
       std::vector<std::byte> got(bytes);
@@ -226,14 +228,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       char name[48];
       std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", (long long)sh.b, (long long)sh.s,
                     (long long)n, (long long)sh.d);
-      const double best = std::min({us[0], us[1], us[2], us[3]});
+      const double best = std::min({us[0], us[1], us[2], us[3], us[9], us[10]});
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
-          "%8.1f %8.1f %s\n",
+          "%8.1f %8.1f | %8.1f %8.1f %s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
-          us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3),
-          want.empty() ? "(unchecked)" : bad ? "MISMATCH" : "ok");
+          us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9],
+          us[10], want.empty() ? "(unchecked)" : bad ? "MISMATCH" : "ok");
       std::fflush(stdout);
     }
     if (bad) return 1;

@@ -29,6 +29,8 @@ enum class TransferEngine {
   kAuto,        ///< Copy engines above the measured crossover, SM kernel below.
   kCopyEngine,  ///< One pitched cudaMemcpy per peer: zero SMs.
   kSM,          ///< One kernel pushing 16-byte vectors into every peer.
+  kHybrid,      ///< Both at once: the copy engines take a share of every peer's rows
+                ///< (FASTCOMMS_HYBRID_CE_PERCENT, default 30), the SM kernel the rest.
 };
 
 /// Setup of a group.
