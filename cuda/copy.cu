@@ -67,10 +67,14 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(JobBatch batch, const in
                         align(j.desc.src_pitch) | align(j.desc.dst_pitch) |
                         align(j.desc.src_slice_pitch) | align(j.desc.dst_slice_pitch) |
                         align(j.desc.width);
-  if ((bits & 15) == 0) copy_units<uint4>(j);
-  else if ((bits & 7) == 0) copy_units<uint2>(j);
-  else if ((bits & 3) == 0) copy_units<uint32_t>(j);
-  else copy_units<unsigned char>(j);
+  if ((bits & 15) == 0)
+    copy_units<uint4>(j);
+  else if ((bits & 7) == 0)
+    copy_units<uint2>(j);
+  else if ((bits & 3) == 0)
+    copy_units<uint32_t>(j);
+  else
+    copy_units<unsigned char>(j);
 }
 
 }  // namespace

@@ -19,10 +19,12 @@ int64_t NvlinkUlysses::crossover_bytes() {
   // the measurement this comes from; FASTCOMMS_CE_CROSSOVER overrides it).
   static const int64_t v = [] {
     if (const char* e = std::getenv("FASTCOMMS_CE_CROSSOVER")) return int64_t{std::atoll(e)};
-    // Measured on 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines at every
-    // size from 0.16 to 1107 MiB per rank, so kAuto never picks them; they remain the zero-SM
-    // choice (TransferEngine::kCopyEngine) for overlap with compute.
-    return std::numeric_limits<int64_t>::max();
+    // Measured on 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines alone at
+    // every size from 0.16 to 1107 MiB per rank; the hybrid (copy engines and SM kernel sharing
+    // the rows) beat the SM engine by 4-7% at 185 MiB per peer chunk and above and lost at 20 MiB
+    // and below. kAuto picks the hybrid from 64 MiB per peer chunk (inside that bracket; the
+    // sizes between were not measured), the SM kernel below.
+    return int64_t{64} << 20;
   }();
   return v;
 }
@@ -134,8 +136,10 @@ const plan::UlyssesPlan& NvlinkUlysses::peer_plan(const plan::UlyssesRequest& mi
   if (it != peer_plans_.end()) return *it->second;
   // Rank q's input shape: mode 0 takes q's sequence shard, mode 1 q's head shard.
   const plan::UlyssesPlan mine_plan = plan::make_ulysses_plan(mine);
-  if (req.mode == 0) req.shape[1] = mine_plan.seq_splits[q];
-  else req.shape[2] = mine_plan.head_splits[q];
+  if (req.mode == 0)
+    req.shape[1] = mine_plan.seq_splits[q];
+  else
+    req.shape[2] = mine_plan.head_splits[q];
   if (peer_plans_.size() > 256) peer_plans_.clear();
   auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
   return *peer_plans_.emplace(key, p).first->second;
@@ -262,8 +266,9 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   cuda::barrier_async(b, stream);
   int64_t max_chunk = 0;
   for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
-  const bool use_ce = engine == TransferEngine::kCopyEngine ||
-                      (engine == TransferEngine::kAuto && max_chunk >= crossover_bytes());
+  if (engine == TransferEngine::kAuto)
+    engine = max_chunk >= crossover_bytes() ? TransferEngine::kHybrid : TransferEngine::kSM;
+  const bool use_ce = engine == TransferEngine::kCopyEngine;
   // NOTE [copying path]: without a zero-copy `out`, peers write into this rank's window and a
   // copy-out moves their regions into `out` after the exit barrier; this rank's own share goes
   // straight into `out` (it never crosses a link, so it needs no window and no copy-out).
@@ -281,7 +286,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   if (engine == TransferEngine::kHybrid) {
     static const int ce_percent = [] {
       const char* e = std::getenv("FASTCOMMS_HYBRID_CE_PERCENT");
-      return e ? std::clamp(std::atoi(e), 0, 100) : 30;
+      return e ? std::clamp(std::atoi(e), 0, 100) : 45;
     }();
     for (const auto& j : jobs) {
       const bool remote = j.dst != out.data;

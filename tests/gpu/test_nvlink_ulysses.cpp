@@ -127,8 +127,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
                      "rank %d: geometry %d MISMATCH (mode %d e %lld b %lld d %lld engine %s "
                      "zero_copy %d poison %02x) first differing byte %zu of %zu\n",
                      rank, gi, g.mode, (long long)g.e, (long long)g.b, (long long)g.d,
-                     engine == TransferEngine::kSM ? "sm" : engine == TransferEngine::kHybrid ? "hybrid" : "ce", zero_copy, poison, first,
-                     got.size());
+                     engine == TransferEngine::kSM       ? "sm"
+                     : engine == TransferEngine::kHybrid ? "hybrid"
+                                                         : "ce",
+                     zero_copy, poison, first, got.size());
       }
       ++checked;
     }

@@ -85,8 +85,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                 prop.name, drv, rt, nv);
     std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s\n",
                 "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm",
-                "nccl us", "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0",
-                "GB/s sm0", "hyb us", "hyb0 us");
+                "nccl us", "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0",
+                "hyb us", "hyb0 us");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -145,8 +145,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         [&] {
           for (int q = 1; q < P; ++q) {
             const int peer = (rank + q) % P;
-            FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(group.peer_window(zc, peer), xin.get(),
-                                                 bytes / P, cudaMemcpyDeviceToDevice, st));
+            FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(group.peer_window(zc, peer), xin.get(), bytes / P,
+                                                 cudaMemcpyDeviceToDevice, st));
           }
         },
         [&] {
@@ -171,8 +171,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
             for (int q = 1; q < P; ++q)
               FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(
                   static_cast<char*>(group.peer_window(zc, (rank + q) % P)) + off,
-                  static_cast<char*>(xin.get()) + off, n, cudaMemcpyDeviceToDevice,
-                  side[k].get()));
+                  static_cast<char*>(xin.get()) + off, n, cudaMemcpyDeviceToDevice, side[k].get()));
             join[k].record(side[k].get());
             join[k].wait_on(st);
           }
@@ -234,8 +233,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
           "%8.1f %8.1f | %8.1f %8.1f %s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
-          us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9],
-          us[10], want.empty() ? "(unchecked)" : bad ? "MISMATCH" : "ok");
+          us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9], us[10],
+          want.empty() ? "(unchecked)"
+          : bad        ? "MISMATCH"
+                       : "ok");
       std::fflush(stdout);
     }
     if (bad) return 1;
@@ -260,6 +261,6 @@ int main() {
       "copy-out; ce0/sm0 = zero copy (out = empty_output); nccl+perm = pack kernel + "
       "ncclSend/Recv + unpack kernel; nccl = the exchange alone; best/p and ce0/p = "
       "speed-up over nccl+perm; flatCE/flatSM = one flat copy of the crossing bytes into the peer "
-              "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time\n");
+      "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time\n");
   return failed ? 1 : 0;
 }

@@ -26,11 +26,11 @@ namespace fastcomms {
 
 /// How the bytes cross.
 enum class TransferEngine {
-  kAuto,        ///< Copy engines above the measured crossover, SM kernel below.
+  kAuto,        ///< The hybrid above the measured crossover, the SM kernel below.
   kCopyEngine,  ///< One pitched cudaMemcpy per peer: zero SMs.
   kSM,          ///< One kernel pushing 16-byte vectors into every peer.
   kHybrid,      ///< Both at once: the copy engines take a share of every peer's rows
-                ///< (FASTCOMMS_HYBRID_CE_PERCENT, default 30), the SM kernel the rest.
+                ///< (FASTCOMMS_HYBRID_CE_PERCENT, default 45), the SM kernel the rest.
 };
 
 /// Setup of a group.
@@ -78,7 +78,7 @@ class NvlinkUlysses {
   int64_t memory_bytes() const;
   /// Calls issued so far (the epoch).
   uint64_t epoch() const { return epoch_; }
-  /// The copy-engine / SM crossover in bytes per peer chunk.
+  /// The SM / hybrid crossover of kAuto in bytes per peer chunk (FASTCOMMS_CE_CROSSOVER).
   static int64_t crossover_bytes();
 
  private:
