@@ -45,6 +45,8 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
                                   sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
   skip_ = cuda::DeviceBuffer(sizeof(int));
   FASTCOMMS_CUDA_CHECK(cudaMemset(skip_.get(), 0, sizeof(int)));
+  sync_ = cuda::DeviceBuffer(32);
+  FASTCOMMS_CUDA_CHECK(cudaMemset(sync_.get(), 0, 32));
   error_ = cuda::PinnedBuffer(sizeof(int));
   std::memset(error_.get(), 0, sizeof(int));
   FASTCOMMS_CUDA_CHECK(
@@ -166,6 +168,14 @@ void NvlinkUlysses::check_errors() {
                                 "the transfer was skipped"));
 }
 
+uint64_t NvlinkUlysses::device_epoch() const {
+  cuda::DeviceGuard guard(opt_.device);
+  uint64_t e = 0;
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  FASTCOMMS_CUDA_CHECK(cudaMemcpy(&e, sync_.get(), sizeof e, cudaMemcpyDeviceToHost));
+  return e;
+}
+
 int64_t NvlinkUlysses::memory_bytes() const {
   int64_t total = pads_.bytes + window_.bytes;
   for (const auto& w : user_windows_) total += w->bytes;
@@ -250,25 +260,29 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   // Ranks must agree on zero copy or not: the key carries the choice.
   const uint64_t call_key = p.geometry_key ^ (dest == &window_ ? 0 : 0x9e3779b97f4a7c15ull);
 
-  const uint64_t e = ++epoch_;
+  ++epoch_;
   cuda::BarrierArgs b;
   b.local_pad = static_cast<uint64_t*>(pads_.local.get());
   b.peer_pads = static_cast<uint64_t* const*>(peer_pad_table_.get());
   b.rank = opt_.rank;
   b.size = opt_.size;
-  b.value = e;
+  // NOTE [device epoch]: the epoch lives on the device (sync_ word 0); barriers publish one past
+  // it and the call's last barrier stores it back, so a captured graph advances on each replay.
+  b.epoch = static_cast<uint64_t*>(sync_.get());
   b.key = call_key;
   b.error = error_dev_;
   b.skip = static_cast<int*>(skip_.get());
   b.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
 
-  b.slot = kSlotEntry;
-  cuda::barrier_async(b, stream);
   int64_t max_chunk = 0;
   for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
   if (engine == TransferEngine::kAuto)
     engine = max_chunk >= crossover_bytes() ? TransferEngine::kHybrid : TransferEngine::kSM;
   const bool use_ce = engine == TransferEngine::kCopyEngine;
+  static const int64_t fused_max = [] {
+    const char* e = std::getenv("FASTCOMMS_FUSED_MAX_BYTES");
+    return e ? int64_t{std::atoll(e)} : int64_t{2} << 20;
+  }();
   // NOTE [copying path]: without a zero-copy `out`, peers write into this rank's window and a
   // copy-out moves their regions into `out` after the exit barrier; this rank's own share goes
   // straight into `out` (it never crosses a link, so it needs no window and no copy-out).
@@ -281,51 +295,64 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     void* target = copying && peer == opt_.rank ? out.data : dest->ptrs[peer];
     jobs.push_back({x.data, target, p.puts[peer]});
   }
-  // Pieces for the copy engines and jobs for the SM kernel, per the engine.
-  std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
-  if (engine == TransferEngine::kHybrid) {
-    static const int ce_percent = [] {
-      const char* e = std::getenv("FASTCOMMS_HYBRID_CE_PERCENT");
-      return e ? std::clamp(std::atoi(e), 0, 100) : 45;
-    }();
-    for (const auto& j : jobs) {
-      const bool remote = j.dst != out.data;
-      const auto tenths = plan::split_desc(j.desc, 10);
-      const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
-      for (size_t i = 0; i < tenths.size(); ++i)
-        (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
-    }
-  } else if (use_ce) {
-    ce_jobs = jobs;
+  if (engine == TransferEngine::kSM && max_chunk <= fused_max &&
+      static_cast<int>(jobs.size()) <= 16) {
+    // One launch: entry barrier, push, exit barrier (NOTE [fused push]).
+    cuda::FusedPushArgs f;
+    f.bar = b;
+    f.go = static_cast<uint64_t*>(sync_.get()) + 1;
+    f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
+    cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
   } else {
-    sm_jobs = jobs;
-  }
-  if (!ce_jobs.empty()) {
-    // Split every copy over the side streams (each picks a copy engine of its own).
-    const int fan = static_cast<int>(ce_streams_.size());
-    std::vector<cuda::CopyJob> pieces;
-    for (const auto& j : ce_jobs)
-      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
-        pieces.push_back({j.src, j.dst, d});
-    if (fan <= 1 || pieces.size() <= 1) {
-      for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
+    b.slot = kSlotEntry;
+    cuda::barrier_async(b, stream);
+    // Pieces for the copy engines and jobs for the SM kernel, per the engine.
+    std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
+    if (engine == TransferEngine::kHybrid) {
+      static const int ce_percent = [] {
+        const char* e = std::getenv("FASTCOMMS_HYBRID_CE_PERCENT");
+        return e ? std::clamp(std::atoi(e), 0, 100) : 45;
+      }();
+      for (const auto& j : jobs) {
+        const bool remote = j.dst != out.data;
+        const auto tenths = plan::split_desc(j.desc, 10);
+        const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
+        for (size_t i = 0; i < tenths.size(); ++i)
+          (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
+      }
+    } else if (use_ce) {
+      ce_jobs = jobs;
     } else {
-      ce_fork_.record(stream);
-      for (int k = 0; k < fan; ++k) ce_fork_.wait_on(ce_streams_[k].get());
-      for (size_t i = 0; i < pieces.size(); ++i)
-        cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
-      for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
+      sm_jobs = jobs;
     }
+    if (!ce_jobs.empty()) {
+      // Split every copy over the side streams (each picks a copy engine of its own).
+      const int fan = static_cast<int>(ce_streams_.size());
+      std::vector<cuda::CopyJob> pieces;
+      for (const auto& j : ce_jobs)
+        for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
+          pieces.push_back({j.src, j.dst, d});
+      if (fan <= 1 || pieces.size() <= 1) {
+        for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
+      } else {
+        ce_fork_.record(stream);
+        for (int k = 0; k < fan; ++k) ce_fork_.wait_on(ce_streams_[k].get());
+        for (size_t i = 0; i < pieces.size(); ++i)
+          cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
+        for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
+      }
+    }
+    if (!sm_jobs.empty()) {
+      cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
+                          static_cast<const int*>(skip_.get()));
+    }
+    if (!ce_jobs.empty() && ce_streams_.size() > 1) {
+      for (auto& ev : ce_join_) ev.wait_on(stream);
+    }
+    b.slot = kSlotExit;
+    b.advance = true;
+    cuda::barrier_async(b, stream);
   }
-  if (!sm_jobs.empty()) {
-    cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
-                        static_cast<const int*>(skip_.get()));
-  }
-  if (!ce_jobs.empty() && ce_streams_.size() > 1) {
-    for (auto& ev : ce_join_) ev.wait_on(stream);
-  }
-  b.slot = kSlotExit;
-  cuda::barrier_async(b, stream);
   if (copying && p.out_bytes > 0) {
     // The regions peer q wrote are q's puts to this rank, read back in place from the window.
     std::vector<cuda::CopyJob> out_jobs;

@@ -76,8 +76,11 @@ class NvlinkUlysses {
 
   /// Bytes of device memory this group holds (windows, user windows, pads).
   int64_t memory_bytes() const;
-  /// Calls issued so far (the epoch).
+  /// Calls issued from the host so far (a captured call counts once).
   uint64_t epoch() const { return epoch_; }
+  /// Calls completed on the device (NOTE [device epoch]; replays of a captured call count each
+  /// time). Synchronizes the device.
+  uint64_t device_epoch() const;
   /// The SM / hybrid crossover of kAuto in bytes per peer chunk (FASTCOMMS_CE_CROSSOVER).
   static int64_t crossover_bytes();
 
@@ -97,6 +100,7 @@ class NvlinkUlysses {
   Window pads_;
   cuda::DeviceBuffer peer_pad_table_;  // device array of P pad pointers
   cuda::DeviceBuffer skip_;            // device int: transfer kernels skip when set
+  cuda::DeviceBuffer sync_;            // device words: epoch (u64), go (u64), done (u32)
   cuda::PinnedBuffer error_;           // host-mapped int: BarrierError
   int* error_dev_ = nullptr;
   Window window_;  // grow-only destination for copying calls

@@ -44,8 +44,12 @@ struct BarrierArgs {
   uint64_t* const* peer_pads = nullptr;  ///< Device array: peer q's pad, mapped here.
   int rank = 0;
   int size = 1;
-  int slot = 0;             ///< Which slot of the pads.
-  uint64_t value = 0;       ///< The epoch to publish and wait for.
+  int slot = 0;        ///< Which slot of the pads.
+  uint64_t value = 0;  ///< The epoch to publish (when `epoch` is null).
+  /// Device counter of completed calls: the barrier publishes *epoch + 1, so a captured CUDA
+  /// graph advances on every replay. Null: use `value`.
+  uint64_t* epoch = nullptr;
+  bool advance = false;     ///< Store the new epoch back when done (the call's last barrier).
   uint64_t key = 0;         ///< The call's geometry key.
   int* error = nullptr;     ///< Host-visible word for BarrierError (mapped pinned).
   int* skip = nullptr;      ///< Device word the transfer kernel checks.
@@ -55,5 +59,21 @@ static_assert(std::is_trivially_copyable_v<BarrierArgs>);
 
 /// Enqueues the barrier on `stream`.
 void barrier_async(const BarrierArgs& args, cudaStream_t stream);
+
+/// What the fused push kernel needs besides the barrier.
+struct FusedPushArgs {
+  BarrierArgs bar;               ///< Entry on slot 0, exit on slot 1; `bar.epoch` must be set.
+  unsigned int* done = nullptr;  ///< Device counter of finished blocks (reset by the last one).
+  uint64_t* go = nullptr;        ///< Device word: block 0 publishes the epoch past the entry.
+};
+static_assert(std::is_trivially_copyable_v<FusedPushArgs>);
+
+/// One launch for a whole small exchange: block 0 runs the entry barrier and releases the other
+/// blocks, every block pushes its share of `jobs` (at most 16), and the last block to finish runs
+/// the exit barrier and advances the epoch. The grid never exceeds the number of SMs, so every
+/// block is resident while others wait on block 0.
+struct CopyJob;
+void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
+                      cudaStream_t stream);
 
 }  // namespace fastcomms::cuda
