@@ -62,10 +62,14 @@ __device__ __forceinline__ void copy_job(const CopyJob& j, int64_t warp, int64_t
                         align(j.desc.src_pitch) | align(j.desc.dst_pitch) |
                         align(j.desc.src_slice_pitch) | align(j.desc.dst_slice_pitch) |
                         align(j.desc.width);
-  if ((bits & 15) == 0) copy_units<uint4>(j, warp, warps);
-  else if ((bits & 7) == 0) copy_units<uint2>(j, warp, warps);
-  else if ((bits & 3) == 0) copy_units<uint32_t>(j, warp, warps);
-  else copy_units<unsigned char>(j, warp, warps);
+  if ((bits & 15) == 0)
+    copy_units<uint4>(j, warp, warps);
+  else if ((bits & 7) == 0)
+    copy_units<uint2>(j, warp, warps);
+  else if ((bits & 3) == 0)
+    copy_units<uint32_t>(j, warp, warps);
+  else
+    copy_units<unsigned char>(j, warp, warps);
 }
 
 }  // namespace fastcomms::cuda::detail

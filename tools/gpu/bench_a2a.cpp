@@ -83,10 +83,12 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     cudaGetDeviceProperties(&prop, device);
     std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
                 prop.name, drv, rt, nv);
-    std::printf("%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s\n",
-                "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm",
-                "nccl us", "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0",
-                "hyb us", "hyb0 us");
+    std::printf(
+        "%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s | %7s "
+        "%7s\n",
+        "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us",
+        "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0", "hyb us",
+        "hyb0 us", "graph0", "host0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -222,6 +224,42 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       }
       us[v] = median(samples);
     }
+    // Graph replay (device time per call) and host cost per eager call, zero copy, SM engine.
+    double graph_us = 0, host_us = 0;
+    if (bytes <= (64u << 20)) {
+      const int n = 20;
+      FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      FASTCOMMS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < n; ++i) variants[3]();
+      FASTCOMMS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      FASTCOMMS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm-up
+      std::vector<double> samples;
+      for (int rep = 0; rep < 7; ++rep) {
+        t0.record(st);
+        FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));
+        t1.record(st);
+        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
+        float ms = 0;
+        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
+        samples.push_back(1000.0 * ms / n);
+      }
+      graph_us = median(samples);
+      FASTCOMMS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
+      std::vector<double> host;
+      for (int rep = 0; rep < 7; ++rep) {
+        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+        const auto h0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) variants[3]();
+        const auto h1 = std::chrono::steady_clock::now();
+        host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / n);
+      }
+      host_us = median(host);
+      FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+    }
     group.check_errors();
     if (rank == 0) {
       char name[48];
@@ -231,9 +269,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
-          "%8.1f %8.1f | %8.1f %8.1f %s\n",
+          "%8.1f %8.1f | %8.1f %8.1f | %7.1f %7.1f %s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
           us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9], us[10],
+          graph_us, host_us,
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
@@ -261,6 +300,9 @@ int main() {
       "copy-out; ce0/sm0 = zero copy (out = empty_output); nccl+perm = pack kernel + "
       "ncclSend/Recv + unpack kernel; nccl = the exchange alone; best/p and ce0/p = "
       "speed-up over nccl+perm; flatCE/flatSM = one flat copy of the crossing bytes into the peer "
-      "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time\n");
+      "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time; graph0 = "
+      "device "
+      "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
+      "eager sm0 call\n");
   return failed ? 1 : 0;
 }
