@@ -135,6 +135,7 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
   ctx.timeout = o.options.timeout.count() > 0 ? o.options.timeout : options_.timeout;
   ctx.hints = &o.options.hints;
   ctx.prefix = prefix(op);
+  ctx.stream = o.stream;
   std::vector<PreHook> pre;
   std::vector<PostHook> post;
   {

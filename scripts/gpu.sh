@@ -12,7 +12,7 @@ BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
 summary() {
   printf '\n==================== GPU summary ====================\n'
-  for k in env build test_nvlink_ulysses bench_a2a; do
+  for k in env build test_nvlink_ulysses test_nccl_backend bench_a2a; do
     printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
   done
 }
@@ -41,7 +41,7 @@ export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses bench_a2a \
+   cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a \
      >"$OUT/build.log" 2>&1; then
   result[build]="ok ($(( $(date +%s) - start )) s)"
 else
@@ -63,6 +63,17 @@ case $rc in
   skip) ;;
   *) result[test_nvlink_ulysses]="FAILED (rc $rc)" ;;
 esac
+
+if [ "${SKIP_TEST:-0}" != 1 ]; then
+  timeout 300 "$BUILD/tests/gpu/test_nccl_backend" >"$OUT/test_nccl_backend.log" 2>&1
+  rc=$?
+  sort "$OUT/test_nccl_backend.log" | uniq | tail -20
+  case $rc in
+    0) result[test_nccl_backend]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nccl_backend.log"))" ;;
+    77) result[test_nccl_backend]="SKIPPED ($(head -1 "$OUT/test_nccl_backend.log"))" ;;
+    *) result[test_nccl_backend]="FAILED (rc $rc)" ;;
+  esac
+fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 300 "$BUILD/tools/bench_a2a" 2>&1 | tee "$OUT/bench_a2a.log"

@@ -64,6 +64,7 @@ struct OpContext {
   std::chrono::milliseconds timeout{0};  ///< Effective timeout (never 0 here).
   const Hints* hints = nullptr;          ///< Per-op hints (may be null).
   std::string prefix;                    ///< "[rank r/n comm op] " for error messages.
+  void* stream = nullptr;  ///< The caller's cudaStream_t (CUDA backends; null: the default stream).
 };
 
 /// One point-to-point op of a batch.

@@ -46,8 +46,9 @@ class RemovableHandle {
 
 /// Per-op arguments every collective takes besides its tensors.
 struct CallOptions {
-  bool async_op = false;  ///< Return before completion (wait on the Work).
-  OpOptions options;      ///< Hints and a timeout (0: the communicator's).
+  bool async_op = false;   ///< Return before completion (wait on the Work).
+  OpOptions options;       ///< Hints and a timeout (0: the communicator's).
+  void* stream = nullptr;  ///< CUDA backends: the caller's cudaStream_t the op is ordered on.
 };
 
 /// A communicator over one backend.
