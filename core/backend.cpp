@@ -102,7 +102,7 @@ WorkPtr Backend::gather(const std::vector<TensorView>&, const TensorView&, int,
                         const OpContext& c) {
   unsupported(*this, c);
 }
-std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const BackendInit&) {
+std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const BackendInit*) {
   throw Error(ErrorCode::kUnsupported,
               detail::cat("backend '", name(), "' does not implement split"));
 }

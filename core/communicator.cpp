@@ -454,7 +454,10 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   }
   const uint64_t split_id = split_counter_.fetch_add(1) + 1;
   const auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) return nullptr;
+  if (it == ranks.end()) {
+    backend_->split(ranks, nullptr);  // collective over the parent for some backends
+    return nullptr;
+  }
   CommOptions opts = options ? *options : options_;
   if (!opts.store) opts.store = options_.store;
   opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
@@ -464,7 +467,9 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
       detail::cat("fastcomms/", options_.name, "/split", split_id, "/", opts.name, "/");
   for (int r : ranks) key += detail::cat(r, ".");
   init.options.store = std::make_shared<PrefixStore>(key, opts.store);
-  auto backend = backend_->split(ranks, init);
+  auto backend = backend_->split(ranks, &init);
+  FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
+                  "' returned no communicator for a member of the split");
   return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
                                         std::move(opts));
 }

@@ -742,8 +742,9 @@ class GlooBackend : public Backend {
                  const OpContext& c) override {
     return impl_->gather(outputs, input, root, c);
   }
-  std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit& init) override {
-    return std::make_unique<GlooBackend>(init);
+  std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit* init) override {
+    // Members rendezvous afresh through the split's prefixed store; others do nothing.
+    return init ? std::make_unique<GlooBackend>(*init) : nullptr;
   }
   void abort() override { impl_->abort(); }
   void finalize() override { impl_->finalize(); }

@@ -10,6 +10,7 @@
 // aborted when abort_process_on_timeout_or_error is set.
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -257,12 +258,25 @@ class NcclBackend : public Backend {
       });
     });
   }
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit& init) override {
-    // Members only (the Communicator returns null elsewhere): NCCL's split is collective over
-    // the parent, so non-members would have to call it with NOCOLOR; instead members build a
-    // fresh communicator through the (prefixed) store.
-    (void)ranks;
-    return std::make_unique<NcclBackend>(init);
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
+    // ncclCommSplit is collective over this communicator: every rank calls it, non-members with
+    // NCCL_SPLIT_NOCOLOR. The color names the group (a hash of its sorted ranks), the key orders
+    // the new ranks as `ranks` does.
+    FASTCOMMS_CHECK(!aborted_, kAborted, prefix_, "the communicator was aborted");
+    int color = NCCL_SPLIT_NOCOLOR, key = 0;
+    if (init) {
+      std::vector<int> sorted = ranks;
+      std::sort(sorted.begin(), sorted.end());
+      uint32_t h = 2166136261u;
+      for (int r : sorted) h = (h ^ static_cast<uint32_t>(r)) * 16777619u;
+      color = static_cast<int>(h & 0x3fffffff);
+      key = init->rank;
+    }
+    cuda::DeviceGuard guard(device_);
+    ncclComm_t sub = nullptr;
+    FASTCOMMS_NCCL_CHECK(prefix_, ncclCommSplit(comm_, color, key, &sub, nullptr));
+    if (!init) return nullptr;
+    return std::make_unique<NcclBackend>(*init, sub);
   }
   void abort() override;
   void finalize() override;

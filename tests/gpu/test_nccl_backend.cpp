@@ -352,6 +352,27 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       ++checks;
     }
   }
+  // split on ncclCommSplit: reversed order swaps the ranks; a one-rank split leaves the other
+  // rank with null.
+  {
+    auto swapped = comm->split({1, 0}, "swapped");
+    EXPECT(swapped && swapped->rank() == 1 - rank && swapped->size() == 2, "split({1, 0})");
+    if (swapped) {
+      Buf t(DType::kInt64, 8, device);
+      for (int i = 0; i < 8; ++i) t.set(i, rank * 10 + i);
+      t.upload();
+      CallOptions co;
+      co.stream = st;
+      swapped->all_reduce(t.view(), ReduceOp::sum(), co);
+      t.download(st);
+      for (int i = 0; i < 8; ++i) EXPECT(t.get(i) == 10 + 2 * i, "split all_reduce i=", i);
+      swapped->finalize();
+    }
+    auto solo = comm->split({0}, "solo");
+    EXPECT((solo != nullptr) == (rank == 0), "split({0}) on rank ", rank);
+    if (solo) EXPECT(solo->size() == 1 && solo->rank() == 0, "solo shape");
+    checks += 2;
+  }
   // CUDA graph: a captured sync all_reduce replays bit-exact.
   {
     Buf t(DType::kFloat32, 4096, device);

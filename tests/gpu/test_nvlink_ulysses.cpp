@@ -278,6 +278,28 @@ int main() {
                             ? std::strtoull(std::getenv("FASTCOMMS_SEED"), nullptr, 10)
                             : std::random_device{}();
   std::printf("test_nvlink_ulysses: %d GPUs, seed %llu\n", ndev, (unsigned long long)seed);
+  // The NVLink probe, pair by pair, in a child (the parent stays CUDA-free for the forks).
+  const int probe_failed = gpu_test::run_ranks(1, ndev, [&](int, int, int, std::shared_ptr<Store>) {
+    std::vector<int> devs;
+    for (int d = 0; d < ndev; ++d) devs.push_back(d);
+    std::string why;
+    const auto m = cuda::nvlink_matrix(devs, &why);
+    if (!m) {
+      std::printf("nvlink probe: unknown (%s)\n", why.c_str());
+      return 1;
+    }
+    int bad = 0;
+    for (int a = 0; a < ndev; ++a)
+      for (int b = 0; b < ndev; ++b) {
+        std::printf("nvlink probe: %d-%d %s\n", a, b, m->at({a, b}) ? "NVLink" : "no NVLink");
+        int can = 0;
+        if (a != b) FASTCOMMS_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+        // NVML saying NVLink must agree with CUDA saying peer access works.
+        if (a != b && m->at({a, b}) && !can) ++bad;
+      }
+    return bad;
+  });
+  std::printf("nvlink probe: %s\n", probe_failed ? "FAILED" : "passed");
   int failed_worlds = 0;
   for (int P : {2, 3, 4}) {
     const int failed =
@@ -287,6 +309,7 @@ int main() {
     std::printf("world %d: %s\n", P, failed ? "FAILED" : "passed");
     failed_worlds += failed != 0;
   }
-  std::printf("%d passed, %d failed\n", 3 - failed_worlds, failed_worlds);
+  failed_worlds += probe_failed != 0;
+  std::printf("%d passed, %d failed\n", 4 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

@@ -283,3 +283,21 @@ TEST(Validation, SplitReturnsNullOutsideRanks) {
 
 }  // namespace
 }  // namespace fastcomms::test
+
+#ifdef FASTCOMMS_WITH_CUDA
+#include "fastcomms/cuda/nvml.hpp"
+namespace fastcomms::test {
+namespace {
+TEST(NvmlProbe, UnknownWithoutNvmlNeverYes) {
+  // Point the probe at a library that does not exist: the answer must be "unknown" with a
+  // reason, never a matrix that claims NVLink.
+  ::setenv("FASTCOMMS_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+  std::string why;
+  const auto m = cuda::nvlink_matrix({0, 1}, &why);
+  ::unsetenv("FASTCOMMS_NVML_LIBRARY");
+  EXPECT_FALSE(m.has_value());
+  EXPECT_NE(why.find("cannot load NVML"), std::string::npos) << why;
+}
+}  // namespace
+}  // namespace fastcomms::test
+#endif

@@ -124,8 +124,10 @@ class Backend {
   /// outputs are used on the root only.
   virtual WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
                          const OpContext& ctx);
-  /// A backend over `ranks` (this rank is in it); called by every member with the same ranks.
-  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit& init);
+  /// A backend over `ranks`. Called on every rank of this backend (the split may be collective
+  /// over the parent, as ncclCommSplit is); `init` is null on a rank that is not in `ranks`, which
+  /// then gets null back. Members pass the same `ranks`.
+  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init);
   /// Unblocks every waiter with an Aborted error; the backend is unusable afterwards.
   virtual void abort() {}
   /// Collective, orderly shutdown.
