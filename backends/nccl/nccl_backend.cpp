@@ -30,28 +30,38 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define FASTCOMMS_NCCL_CHECK(prefix, call)                                                 \
-  do {                                                                                     \
-    const ncclResult_t fc_r_ = (call);                                                     \
-    if (fc_r_ != ncclSuccess)                                                              \
-      throw ::fastcomms::Error(::fastcomms::ErrorCode::kBackendError,                      \
-                               ::fastcomms::detail::cat(prefix, #call, " failed: ",       \
-                                                        ncclGetErrorString(fc_r_)));       \
+#define FASTCOMMS_NCCL_CHECK(prefix, call)                                                  \
+  do {                                                                                      \
+    const ncclResult_t fc_r_ = (call);                                                      \
+    if (fc_r_ != ncclSuccess)                                                               \
+      throw ::fastcomms::Error(                                                             \
+          ::fastcomms::ErrorCode::kBackendError,                                            \
+          ::fastcomms::detail::cat(prefix, #call, " failed: ", ncclGetErrorString(fc_r_))); \
   } while (0)
 
 ncclDataType_t nccl_type(DType dt, const std::string& prefix) {
   switch (dt) {
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat8E4M3FN: return ncclFloat8e4m3;
-    case DType::kFloat8E5M2: return ncclFloat8e5m2;
-    case DType::kInt8: return ncclInt8;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat8E4M3FN:
+      return ncclFloat8e4m3;
+    case DType::kFloat8E5M2:
+      return ncclFloat8e5m2;
+    case DType::kInt8:
+      return ncclInt8;
     case DType::kUInt8:
-    case DType::kBool: return ncclUint8;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
+    case DType::kBool:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
   }
   throw Error(ErrorCode::kTypeError, prefix + "unsupported dtype");
 }
@@ -63,8 +73,7 @@ size_t nbytes(const TensorView& t) { return static_cast<size_t>(t.nbytes()); }
 // Completion of one op on the internal stream.
 class NcclWork : public Work {
  public:
-  NcclWork(cudaEvent_t done, cudaStream_t caller, std::string prefix,
-           Clock::time_point deadline)
+  NcclWork(cudaEvent_t done, cudaStream_t caller, std::string prefix, Clock::time_point deadline)
       : done_(done), caller_(caller), prefix_(std::move(prefix)), deadline_(deadline) {}
   ~NcclWork() override { (void)cudaEventDestroy(done_); }
 
@@ -164,8 +173,7 @@ class NcclBackend : public Backend {
       group([&] {
         for (int r = 0; r < size_; ++r) {
           const void* src = r == rank_ ? input.data : outputs[r].data;
-          check(c, ncclBroadcast(src, outputs[r].data, nbytes(outputs[r]), ncclUint8, r, comm_,
-                                 s));
+          check(c, ncclBroadcast(src, outputs[r].data, nbytes(outputs[r]), ncclUint8, r, comm_, s));
         }
       });
     });
@@ -209,8 +217,8 @@ class NcclBackend : public Backend {
       group([&] {
         int64_t in_off = 0, out_off = 0;
         for (int q = 0; q < size_; ++q) {
-          check(c, ncclSend(bytes(input) + in_off, input_splits[q] * in_row, ncclUint8, q, comm_,
-                            s));
+          check(c,
+                ncclSend(bytes(input) + in_off, input_splits[q] * in_row, ncclUint8, q, comm_, s));
           check(c, ncclRecv(bytes(output) + out_off, output_splits[q] * out_row, ncclUint8, q,
                             comm_, s));
           in_off += input_splits[q] * in_row;
@@ -232,8 +240,8 @@ class NcclBackend : public Backend {
   }
   WorkPtr barrier(const OpContext& c) override {
     return run(c, [&](cudaStream_t s) {
-      check(c, ncclAllReduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclInt32, ncclSum,
-                             comm_, s));
+      check(c,
+            ncclAllReduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclInt32, ncclSum, comm_, s));
     });
   }
   WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
@@ -328,8 +336,9 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
       comm_(comm),
       stream_([&] {
         FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
-                        kInvalidArgument, detail::cat("[rank ", init.rank, "/", init.size, " ",
-                                                      init.options.name, " new_comm] nccl: "),
+                        kInvalidArgument,
+                        detail::cat("[rank ", init.rank, "/", init.size, " ", init.options.name,
+                                    " new_comm] nccl: "),
                         "the nccl backend serves CUDA devices, got ", init.device.str());
         FASTCOMMS_CUDA_CHECK(cudaSetDevice(init.device.index));
         const auto it = init.options.hints.find("nccl.high_priority");
@@ -341,8 +350,9 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
     const std::string key = "nccl_unique_id";
     if (rank_ == 0) {
       FASTCOMMS_NCCL_CHECK(prefix_, ncclGetUniqueId(&id));
-      init.options.store->set(key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
-                                                        reinterpret_cast<uint8_t*>(&id) + sizeof id));
+      init.options.store->set(key,
+                              std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
+                                                   reinterpret_cast<uint8_t*>(&id) + sizeof id));
     } else {
       const auto v = init.options.store->get(key, init.options.timeout);
       FASTCOMMS_CHECK(v.size() == sizeof id, kInternal, prefix_, "malformed unique id");
@@ -363,8 +373,10 @@ NcclBackend::~NcclBackend() {
   if (watchdog_.joinable()) watchdog_.join();
   if (comm_) {
     (void)cudaSetDevice(device_);
-    if (aborted_) (void)ncclCommAbort(comm_);
-    else (void)ncclCommDestroy(comm_);
+    if (aborted_)
+      (void)ncclCommAbort(comm_);
+    else
+      (void)ncclCommDestroy(comm_);
   }
 }
 
@@ -394,13 +406,17 @@ template <typename Fn>
 void NcclBackend::with_op(const ReduceOp& op, DType t, ncclDataType_t dt, const OpContext& c,
                           Fn&& fn) {
   switch (op.type) {
-    case RedOpType::kSum: return fn(ncclSum);
-    case RedOpType::kProduct: return fn(ncclProd);
-    case RedOpType::kMin: return fn(ncclMin);
-    case RedOpType::kMax: return fn(ncclMax);
+    case RedOpType::kSum:
+      return fn(ncclSum);
+    case RedOpType::kProduct:
+      return fn(ncclProd);
+    case RedOpType::kMin:
+      return fn(ncclMin);
+    case RedOpType::kMax:
+      return fn(ncclMax);
     case RedOpType::kAvg:
-      FASTCOMMS_CHECK(!dtype_is_integral(t), kUnsupported, c.prefix,
-                      "AVG on ", dtype_name(t), " is not supported by NCCL");
+      FASTCOMMS_CHECK(!dtype_is_integral(t), kUnsupported, c.prefix, "AVG on ", dtype_name(t),
+                      " is not supported by NCCL");
       return fn(ncclAvg);
     case RedOpType::kPremulSum: {
       ncclRedOp_t r;
@@ -410,8 +426,8 @@ void NcclBackend::with_op(const ReduceOp& op, DType t, ncclDataType_t dt, const 
       } else {
         // NCCL reads the host scalar in the reduction's type; half types take a float here only
         // through the float32 path.
-        FASTCOMMS_CHECK(t == DType::kFloat32, kUnsupported, c.prefix,
-                        "PREMUL_SUM on ", dtype_name(t), " is not supported yet");
+        FASTCOMMS_CHECK(t == DType::kFloat32, kUnsupported, c.prefix, "PREMUL_SUM on ",
+                        dtype_name(t), " is not supported yet");
         float f = static_cast<float>(op.factor);
         check(c, ncclRedOpCreatePreMulSum(&r, &f, dt, ncclScalarHostImmediate, comm_));
       }
@@ -445,8 +461,10 @@ void NcclBackend::watchdog() {
       if (!w->done()) w->mark(w->overdue(now) ? NcclWork::kTimedOut : NcclWork::kAborted);
     in_flight_.clear();
     if (options_.abort_process_on_timeout_or_error) {
-      std::fprintf(stderr, "%san op timed out; aborting the process "
-                           "(abort_process_on_timeout_or_error)\n", prefix_.c_str());
+      std::fprintf(stderr,
+                   "%san op timed out; aborting the process "
+                   "(abort_process_on_timeout_or_error)\n",
+                   prefix_.c_str());
       std::abort();
     }
     aborted_ = true;
@@ -477,8 +495,9 @@ void NcclBackend::finalize() {
   FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
-const StaticBackendRegistration kRegistration(
-    "nccl", [](const BackendInit& init) { return std::make_unique<NcclBackend>(init); });
+const StaticBackendRegistration kRegistration("nccl", [](const BackendInit& init) {
+  return std::make_unique<NcclBackend>(init);
+});
 
 }  // namespace
 }  // namespace fastcomms::nccl_backend
