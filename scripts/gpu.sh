@@ -12,7 +12,7 @@ BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
 summary() {
   printf '\n==================== GPU summary ====================\n'
-  for k in env build test_nvlink_ulysses test_nccl_backend bench_a2a; do
+  for k in env build test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops; do
     printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
   done
 }
@@ -41,7 +41,7 @@ export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a \
+   cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops \
      >"$OUT/build.log" 2>&1; then
   result[build]="ok ($(( $(date +%s) - start )) s)"
 else
@@ -79,4 +79,13 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 300 "$BUILD/tools/bench_a2a" 2>&1 | tee "$OUT/bench_a2a.log"
   rc=${PIPESTATUS[0]}
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")
+fi
+
+if [ "${SKIP_NCCL_BENCH:-0}" != 1 ]; then
+  timeout 400 "$BUILD/tools/bench_nccl_ops" >"$OUT/bench_nccl_ops.csv" 2>&1 &&
+    timeout 400 python3 tools/gpu/bench_torch_nccl.py "$OUT/bench_nccl_ops.csv" \
+      >"$OUT/bench_nccl_vs_torch.txt" 2>&1
+  rc=$?
+  cat "$OUT/bench_nccl_vs_torch.txt"
+  result[bench_nccl_ops]=$([ "$rc" = 0 ] && echo "ran (bench_nccl_vs_torch.txt)" || echo "FAILED (rc $rc)")
 fi

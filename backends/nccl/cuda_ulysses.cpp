@@ -8,7 +8,8 @@ namespace fastcomms {
 
 CudaUlyssesCollective::CudaUlyssesCollective(std::shared_ptr<Communicator> comm)
     : comm_(std::move(comm)) {
-  FASTCOMMS_CHECK(comm_ != nullptr, kInvalidArgument, "CudaUlyssesCollective: communicator is null");
+  FASTCOMMS_CHECK(comm_ != nullptr, kInvalidArgument,
+                  "CudaUlyssesCollective: communicator is null");
   FASTCOMMS_CHECK(comm_->device().type == DeviceType::kCUDA, kInvalidArgument, "[rank ",
                   comm_->rank(), "/", comm_->size(), " ", comm_->name(),
                   "] all_to_all_4d: the CUDA collective path needs a CUDA communicator, got ",
@@ -20,11 +21,11 @@ plan::UlyssesRequest CudaUlyssesCollective::request(const TensorView& x,
                                                     const UlyssesArgs& args) const {
   const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
                                          comm_->name(), "] all_to_all_4d: ");
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix,
-                  "x must be 4-D (b, s, h, d), got ", x.describe());
+  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix, "x must be 4-D (b, s, h, d), got ",
+                  x.describe());
   FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous");
-  FASTCOMMS_CHECK(x.device == comm_->device(), kInvalidArgument, prefix, "x is on ",
-                  x.device.str(), ", the communicator serves ", comm_->device().str());
+  FASTCOMMS_CHECK(x.device == comm_->device(), kInvalidArgument, prefix, "x is on ", x.device.str(),
+                  ", the communicator serves ", comm_->device().str());
   plan::UlyssesRequest req;
   req.world_size = comm_->size();
   req.rank = comm_->rank();
@@ -48,25 +49,25 @@ void CudaUlyssesCollective::all_to_all_4d(const TensorView& x, const TensorView&
   const plan::UlyssesRequest req = request(x, args);
   const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
                                          comm_->name(), "] all_to_all_4d: ");
-  auto key = std::make_tuple(req.mode, req.shape, req.element_size,
-                             req.seq_splits.value_or(std::vector<int64_t>{}),
-                             req.head_splits.value_or(std::vector<int64_t>{}),
-                             req.seq_splits.has_value());
+  auto key = std::make_tuple(
+      req.mode, req.shape, req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
+      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     if (plans_.size() > 64) plans_.clear();
-    it = plans_.emplace(key, std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req)))
-             .first;
+    it =
+        plans_.emplace(key, std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req)))
+            .first;
   }
   const plan::UlyssesPlan& p = *it->second;
-  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ",
-                  dtype_name(out.dtype), ", x has ", dtype_name(x.dtype));
+  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
+                  ", x has ", dtype_name(x.dtype));
   FASTCOMMS_CHECK(out.device == x.device && out.is_contiguous(), kInvalidArgument, prefix,
                   "out must be a contiguous tensor on ", x.device.str());
   FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
                   kInvalidArgument, prefix, "out has shape ", out.describe(), ", expected [",
-                  p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ",
-                  p.out_shape[3], "]");
+                  p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ", p.out_shape[3],
+                  "]");
   cuda::DeviceGuard guard(device_);
   const int64_t e = p.element_size;
   // NOTE [collective scratch reuse]: the scratch is grow-only; a call on another stream waits
@@ -94,8 +95,8 @@ void CudaUlyssesCollective::all_to_all_4d(const TensorView& x, const TensorView&
   o.stream = stream;
   comm_->all_to_all_v_single(
       TensorView::contiguous(recv_.get(), DType::kUInt8, {p.recv_elems * e}, x.device),
-      TensorView::contiguous(send_.get(), DType::kUInt8, {p.send_elems * e}, x.device),
-      recv_bytes, send_bytes, o);
+      TensorView::contiguous(send_.get(), DType::kUInt8, {p.send_elems * e}, x.device), recv_bytes,
+      send_bytes, o);
   cuda::copy_sm_async(unpack.data(), static_cast<int>(unpack.size()), 0, stream);
   scratch_free_.record(stream);
   scratch_used_ = true;

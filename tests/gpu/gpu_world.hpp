@@ -22,6 +22,7 @@ constexpr int kSkip = 77;
 inline int device_count_forked(std::string* why) {
   int fds[2];
   if (::pipe(fds) != 0) return 0;
+  std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid == 0) {
     int n = 0;
@@ -50,6 +51,8 @@ inline int run_ranks(int P, int ndev,
   char tmpl[] = "/tmp/fastcomms-gpu-XXXXXX";
   if (!::mkdtemp(tmpl)) return P;
   std::vector<pid_t> pids;
+  std::fflush(stdout);  // children must not inherit (and print again) unflushed output
+  std::fflush(stderr);
   for (int r = 0; r < P; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
