@@ -23,11 +23,11 @@ def worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     for nbytes in SIZES:
         n = nbytes // 4
         ops = {
-            "all_reduce": lambda: dist.all_reduce(a[:n]),
-            "broadcast": lambda: dist.broadcast(a[:n], 0),
-            "all_gather_single": lambda: dist.all_gather_into_tensor(b[: n * world], a[:n]),
-            "reduce_scatter_single": lambda: dist.reduce_scatter_tensor(b[:n], a[: n * world]),
-            "all_to_all_single": lambda: dist.all_to_all_single(b[: n * world], a[: n * world]),
+            "all_reduce": lambda n=n: dist.all_reduce(a[:n]),
+            "broadcast": lambda n=n: dist.broadcast(a[:n], 0),
+            "all_gather_single": lambda n=n: dist.all_gather_into_tensor(b[: n * world], a[:n]),
+            "reduce_scatter_single": lambda n=n: dist.reduce_scatter_tensor(b[:n], a[: n * world]),
+            "all_to_all_single": lambda n=n: dist.all_to_all_single(b[: n * world], a[: n * world]),
         }
         iters = 5 if nbytes >= (256 << 20) else 50
         for name, fn in ops.items():
@@ -67,8 +67,9 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, 2 ranks, float32, sync ops"
     )
+    head = ("op", "bytes", "torch us", "ours us", "ours/torch", "extra us")
     print(
-        f"{'op':24s} {'bytes':>12s} {'torch us':>10s} {'ours us':>10s} {'ours/torch':>10s} {'extra us':>9s}"
+        f"{head[0]:24s} {head[1]:>12s} {head[2]:>10s} {head[3]:>10s} {head[4]:>10s} {head[5]:>9s}"
     )
     for (op, nbytes), v in sorted(rows.items()):
         if "torch" in v and "fastcomms" in v:
