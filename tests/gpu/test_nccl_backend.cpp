@@ -6,6 +6,8 @@
 // Exits 77 (SKIPPED) without two GPUs.
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include <random>
 
@@ -483,6 +485,83 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     }
     FASTCOMMS_CUDA_CHECK(cudaGraphExecDestroy(exec));
     FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  // Every other op family captured in sync mode and replayed twice with fresh data.
+  {
+    CallOptions co;
+    co.stream = st;
+    const int64_t n = 256;
+    Buf in(DType::kFloat32, n * P, device), out(DType::kFloat32, n * P, device);
+    struct Captured {
+      const char* name;
+      std::function<void()> issue;
+      std::function<bool(int rep)> check;
+    };
+    auto expect_sum = [&](int64_t i, int rep) {
+      double w = 0;
+      for (int r = 0; r < P; ++r) w += val(r + rep, i);
+      return w;
+    };
+    std::vector<Captured> ops = {
+        {"broadcast", [&] { comm->broadcast(in.view(), 0, co); },
+         [&](int rep) {
+           for (int64_t i = 0; i < n * P; ++i)
+             if (in.get(i) != val(0 + rep, i)) return false;
+           return true;
+         }},
+        {"all_gather_single",
+         [&] {
+           TensorView src = in.view();
+           src.shape = {n};
+           comm->all_gather_single(out.view(), src, co);
+         },
+         [&](int rep) {
+           for (int r = 0; r < P; ++r)
+             for (int64_t i = 0; i < n; ++i)
+               if (out.get(r * n + i) != val(r + rep, i)) return false;
+           return true;
+         }},
+        {"reduce_scatter_single",
+         [&] {
+           TensorView dst = out.view();
+           dst.shape = {n};
+           comm->reduce_scatter_single(dst, in.view(), ReduceOp::sum(), co);
+         },
+         [&](int rep) {
+           for (int64_t i = 0; i < n; ++i)
+             if (out.get(i) != expect_sum(rank * n + i, rep)) return false;
+           return true;
+         }},
+        {"all_to_all_single", [&] { comm->all_to_all_single(out.view(), in.view(), co); },
+         [&](int rep) {
+           for (int p = 0; p < P; ++p)
+             for (int64_t i = 0; i < n; ++i)
+               if (out.get(p * n + i) != val(p + rep, rank * n + i)) return false;
+           return true;
+         }},
+        {"barrier", [&] { comm->barrier(co); }, [&](int) { return true; }},
+    };
+    for (auto& op : ops) {
+      FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      FASTCOMMS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      op.issue();
+      FASTCOMMS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      FASTCOMMS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 2; ++rep) {
+        for (int64_t i = 0; i < n * P; ++i) in.set(i, val(rank + rep, i));
+        in.upload();
+        out.poison();
+        FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));
+        in.download(st);
+        out.download(st);
+        EXPECT(op.check(rep), "captured ", op.name, " replay ", rep);
+        ++checks;
+      }
+      FASTCOMMS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
   }
   // Timeout: rank 1 never calls; rank 0's op must end TIMEDOUT within timeout + 1 s.
   std::string timeout_note = "not run";
