@@ -16,7 +16,18 @@ __global__ void barrier_kernel(BarrierArgs a) {
   }
 }
 
+__global__ void spin_kernel(uint64_t ns) {
+  const uint64_t start = detail::now_ns();
+  while (detail::now_ns() - start < ns) {
+  }
+}
+
 }  // namespace
+
+void spin_async(uint64_t ns, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(ns);
+  FASTCOMMS_CUDA_LAUNCH_CHECK();
+}
 
 void barrier_async(const BarrierArgs& args, cudaStream_t stream) {
   if (args.size <= 1 && !(args.advance && args.epoch)) return;

@@ -295,7 +295,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     void* target = copying && peer == opt_.rank ? out.data : dest->ptrs[peer];
     jobs.push_back({x.data, target, p.puts[peer]});
   }
-  if (engine == TransferEngine::kSM && max_chunk <= fused_max &&
+  if (engine == TransferEngine::kSM && max_chunk <= fused_max && !faults_.skip_entry_barrier &&
       static_cast<int>(jobs.size()) <= 16) {
     // One launch: entry barrier, push, exit barrier (NOTE [fused push]).
     cuda::FusedPushArgs f;
@@ -305,7 +305,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
   } else {
     b.slot = kSlotEntry;
-    cuda::barrier_async(b, stream);
+    if (!faults_.skip_entry_barrier) cuda::barrier_async(b, stream);
     // Pieces for the copy engines and jobs for the SM kernel, per the engine.
     std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
     if (engine == TransferEngine::kHybrid) {
@@ -353,6 +353,8 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     b.advance = true;
     cuda::barrier_async(b, stream);
   }
+  if (copying && p.out_bytes > 0 && faults_.delay_before_copy_out_ns > 0)
+    cuda::spin_async(faults_.delay_before_copy_out_ns, stream);
   if (copying && p.out_bytes > 0) {
     // The regions peer q wrote are q's puts to this rank, read back in place from the window.
     std::vector<cuda::CopyJob> out_jobs;

@@ -63,6 +63,63 @@ std::array<int64_t, 4> in_shape(const Geo& g, int r) {
                      : std::array<int64_t, 4>{g.b, S, g.heads[r], g.d};
 }
 
+// window_race: two copying calls back to back, no host sync between them, while rank 0 reads its
+// window slowly (20 ms before its copy-out). The entry barrier must keep rank 1's second call from
+// overwriting rank 0's window before that copy-out. Returns the number of mismatching calls seen on
+// this rank; with `armed` the entry barrier is skipped (the control, which must tear).
+int window_race(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
+                bool armed) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  NvlinkUlyssesOptions o;
+  o.rank = rank;
+  o.size = P;
+  o.device = device;
+  o.store = store;
+  o.name = armed ? "race-armed" : "race";
+  o.timeout = std::chrono::seconds(60);
+  NvlinkUlysses group(o);
+  NvlinkUlysses::DebugFaults f;
+  f.skip_entry_barrier = armed;
+  if (rank == 0) f.delay_before_copy_out_ns = 20'000'000;
+  group.set_debug_faults(f);
+  cuda::Stream stream;
+  const int64_t heads = 2 * P, s_local = 256, d = 128;
+  std::vector<int64_t> seq(P, s_local), hs(P, 2);
+  const Device dev{DeviceType::kCUDA, device};
+  const size_t in_bytes = static_cast<size_t>(s_local * heads * d * 2);
+  int bad = 0;
+  for (int round = 0; round < 3; ++round) {
+    plan::RankBuffers in_a(P), in_b(P);
+    std::mt19937_64 drng(seed + 77 * round);
+    for (int r = 0; r < P; ++r) {
+      in_a[r].resize(in_bytes);
+      in_b[r].resize(in_bytes);
+      for (auto& byte : in_a[r]) byte = static_cast<std::byte>(drng());
+      for (auto& byte : in_b[r]) byte = static_cast<std::byte>(drng());
+    }
+    const auto want_a = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in_a);
+    const auto want_b = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in_b);
+    cuda::DeviceBuffer xa(in_bytes), xb(in_bytes), oa(want_a[rank].size()), ob(want_b[rank].size());
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xa.get(), in_a[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xb.get(), in_b[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    const std::vector<int64_t> xs = {1, s_local, heads, d}, os = {1, s_local * P, 2, d};
+    FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+    group.all_to_all_4d(TensorView::contiguous(xa.get(), DType::kBFloat16, xs, dev),
+                        TensorView::contiguous(oa.get(), DType::kBFloat16, os, dev), UlyssesArgs{},
+                        stream.get(), TransferEngine::kCopyEngine);
+    group.all_to_all_4d(TensorView::contiguous(xb.get(), DType::kBFloat16, xs, dev),
+                        TensorView::contiguous(ob.get(), DType::kBFloat16, os, dev), UlyssesArgs{},
+                        stream.get(), TransferEngine::kCopyEngine);
+    std::vector<std::byte> ga(want_a[rank].size()), gb(want_b[rank].size());
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(ga.data(), oa.get(), ga.size(), cudaMemcpyDeviceToHost));
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(gb.data(), ob.get(), gb.size(), cudaMemcpyDeviceToHost));
+    bad += (ga != want_a[rank]) + (gb != want_b[rank]);
+  }
+  group.check_errors();
+  return bad;
+}
+
 int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
   NvlinkUlyssesOptions o;
@@ -310,6 +367,23 @@ int main() {
     failed_worlds += failed != 0;
   }
   failed_worlds += probe_failed != 0;
-  std::printf("%d passed, %d failed\n", 4 - failed_worlds, failed_worlds);
+  // window_race and its armed control (world 2).
+  int race_failed = 0;
+  for (bool armed : {false, true}) {
+    const int torn =
+        gpu_test::run_ranks(2, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          const int bad = window_race(r, size, dev, store, seed + 99, armed);
+          std::printf("window_race%s rank %d: %d of 6 calls torn\n",
+                      armed ? " (armed control)" : "", r, bad);
+          return bad ? 1 : 0;
+        });
+    const bool ok = armed ? torn > 0 : torn == 0;
+    std::printf("window_race%s: %s\n", armed ? " armed control" : "",
+                ok ? (armed ? "tore as it must (the test can fail)" : "passed")
+                   : (armed ? "DID NOT TEAR: the test is blind" : "FAILED"));
+    race_failed += !ok;
+  }
+  failed_worlds += race_failed != 0;
+  std::printf("%d passed, %d failed\n", 5 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

@@ -74,6 +74,14 @@ class NvlinkUlysses {
   /// Throws if a device-side barrier flagged an error (reads pinned memory; no sync).
   void check_errors();
 
+  /// Faults armed by the adversarial tests (their control runs must fail). Never set otherwise.
+  struct DebugFaults {
+    bool skip_entry_barrier = false;        ///< Omit the entry barrier (non-fused paths).
+    uint64_t delay_before_copy_out_ns = 0;  ///< Spin this long before the copy-out.
+  };
+  /// Arms test faults on this rank.
+  void set_debug_faults(const DebugFaults& f) { faults_ = f; }
+
   /// Bytes of device memory this group holds (windows, user windows, pads).
   int64_t memory_bytes() const;
   /// Calls issued from the host so far (a captured call counts once).
@@ -110,6 +118,7 @@ class NvlinkUlysses {
   std::vector<cuda::Stream> ce_streams_;
   cuda::Event ce_fork_;
   std::vector<cuda::Event> ce_join_;
+  DebugFaults faults_;
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>,

@@ -60,6 +60,9 @@ static_assert(std::is_trivially_copyable_v<BarrierArgs>);
 /// Enqueues the barrier on `stream`.
 void barrier_async(const BarrierArgs& args, cudaStream_t stream);
 
+/// Enqueues a kernel that spins for `ns` nanoseconds (test faults: a slow reader).
+void spin_async(uint64_t ns, cudaStream_t stream);
+
 /// What the fused push kernel needs besides the barrier.
 struct FusedPushArgs {
   BarrierArgs bar;               ///< Entry on slot 0, exit on slot 1; `bar.epoch` must be set.
