@@ -76,16 +76,19 @@ if [ "${SKIP_TEST:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout 300 "$BUILD/tools/bench_a2a" 2>&1 | tee "$OUT/bench_a2a.log"
+  timeout 300 python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
+    tee "$OUT/bench_a2a.log"
   rc=${PIPESTATUS[0]}
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")
 fi
 
 if [ "${SKIP_NCCL_BENCH:-0}" != 1 ]; then
-  timeout 400 "$BUILD/tools/bench_nccl_ops" >"$OUT/bench_nccl_ops.csv" 2>&1 &&
+  timeout 400 python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_nccl_ops" \
+    >"$OUT/bench_nccl_ops.csv" 2>&1 &&
     timeout 400 python3 tools/gpu/bench_torch_nccl.py "$OUT/bench_nccl_ops.csv" \
       >"$OUT/bench_nccl_vs_torch.txt" 2>&1
   rc=$?
   cat "$OUT/bench_nccl_vs_torch.txt"
+  grep -E '^(EXCLUSIVE|CONTENDED)' "$OUT/bench_nccl_ops.csv"
   result[bench_nccl_ops]=$([ "$rc" = 0 ] && echo "ran (bench_nccl_vs_torch.txt)" || echo "FAILED (rc $rc)")
 fi
