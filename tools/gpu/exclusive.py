@@ -60,7 +60,9 @@ def main() -> int:
                 try:
                     if os.getpgid(int(row[0])) == pgid:
                         continue
-                except (ProcessLookupError, ValueError, PermissionError):
+                except ProcessLookupError:
+                    continue  # gone between the listing and the lookup (one of ours exiting)
+                except (ValueError, PermissionError):
                     pass
                 foreign.add(",".join(row))
             stop.wait(0.2)
