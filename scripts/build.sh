@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Configures (once) and builds the C++/CUDA tree in $FASTCOMMS_BUILD (default ./build).
+# Configures (once) and builds the C++/CUDA tree and the Python extension (fastcomms._C, against
+# the venv's torch) in $FASTCOMMS_BUILD (default ./build).
 # CUDA is on when nvcc is found; FASTCOMMS_CUDA=OFF turns it off, FASTCOMMS_CUDA_ARCH picks
 # the architectures (default 80;90 and 100 where the toolkit has it).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
 export PATH="$PATH:/usr/local/cuda/bin"
-args=(-G Ninja)
+args=(-G Ninja -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$FASTCOMMS_VENV/bin/python")
 [ -n "${FASTCOMMS_CUDA:-}" ] && args+=("-DFASTCOMMS_CUDA=$FASTCOMMS_CUDA")
-if [ ! -f "$FASTCOMMS_BUILD/build.ninja" ] || [ -n "${FASTCOMMS_CUDA:-}" ]; then
+if [ ! -f "$FASTCOMMS_BUILD/build.ninja" ] || [ -n "${FASTCOMMS_CUDA:-}" ] ||
+   ! grep -q "FASTCOMMS_PYTHON:BOOL=ON" "$FASTCOMMS_BUILD/CMakeCache.txt"; then
   step "configure $FASTCOMMS_BUILD"
   cmake -S . -B "$FASTCOMMS_BUILD" "${args[@]}" >/dev/null
 fi

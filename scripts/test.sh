@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test that can run on this machine:
-#   formatting check, the plan fuzzer (clang + libFuzzer, a bounded run), then ctest
-#   (plan replay over random geometries, validation messages, ...).
+#   formatting check, the plan fuzzer (clang + libFuzzer, a bounded run), ctest (plan replay,
+#   validation messages, core, gloo, ...; GPU tests say SKIPPED without GPUs), then pytest (the
+#   Python package over gloo against torch.distributed).
 # FUZZ_SECONDS (default 20) bounds the fuzzer; FASTCOMMS_SEED replays a random test run.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -36,3 +37,7 @@ step "plan replay summary"
 
 step "ctest"
 ctest --test-dir "$FASTCOMMS_BUILD" --output-on-failure -j "$JOBS"
+
+step "pytest (the Python package on CPU over gloo, against torch.distributed)"
+PYTHONPATH="$FASTCOMMS_BUILD/python:$FASTCOMMS_ROOT/python" \
+  "$FASTCOMMS_VENV/bin/python" -m pytest -q tests/python

@@ -1,0 +1,464 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms: a torchcomms-compatible communicator API and a fast Ulysses all-to-all.
+
+Code written for torchcomms runs after ``import fastcomms as torchcomms`` (the parts built so
+far: the gloo backend on CPU tensors; see README.md for what is not built yet).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+from pkgutil import extend_path
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+__path__ = extend_path(__path__, __name__)  # the built extension may live in a build tree
+
+
+# NOTE [gloo symbols]: torch exports its own, newer Gloo build; our gloo backend links Debian's.
+# libfastcomms.so is therefore loaded first, by itself, with RTLD_DEEPBIND: it and the libraries
+# it brings (libgloo) resolve their own symbols before anything global, so the two Gloo builds
+# never mix (mixing them crashed as soon as two ranks connected). The extension then reuses it.
+def _load_core() -> None:
+    import ctypes
+    import glob
+
+    for d in __path__:
+        for lib in glob.glob(os.path.join(d, "libfastcomms.so")):
+            ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+            return
+
+
+_load_core()
+from . import _C  # noqa: E402
+from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
+
+__all__ = [
+    "new_comm",
+    "TorchComm",
+    "TorchWork",
+    "WorkStatus",
+    "ReduceOp",
+    "RedOpType",
+    "CommOptions",
+    "TorchCommWindow",
+    "BatchSendRecv",
+    "P2POp",
+    "RemovableHandle",
+    "register_backend",
+    "TorchCommBackend",
+    "is_backend_built",
+    "built_backends",
+    "AbortedError",
+    "BackendError",
+    "UnsupportedError",
+]
+
+_DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
+_names = itertools.count()
+
+
+class ReduceOp:
+    """A reduction: ``ReduceOp.SUM`` ... and ``ReduceOp.PREMUL_SUM(factor)``; ``.type`` gives
+    the RedOpType."""
+
+    def __init__(self, type: RedOpType, factor: float = 1.0) -> None:  # noqa: A002
+        self.type = type
+        self.factor = float(factor)
+
+    def __repr__(self) -> str:
+        if self.type == RedOpType.PREMUL_SUM:
+            return f"ReduceOp.PREMUL_SUM({self.factor})"
+        return f"ReduceOp.{self.type.name}"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ReduceOp) and other.type == self.type and other.factor == self.factor
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.factor))
+
+    @staticmethod
+    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
+        return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+
+for _t in (
+    RedOpType.SUM,
+    RedOpType.PRODUCT,
+    RedOpType.MIN,
+    RedOpType.MAX,
+    RedOpType.BAND,
+    RedOpType.BOR,
+    RedOpType.BXOR,
+    RedOpType.AVG,
+):
+    setattr(ReduceOp, _t.name, ReduceOp(_t))
+
+
+class CommOptions:
+    """Communicator options as torchcomms spells them."""
+
+    def __init__(
+        self,
+        abort_process_on_timeout_or_error: bool = False,
+        timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
+        store=None,
+        hints: dict[str, str] | None = None,
+    ) -> None:
+        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
+        self.timeout = timeout
+        self.store = store
+        self.hints = dict(hints or {})
+
+
+class TorchWork:
+    """A handle on an issued op: ``wait()``, ``is_completed()``, ``status()``. Keeps the op's
+    tensors alive until it completes."""
+
+    def __init__(self, work: _C.Work) -> None:
+        self._work = work
+
+    def wait(self) -> None:
+        self._work.wait()
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def status(self) -> WorkStatus:
+        return self._work.status()
+
+
+class RemovableHandle:
+    """Returned by the hook registrations; ``remove()`` unregisters (idempotent)."""
+
+    def __init__(self, remover) -> None:
+        self._remover = remover
+
+    def remove(self) -> None:
+        if self._remover is not None:
+            self._remover()
+            self._remover = None
+
+
+class P2POp:
+    """One point-to-point op of a batch (``op`` is "send" or "recv", or the bound method)."""
+
+    def __init__(self, op, tensor: torch.Tensor, peer: int) -> None:
+        name = op if isinstance(op, str) else getattr(op, "__name__", "")
+        if name not in ("send", "recv", "isend", "irecv"):
+            raise ValueError(f"P2POp: op must be send or recv, got {op!r}")
+        self.is_send = name in ("send", "isend")
+        self.tensor = tensor
+        self.peer = peer
+
+
+class BatchSendRecv:
+    """``comm.batch_op_create()``: collect sends and receives, then ``issue(async_op)``."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        self._comm = comm
+        self.ops: list[P2POp] = []
+
+    def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
+        self.ops.append(P2POp("send", tensor, dst))
+        return self
+
+    def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
+        self.ops.append(P2POp("recv", tensor, src))
+        return self
+
+    def issue(self, async_op: bool, *, hints=None, timeout=None) -> TorchWork:
+        ops = [(op.is_send, op.tensor, op.peer) for op in self.ops]
+        return TorchWork(self._comm._c.batch(ops, async_op, _ms(timeout), hints))
+
+
+class TorchCommWindow:
+    """One-sided windows (put / signal / wait_signal / map_remote_tensor) belong to the nvlink
+    backend, which is not built into the Python package yet: every method raises."""
+
+    def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
+        raise UnsupportedError(
+            f"[rank {comm.get_rank()}/{comm.get_size()} {comm.get_name()} new_window] windows "
+            f"need the nvlink backend; backend '{comm.get_backend()}' has none"
+        )
+
+
+class TorchCommBackend:
+    """Base class for backends registered from Python with ``register_backend(name, cls)``:
+    ``cls(rank, size, device, options)`` must return an object with the TorchComm methods."""
+
+
+_python_backends: dict[str, type] = {}
+
+
+def register_backend(name: str, cls: type) -> None:
+    """Registers a Python backend class under ``name``."""
+    if not name:
+        raise ValueError("register_backend: name is empty")
+    _python_backends[name] = cls
+
+
+def _load_entry_point_backends() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="fastcomms.backends"):
+        if ep.name not in _python_backends:
+            ep.load()  # importing the module runs its registration
+
+
+def is_backend_built(name: str) -> bool:
+    return _C.is_backend_built(name) or name in _python_backends
+
+
+def built_backends() -> list[str]:
+    return sorted(set(_C.built_backends()) | set(_python_backends))
+
+
+def _ms(td) -> datetime.timedelta | None:
+    if td is None:
+        return None
+    if isinstance(td, datetime.timedelta):
+        return td
+    return datetime.timedelta(seconds=float(td))
+
+
+def _op(op) -> tuple[RedOpType, float]:
+    if isinstance(op, ReduceOp):
+        return op.type, op.factor
+    if isinstance(op, RedOpType):
+        return op, 1.0
+    raise TypeError(f"op must be a ReduceOp, got {type(op).__name__}")
+
+
+class TorchComm:
+    """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
+    keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
+
+    def __init__(self, c: _C.Comm, device: torch.device) -> None:
+        self._c = c
+        self._device = device
+
+    # -- identity and options ------------------------------------------------------------------
+    def get_rank(self) -> int:
+        return self._c.rank()
+
+    def get_size(self) -> int:
+        return self._c.size()
+
+    def get_name(self) -> str:
+        return self._c.name()
+
+    def get_device(self) -> torch.device:
+        return self._device
+
+    def get_backend(self) -> str:
+        return self._c.backend()
+
+    def get_backend_version(self) -> str:
+        return self._c.backend_version()
+
+    def get_options(self) -> CommOptions:
+        return CommOptions(timeout=self._c.timeout(), hints=self._c.hints())
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._c.set_timeout(_ms(timeout))
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._c.set_hints(dict(hints))
+
+    def finalize(self) -> None:
+        self._c.finalize()
+
+    def abort(self) -> None:
+        self._c.abort()
+
+    def is_aborted(self) -> bool:
+        return self._c.is_aborted()
+
+    # -- point to point ------------------------------------------------------------------------
+    def send(self, tensor, dst, async_op, *, hints=None, timeout=None) -> TorchWork:
+        return TorchWork(self._c.send(tensor, dst, async_op, _ms(timeout), hints))
+
+    def recv(self, tensor, src, async_op, *, hints=None, timeout=None) -> TorchWork:
+        return TorchWork(self._c.recv(tensor, src, async_op, _ms(timeout), hints))
+
+    def batch_op_create(self) -> BatchSendRecv:
+        return BatchSendRecv(self)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def broadcast(self, tensor, root, async_op, *, hints=None, timeout=None) -> TorchWork:
+        return TorchWork(self._c.broadcast(tensor, root, async_op, _ms(timeout), hints))
+
+    def all_reduce(self, tensor, op, async_op, *, hints=None, timeout=None) -> TorchWork:
+        t, f = _op(op)
+        return TorchWork(self._c.all_reduce(tensor, t, f, async_op, _ms(timeout), hints))
+
+    def reduce(self, tensor, root, op, async_op, *, hints=None, timeout=None) -> TorchWork:
+        t, f = _op(op)
+        return TorchWork(self._c.reduce(tensor, root, t, f, async_op, _ms(timeout), hints))
+
+    def all_gather(self, tensor_list, tensor, async_op, *, hints=None, timeout=None):
+        return TorchWork(
+            self._c.all_gather(list(tensor_list), tensor, False, async_op, _ms(timeout), hints)
+        )
+
+    def all_gather_v(self, tensor_list, tensor, async_op, *, hints=None, timeout=None):
+        return TorchWork(
+            self._c.all_gather(list(tensor_list), tensor, True, async_op, _ms(timeout), hints)
+        )
+
+    def all_gather_single(self, output, input, async_op, *, hints=None, timeout=None):  # noqa: A002
+        return TorchWork(self._c.all_gather_single(output, input, async_op, _ms(timeout), hints))
+
+    def reduce_scatter(self, output, input_list, op, async_op, *, hints=None, timeout=None):
+        t, f = _op(op)
+        return TorchWork(
+            self._c.reduce_scatter(
+                output, list(input_list), t, f, False, async_op, _ms(timeout), hints
+            )
+        )
+
+    def reduce_scatter_v(self, output, input_list, op, async_op, *, hints=None, timeout=None):
+        t, f = _op(op)
+        return TorchWork(
+            self._c.reduce_scatter(
+                output, list(input_list), t, f, True, async_op, _ms(timeout), hints
+            )
+        )
+
+    def reduce_scatter_single(self, output, input, op, async_op, *, hints=None, timeout=None):  # noqa: A002
+        t, f = _op(op)
+        return TorchWork(
+            self._c.reduce_scatter_single(output, input, t, f, async_op, _ms(timeout), hints)
+        )
+
+    def all_to_all_single(self, output, input, async_op, *, hints=None, timeout=None):  # noqa: A002
+        return TorchWork(self._c.all_to_all_single(output, input, async_op, _ms(timeout), hints))
+
+    def all_to_all_v_single(
+        self,
+        output,
+        input,  # noqa: A002
+        output_split_sizes,
+        input_split_sizes,
+        async_op,
+        *,
+        hints=None,
+        timeout=None,
+    ):
+        return TorchWork(
+            self._c.all_to_all_v_single(
+                output,
+                input,
+                list(output_split_sizes or []),
+                list(input_split_sizes or []),
+                async_op,
+                _ms(timeout),
+                hints,
+            )
+        )
+
+    def all_to_all(
+        self, output_tensor_list, input_tensor_list, async_op, *, hints=None, timeout=None
+    ):
+        return TorchWork(
+            self._c.all_to_all(
+                list(output_tensor_list), list(input_tensor_list), async_op, _ms(timeout), hints
+            )
+        )
+
+    def barrier(self, async_op, *, hints=None, timeout=None) -> TorchWork:
+        return TorchWork(self._c.barrier(async_op, _ms(timeout), hints))
+
+    def scatter(
+        self, output_tensor, input_tensor_list, root, async_op, *, hints=None, timeout=None
+    ):
+        ins = list(input_tensor_list or [])
+        return TorchWork(self._c.scatter(output_tensor, ins, root, async_op, _ms(timeout), hints))
+
+    def gather(self, output_tensor_list, input_tensor, root, async_op, *, hints=None, timeout=None):
+        outs = list(output_tensor_list or [])
+        return TorchWork(self._c.gather(outs, input_tensor, root, async_op, _ms(timeout), hints))
+
+    def gather_single(self, output, input, root, async_op, *, hints=None, timeout=None):  # noqa: A002
+        return TorchWork(self._c.gather_single(output, input, root, async_op, _ms(timeout), hints))
+
+    # -- structure -----------------------------------------------------------------------------
+    def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:
+        sub = self._c.split(list(ranks), name, _ms(timeout), hints)
+        return None if sub is None else TorchComm(sub, self._device)
+
+    def new_window(self, tensor=None) -> TorchCommWindow:
+        return TorchCommWindow(self, tensor)
+
+    def register_pre_hook(self, fn) -> RemovableHandle:
+        return RemovableHandle(self._c.register_pre_hook(fn))
+
+    def register_post_hook(self, fn) -> RemovableHandle:
+        return RemovableHandle(self._c.register_post_hook(fn))
+
+    def register_abort_hook(self, fn) -> RemovableHandle:
+        return RemovableHandle(self._c.register_abort_hook(fn))
+
+
+def _rank_size() -> tuple[int, int]:
+    for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
+        if rk in os.environ and sz in os.environ:
+            return int(os.environ[rk]), int(os.environ[sz])
+    raise ValueError(
+        "new_comm: rank and size come from TORCHCOMM_RANK/TORCHCOMM_SIZE or RANK/WORLD_SIZE; "
+        "neither pair is set"
+    )
+
+
+def new_comm(
+    backend: str,
+    device,
+    abort_process_on_timeout_or_error=None,
+    timeout=None,
+    store=None,
+    name=None,
+    enable_reconfigure=False,
+    hints=None,
+) -> TorchComm:
+    """Creates a communicator (collective over the ranks that share the store)."""
+    if enable_reconfigure:
+        raise UnsupportedError("new_comm: enable_reconfigure is not supported")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not _C.is_backend_built(backend) and backend not in _python_backends:
+        _load_entry_point_backends()
+    if backend in _python_backends:
+        rank, size = _rank_size()
+        opts = CommOptions(
+            bool(abort_process_on_timeout_or_error), _ms(timeout) or _DEFAULT_TIMEOUT, store, hints
+        )
+        return _python_backends[backend](rank, size, device, opts)
+    rank, size = _rank_size()
+    if store is None:
+        import torch.distributed as dist
+
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = int(os.environ.get("MASTER_PORT", "29500"))
+        store = dist.TCPStore(addr, port, size, rank == 0, timeout=_ms(timeout) or _DEFAULT_TIMEOUT)
+    name = name or f"{backend}_{next(_names)}"
+    return TorchComm(
+        _C.Comm(
+            backend,
+            rank,
+            size,
+            device.type,
+            -1 if device.index is None else device.index,
+            store,
+            _ms(timeout) or _DEFAULT_TIMEOUT,
+            bool(abort_process_on_timeout_or_error),
+            name,
+            dict(hints or {}),
+        ),
+        device,
+    )

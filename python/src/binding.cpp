@@ -1,0 +1,424 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// The Python binding: the only translation unit that includes torch. Tensors become non-owning
+// TensorViews; every Work returned to Python keeps its tensors alive until it completes; C++
+// errors map to Python exceptions here, in one place.
+#include <pybind11/chrono.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include "fastcomms/core/communicator.hpp"
+#include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/core/ulysses.hpp"
+#include "fastcomms/error.hpp"
+
+namespace py = pybind11;
+using namespace fastcomms;
+
+namespace {
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kFloat8_e4m3fn:
+      return DType::kFloat8E4M3FN;
+    case at::kFloat8_e5m2:
+      return DType::kFloat8E5M2;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kBool:
+      return DType::kBool;
+    default:
+      throw Error(ErrorCode::kTypeError,
+                  std::string("fastcomms: unsupported dtype ") + c10::toString(t));
+  }
+}
+
+TensorView view(const at::Tensor& t) {
+  TensorView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type());
+  v.shape.assign(t.sizes().begin(), t.sizes().end());
+  v.strides.assign(t.strides().begin(), t.strides().end());
+  v.device = t.is_cuda() ? Device{DeviceType::kCUDA, t.device().index()} : Device{};
+  return v;
+}
+
+std::vector<TensorView> views(const std::vector<at::Tensor>& ts) {
+  std::vector<TensorView> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(view(t));
+  return out;
+}
+
+// A torch.distributed.Store (any Python object with its methods) as a fastcomms Store.
+class PyStore : public Store {
+ public:
+  explicit PyStore(py::object store) : store_(std::move(store)) {}
+  ~PyStore() override {
+    py::gil_scoped_acquire gil;
+    store_ = py::object();
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    py::gil_scoped_acquire gil;
+    store_.attr("set")(key, py::bytes(reinterpret_cast<const char*>(value.data()), value.size()));
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    wait({key}, timeout);
+    py::gil_scoped_acquire gil;
+    const std::string v = store_.attr("get")(key).cast<std::string>();
+    return std::vector<uint8_t>(v.begin(), v.end());
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    py::gil_scoped_acquire gil;
+    return store_.attr("add")(key, delta).cast<int64_t>();
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    py::gil_scoped_acquire gil;
+    return store_.attr("check")(keys).cast<bool>();
+  }
+  bool delete_key(const std::string& key) override {
+    py::gil_scoped_acquire gil;
+    return store_.attr("delete_key")(key).cast<bool>();
+  }
+
+ private:
+  py::object store_;
+};
+
+// A Work that keeps the op's tensors alive until it is waited on and complete.
+struct PyWork {
+  WorkPtr work;
+  std::vector<at::Tensor> keep;
+  void wait() {
+    {
+      py::gil_scoped_release release;
+      work->wait();
+    }
+    if (work->status() == WorkStatus::kCompleted) keep.clear();
+  }
+};
+
+struct PyComm {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<UlyssesGroup> ulysses;  // created on first use: plan cache and staging
+
+  UlyssesGroup& group() {
+    if (!ulysses) ulysses = std::make_shared<UlyssesGroup>(comm);
+    return *ulysses;
+  }
+
+  CallOptions opts(bool async_op, std::optional<std::chrono::milliseconds> timeout,
+                   std::optional<Hints> hints) const {
+    CallOptions o;
+    o.async_op = async_op;
+    if (timeout) o.options.timeout = *timeout;
+    if (hints) o.options.hints = *hints;
+    return o;
+  }
+  template <typename Fn>
+  PyWork run(std::vector<at::Tensor> keep, Fn&& fn) {
+    WorkPtr w;
+    {
+      py::gil_scoped_release release;
+      w = fn();
+    }
+    return PyWork{std::move(w), std::move(keep)};
+  }
+};
+
+ReduceOp to_op(RedOpType t, double factor) { return ReduceOp{t, factor}; }
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fastcomms C++ core (internal; use the fastcomms package)";
+
+  // NOTE [error mapping]: the one place C++ errors become Python exceptions.
+  static py::exception<Error> aborted_error(m, "AbortedError", PyExc_RuntimeError);
+  static py::exception<Error> backend_error(m, "BackendError", PyExc_RuntimeError);
+  static py::exception<Error> unsupported_error(m, "UnsupportedError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      switch (e.code()) {
+        case ErrorCode::kInvalidArgument:
+          PyErr_SetString(PyExc_ValueError, e.what());
+          return;
+        case ErrorCode::kTypeError:
+          PyErr_SetString(PyExc_TypeError, e.what());
+          return;
+        case ErrorCode::kTimeout:
+          PyErr_SetString(PyExc_TimeoutError, e.what());
+          return;
+        case ErrorCode::kAborted:
+          py::set_error(aborted_error, e.what());
+          return;
+        case ErrorCode::kUnsupported:
+          py::set_error(unsupported_error, e.what());
+          return;
+        default:
+          py::set_error(backend_error, e.what());
+          return;
+      }
+    }
+  });
+
+  py::enum_<RedOpType>(m, "RedOpType")
+      .value("SUM", RedOpType::kSum)
+      .value("PRODUCT", RedOpType::kProduct)
+      .value("MIN", RedOpType::kMin)
+      .value("MAX", RedOpType::kMax)
+      .value("BAND", RedOpType::kBand)
+      .value("BOR", RedOpType::kBor)
+      .value("BXOR", RedOpType::kBxor)
+      .value("AVG", RedOpType::kAvg)
+      .value("PREMUL_SUM", RedOpType::kPremulSum);
+  py::enum_<WorkStatus>(m, "WorkStatus")
+      .value("NOT_STARTED", WorkStatus::kNotStarted)
+      .value("INPROGRESS", WorkStatus::kInProgress)
+      .value("COMPLETED", WorkStatus::kCompleted)
+      .value("TIMEDOUT", WorkStatus::kTimedOut)
+      .value("ERROR", WorkStatus::kError);
+
+  py::class_<PyWork>(m, "Work")
+      .def("wait", &PyWork::wait)
+      .def("is_completed", [](const PyWork& w) { return w.work->is_completed(); })
+      .def("status", [](const PyWork& w) { return w.work->status(); });
+
+  m.def("is_backend_built", &is_backend_registered);
+  m.def("built_backends", &registered_backends);
+
+  using Ms = std::optional<std::chrono::milliseconds>;
+  using H = std::optional<Hints>;
+  py::class_<PyComm>(m, "Comm")
+      .def(py::init([](const std::string& backend, int rank, int size, const std::string& device,
+                       int device_index, py::object store, std::chrono::milliseconds timeout,
+                       bool abort_process, const std::string& name, Hints hints) {
+        CommOptions o;
+        o.store = std::make_shared<PyStore>(std::move(store));
+        o.timeout = timeout;
+        o.abort_process_on_timeout_or_error = abort_process;
+        o.name = name;
+        o.hints = std::move(hints);
+        const Device dev = device == "cuda" ? Device{DeviceType::kCUDA, device_index} : Device{};
+        py::gil_scoped_release release;
+        return PyComm{Communicator::create(backend, rank, size, dev, o)};
+      }))
+      .def("rank", [](const PyComm& c) { return c.comm->rank(); })
+      .def("size", [](const PyComm& c) { return c.comm->size(); })
+      .def("name", [](const PyComm& c) { return c.comm->name(); })
+      .def("backend", [](const PyComm& c) { return c.comm->backend_name(); })
+      .def("backend_version", [](const PyComm& c) { return c.comm->backend_version(); })
+      .def("timeout", [](const PyComm& c) { return c.comm->options().timeout; })
+      .def("hints", [](const PyComm& c) { return c.comm->options().hints; })
+      .def("set_timeout", [](PyComm& c, std::chrono::milliseconds t) { c.comm->set_timeout(t); })
+      .def("set_hints", [](PyComm& c, const Hints& h) { c.comm->set_hints(h); })
+      .def("abort",
+           [](PyComm& c) {
+             py::gil_scoped_release release;
+             c.comm->abort();
+           })
+      .def("is_aborted", [](const PyComm& c) { return c.comm->is_aborted(); })
+      .def("finalize",
+           [](PyComm& c) {
+             py::gil_scoped_release release;
+             c.comm->finalize();
+           })
+      .def("send",
+           [](PyComm& c, at::Tensor t, int dst, bool a, Ms to, H h) {
+             return c.run({t}, [&] { return c.comm->send(view(t), dst, c.opts(a, to, h)); });
+           })
+      .def("recv",
+           [](PyComm& c, at::Tensor t, int src, bool a, Ms to, H h) {
+             return c.run({t}, [&] { return c.comm->recv(view(t), src, c.opts(a, to, h)); });
+           })
+      .def("batch",
+           [](PyComm& c, std::vector<std::tuple<bool, at::Tensor, int>> ops, bool a, Ms to, H h) {
+             std::vector<P2POp> p;
+             std::vector<at::Tensor> keep;
+             for (auto& [is_send, t, peer] : ops) {
+               p.push_back({is_send ? P2POp::Kind::kSend : P2POp::Kind::kRecv, view(t), peer});
+               keep.push_back(t);
+             }
+             return c.run(keep, [&] { return c.comm->batch_p2p(p, c.opts(a, to, h)); });
+           })
+      .def("broadcast",
+           [](PyComm& c, at::Tensor t, int root, bool a, Ms to, H h) {
+             return c.run({t}, [&] { return c.comm->broadcast(view(t), root, c.opts(a, to, h)); });
+           })
+      .def("all_reduce",
+           [](PyComm& c, at::Tensor t, RedOpType op, double f, bool a, Ms to, H h) {
+             return c.run(
+                 {t}, [&] { return c.comm->all_reduce(view(t), to_op(op, f), c.opts(a, to, h)); });
+           })
+      .def("reduce",
+           [](PyComm& c, at::Tensor t, int root, RedOpType op, double f, bool a, Ms to, H h) {
+             return c.run({t}, [&] {
+               return c.comm->reduce(view(t), root, to_op(op, f), c.opts(a, to, h));
+             });
+           })
+      .def("all_gather",
+           [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, bool v, bool a, Ms to, H h) {
+             std::vector<at::Tensor> keep = outs;
+             keep.push_back(in);
+             return c.run(keep, [&] {
+               return v ? c.comm->all_gather_v(views(outs), view(in), c.opts(a, to, h))
+                        : c.comm->all_gather(views(outs), view(in), c.opts(a, to, h));
+             });
+           })
+      .def("all_gather_single",
+           [](PyComm& c, at::Tensor out, at::Tensor in, bool a, Ms to, H h) {
+             return c.run({out, in}, [&] {
+               return c.comm->all_gather_single(view(out), view(in), c.opts(a, to, h));
+             });
+           })
+      .def("reduce_scatter",
+           [](PyComm& c, at::Tensor out, std::vector<at::Tensor> ins, RedOpType op, double f,
+              bool v, bool a, Ms to, H h) {
+             std::vector<at::Tensor> keep = ins;
+             keep.push_back(out);
+             return c.run(keep, [&] {
+               return v ? c.comm->reduce_scatter_v(view(out), views(ins), to_op(op, f),
+                                                   c.opts(a, to, h))
+                        : c.comm->reduce_scatter(view(out), views(ins), to_op(op, f),
+                                                 c.opts(a, to, h));
+             });
+           })
+      .def(
+          "reduce_scatter_single",
+          [](PyComm& c, at::Tensor out, at::Tensor in, RedOpType op, double f, bool a, Ms to, H h) {
+            return c.run({out, in}, [&] {
+              return c.comm->reduce_scatter_single(view(out), view(in), to_op(op, f),
+                                                   c.opts(a, to, h));
+            });
+          })
+      .def("all_to_all_single",
+           [](PyComm& c, at::Tensor out, at::Tensor in, bool a, Ms to, H h) {
+             return c.run({out, in}, [&] {
+               return c.comm->all_to_all_single(view(out), view(in), c.opts(a, to, h));
+             });
+           })
+      .def("all_to_all_v_single",
+           [](PyComm& c, at::Tensor out, at::Tensor in, std::vector<int64_t> out_s,
+              std::vector<int64_t> in_s, bool a, Ms to, H h) {
+             return c.run({out, in}, [&] {
+               return c.comm->all_to_all_v_single(view(out), view(in), out_s, in_s,
+                                                  c.opts(a, to, h));
+             });
+           })
+      .def("all_to_all",
+           [](PyComm& c, std::vector<at::Tensor> outs, std::vector<at::Tensor> ins, bool a, Ms to,
+              H h) {
+             std::vector<at::Tensor> keep = outs;
+             keep.insert(keep.end(), ins.begin(), ins.end());
+             return c.run(keep, [&] {
+               return c.comm->all_to_all(views(outs), views(ins), c.opts(a, to, h));
+             });
+           })
+      .def("barrier",
+           [](PyComm& c, bool a, Ms to, H h) {
+             return c.run({}, [&] { return c.comm->barrier(c.opts(a, to, h)); });
+           })
+      .def(
+          "scatter",
+          [](PyComm& c, at::Tensor out, std::vector<at::Tensor> ins, int root, bool a, Ms to, H h) {
+            std::vector<at::Tensor> keep = ins;
+            keep.push_back(out);
+            return c.run(keep, [&] {
+              return c.comm->scatter(view(out), views(ins), root, c.opts(a, to, h));
+            });
+          })
+      .def(
+          "gather",
+          [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, int root, bool a, Ms to, H h) {
+            std::vector<at::Tensor> keep = outs;
+            keep.push_back(in);
+            return c.run(keep, [&] {
+              return c.comm->gather(views(outs), view(in), root, c.opts(a, to, h));
+            });
+          })
+      .def("gather_single",
+           [](PyComm& c, at::Tensor out, at::Tensor in, int root, bool a, Ms to, H h) {
+             return c.run({out, in}, [&] {
+               return c.comm->gather_single(view(out), view(in), root, c.opts(a, to, h));
+             });
+           })
+      .def("split",
+           [](PyComm& c, std::vector<int> ranks, const std::string& name,
+              std::optional<std::chrono::milliseconds> timeout,
+              std::optional<Hints> hints) -> std::optional<PyComm> {
+             CommOptions o = c.comm->options();
+             if (timeout) o.timeout = *timeout;
+             if (hints) o.hints = *hints;
+             std::shared_ptr<Communicator> sub;
+             {
+               py::gil_scoped_release release;
+               sub = c.comm->split(ranks, name, &o);
+             }
+             if (!sub) return std::nullopt;
+             return PyComm{sub};
+           })
+      .def("register_pre_hook",
+           [](PyComm& c, py::function fn) {
+             auto h =
+                 std::make_shared<RemovableHandle>(c.comm->register_pre_hook([fn](const OpInfo& i) {
+                   py::gil_scoped_acquire gil;
+                   fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                 }));
+             return py::cpp_function([h] { h->remove(); });
+           })
+      .def("register_post_hook",
+           [](PyComm& c, py::function fn) {
+             auto h = std::make_shared<RemovableHandle>(
+                 c.comm->register_post_hook([fn](const OpInfo& i) {
+                   py::gil_scoped_acquire gil;
+                   fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                 }));
+             return py::cpp_function([h] { h->remove(); });
+           })
+      .def("register_abort_hook",
+           [](PyComm& c, py::function fn) {
+             auto h = std::make_shared<RemovableHandle>(c.comm->register_abort_hook([fn] {
+               py::gil_scoped_acquire gil;
+               fn();
+             }));
+             return py::cpp_function([h] { h->remove(); });
+           })
+      .def("ulysses_output_shape",
+           [](PyComm& c, at::Tensor x, int mode, std::optional<std::vector<int64_t>> seq,
+              std::optional<std::vector<int64_t>> heads) {
+             UlyssesArgs a;
+             a.mode = mode;
+             a.seq_splits = seq;
+             a.head_splits = heads;
+             const auto s = c.group().output_shape(view(x), a);
+             return std::vector<int64_t>(s.begin(), s.end());
+           })
+      .def("ulysses_all_to_all_4d", [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
+                                       std::optional<std::vector<int64_t>> seq,
+                                       std::optional<std::vector<int64_t>> heads, bool a) {
+        UlyssesGroup& g = c.group();
+        UlyssesArgs args;
+        args.mode = mode;
+        args.seq_splits = seq;
+        args.head_splits = heads;
+        args.async_op = a;
+        return c.run({x, out}, [&] { return g.all_to_all_4d(view(x), view(out), args); });
+      });
+}

@@ -1,0 +1,124 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms.ulysses on CPU over gloo: bit-exact against permute + torch.distributed
+.all_to_all_single + permute on random geometries (uneven included), autograd (gradcheck and
+gradgradcheck in float64), out=, and validation messages. Worlds of 2 and 3 processes."""
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from fastcomms.ulysses import UlyssesGroup
+
+
+def _geometries(size, count, seed):
+    rng = random.Random(seed)
+    for _ in range(count):
+        mode = rng.randint(0, 1)
+        uneven = rng.random() < 0.6
+        seq = [rng.randint(0, 5) if uneven else 3 for _ in range(size)]
+        heads = [rng.randint(0, 3) if uneven else 2 for _ in range(size)]
+        seq[rng.randrange(size)] += 1
+        heads[rng.randrange(size)] += 1
+        if not uneven:
+            seq, heads = [seq[0]] * size, [heads[0]] * size
+        b, d = rng.randint(1, 3), rng.randint(1, 9)
+        dtype = rng.choice(
+            [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8, torch.float64]
+        )
+        yield mode, uneven, seq, heads, b, d, dtype
+
+
+def bit_exact(comm, rank, size):
+    ours = UlyssesGroup(comm)
+    ref = UlyssesGroup(None)  # permute + torch.distributed.all_to_all_single + permute
+    checked = 0
+    for i, (mode, uneven, seq, heads, b, d, dtype) in enumerate(_geometries(size, 25, 7)):
+        shape = (b, seq[rank], sum(heads), d) if mode == 0 else (b, sum(seq), heads[rank], d)
+        g = torch.Generator().manual_seed(1000 * i + rank)
+        x = torch.randint(0, 120, shape, generator=g).to(dtype)
+        kw = {"seq_splits": seq, "head_splits": heads} if uneven else {}
+        got = ours.all_to_all_4d(x, mode=mode, **kw)
+        want = ref.all_to_all_4d(x, mode=mode, **kw)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (i, mode, seq, heads)
+        back = ours.all_to_all_4d(got, mode=1 - mode, **kw)
+        assert torch.equal(back, x)
+        out = ours.empty_output(x, mode=mode, **kw).fill_(0)
+        ours.all_to_all_4d(x, mode=mode, out=out, **kw)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+        checked += 1
+    assert checked == 25
+
+
+def autograd(comm, rank, size):
+    g = UlyssesGroup(comm)
+    # gradcheck perturbs one element at a time on each rank independently, which is meaningless
+    # for an exchange across ranks, so it runs on a world of one (every rank its own group);
+    # across ranks the backward is checked by the adjoint (dot-product) test below.
+    solo = UlyssesGroup(comm.split([rank], f"solo{rank}"))
+    x = torch.randn(2, 3, 4, 3, dtype=torch.float64, requires_grad=True)
+    for mode in (0, 1):
+        assert torch.autograd.gradcheck(lambda t, m=mode: solo.all_to_all_4d(t, mode=m), (x,))
+        assert torch.autograd.gradgradcheck(lambda t, m=mode: solo.all_to_all_4d(t, mode=m), (x,))
+    # adjoint test across ranks: sum_r <A(x)_r, g_r> == sum_r <x_r, A^T(g)_r>
+    seq, heads = [2, 3, 1][:size], [1, 2, 2][:size]
+    for mode in (0, 1):
+        shape = (2, seq[rank], sum(heads), 3) if mode == 0 else (2, sum(seq), heads[rank], 3)
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        y = g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads)
+        gy = torch.randn_like(y)
+        (gx,) = torch.autograd.grad(y, x, gy)
+        dots = torch.stack([(y.detach() * gy).sum(), (x.detach() * gx).sum()])
+        dist.all_reduce(dots)
+        assert torch.allclose(dots[0], dots[1], rtol=1e-12, atol=1e-12), dots
+    # uneven: the gradient of mode 0 is mode 1 of the incoming gradient, same splits
+    seq, heads = [2, 3, 1][:size], [1, 2, 2][:size]
+    x = torch.randn(2, seq[rank], sum(heads), 3, dtype=torch.float64, requires_grad=True)
+    y = g.all_to_all_4d(x, mode=0, seq_splits=seq, head_splits=heads)
+    gy = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, gy)
+    want = g.all_to_all_4d(gy, mode=1, seq_splits=seq, head_splits=heads)
+    assert torch.equal(gx, want)
+    # forward-mode AD carries the tangent through the same exchange
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        t = torch.randn_like(x)
+        dual = fwAD.make_dual(x.detach(), t)
+        out = g.all_to_all_4d(dual, mode=0, seq_splits=seq, head_splits=heads)
+        tangent = fwAD.unpack_dual(out).tangent
+    assert torch.equal(tangent, g.all_to_all_4d(t, mode=0, seq_splits=seq, head_splits=heads))
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        g.all_to_all_4d(x, mode=0, seq_splits=seq, head_splits=heads, out=torch.empty_like(y))
+
+
+def validation(comm, rank, size):
+    g = UlyssesGroup(comm)
+    x = torch.zeros(1, 4, 3 * size + 1, 8)
+    with pytest.raises(ValueError, match=r"\[rank \d/\d t\] all_to_all_4d: mode 0 scatters heads"):
+        g.all_to_all_4d(x)
+    with pytest.raises(ValueError, match="seq_splits and head_splits must be given together"):
+        g.all_to_all_4d(x, seq_splits=[4] * size)
+    with pytest.raises(ValueError, match=r"head_splits sums to \d+, x.size\(2\) is \d+"):
+        g.all_to_all_4d(x, seq_splits=[4] * size, head_splits=[1] * size)
+    # ranks that disagree on the call raise on every rank
+    heads = [2] * size if rank else [3] + [2] * (size - 2) + [1]
+    y = torch.zeros(1, 4, 2 * size, 8)
+    with pytest.raises(ValueError, match="ranks disagree on the call"):
+        g.all_to_all_4d(y, seq_splits=[4] * size, head_splits=heads)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_bit_exact_against_torch_distributed(world, size):
+    world(bit_exact, size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_autograd(world, size):
+    world(autograd, size)
+
+
+def test_validation(world):
+    world(validation, 3)
