@@ -119,25 +119,50 @@ UlyssesGroup::UlyssesGroup(std::shared_ptr<Communicator> comm) : comm_(std::move
   FASTCOMMS_CHECK(comm_ != nullptr, kInvalidArgument, "UlyssesGroup: communicator is null");
 }
 
-plan::UlyssesRequest UlyssesGroup::request(const TensorView& x, const UlyssesArgs& args) const {
+plan::UlyssesRequest ulysses_request(const TensorView& x, const UlyssesArgs& args, int rank,
+                                     int size, const std::string& comm_name, plan::Path path) {
   const std::string prefix =
-      detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ", comm_->name(), "] ", kOp, ": ");
+      detail::cat("[rank ", rank, "/", size, " ", comm_name, "] ", kOp, ": ");
   FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix, "x must be 4-D (b, s, h, d), got ",
                   x.describe());
   FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous, got ",
                   x.describe(), " with non-dense strides");
   plan::UlyssesRequest req;
-  req.world_size = comm_->size();
-  req.rank = comm_->rank();
+  req.world_size = size;
+  req.rank = rank;
   req.mode = args.mode;
   for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
   req.element_size = static_cast<int64_t>(x.element_size());
   req.seq_splits = args.seq_splits;
   req.head_splits = args.head_splits;
-  req.path = plan::Path::kCollective;
+  req.path = path;
   req.op_name = kOp;
-  req.comm_name = comm_->name();
+  req.comm_name = comm_name;
   return req;
+}
+
+std::shared_ptr<const plan::UlyssesPlan> UlyssesPlanCache::get(const plan::UlyssesRequest& req) {
+  Key key{req.world_size,
+          req.rank,
+          req.mode,
+          static_cast<int>(req.path),
+          req.shape,
+          req.element_size,
+          req.seq_splits.value_or(std::vector<int64_t>{}),
+          req.head_splits.value_or(std::vector<int64_t>{}),
+          req.seq_splits.has_value()};
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
+  if (plans_.size() > 256) plans_.clear();  // bounded: shapes rarely vary that much
+  plans_.emplace(std::move(key), p);
+  return p;
+}
+
+plan::UlyssesRequest UlyssesGroup::request(const TensorView& x, const UlyssesArgs& args) const {
+  return ulysses_request(x, args, comm_->rank(), comm_->size(), comm_->name(),
+                         plan::Path::kCollective);
 }
 
 std::array<int64_t, 4> UlyssesGroup::output_shape(const TensorView& x,
@@ -145,26 +170,12 @@ std::array<int64_t, 4> UlyssesGroup::output_shape(const TensorView& x,
   return plan::ulysses_output_shape(request(x, args));
 }
 
-std::shared_ptr<const plan::UlyssesPlan> UlyssesGroup::plan_for(const plan::UlyssesRequest& req) {
-  auto key =
-      std::make_tuple(req.mode, req.shape[0], req.shape[1], req.shape[2], req.shape[3],
-                      req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
-                      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
-  auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
-  if (plans_.size() > 64) plans_.clear();  // bounded: shapes rarely vary that much
-  plans_.emplace(std::move(key), p);
-  return p;
-}
-
 WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
                                     const UlyssesArgs& args) {
   const plan::UlyssesRequest req = request(x, args);
   const std::string prefix =
       detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ", comm_->name(), "] ", kOp, ": ");
-  auto p = plan_for(req);
+  auto p = plans_.get(req);
   FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
                   ", x has ", dtype_name(x.dtype));
   FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, prefix, "out is on ", out.device.str(),

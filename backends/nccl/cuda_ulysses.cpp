@@ -21,22 +21,10 @@ plan::UlyssesRequest CudaUlyssesCollective::request(const TensorView& x,
                                                     const UlyssesArgs& args) const {
   const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
                                          comm_->name(), "] all_to_all_4d: ");
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix, "x must be 4-D (b, s, h, d), got ",
-                  x.describe());
-  FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous");
   FASTCOMMS_CHECK(x.device == comm_->device(), kInvalidArgument, prefix, "x is on ", x.device.str(),
                   ", the communicator serves ", comm_->device().str());
-  plan::UlyssesRequest req;
-  req.world_size = comm_->size();
-  req.rank = comm_->rank();
-  req.mode = args.mode;
-  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
-  req.element_size = static_cast<int64_t>(x.element_size());
-  req.seq_splits = args.seq_splits;
-  req.head_splits = args.head_splits;
-  req.path = plan::Path::kCollective;
-  req.comm_name = comm_->name();
-  return req;
+  return ulysses_request(x, args, comm_->rank(), comm_->size(), comm_->name(),
+                         plan::Path::kCollective);
 }
 
 std::array<int64_t, 4> CudaUlyssesCollective::output_shape(const TensorView& x,
@@ -49,17 +37,8 @@ void CudaUlyssesCollective::all_to_all_4d(const TensorView& x, const TensorView&
   const plan::UlyssesRequest req = request(x, args);
   const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
                                          comm_->name(), "] all_to_all_4d: ");
-  auto key = std::make_tuple(
-      req.mode, req.shape, req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
-      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
-    if (plans_.size() > 64) plans_.clear();
-    it =
-        plans_.emplace(key, std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req)))
-            .first;
-  }
-  const plan::UlyssesPlan& p = *it->second;
+  const auto plan_ptr = plans_.get(req);
+  const plan::UlyssesPlan& p = *plan_ptr;
   FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
                   ", x has ", dtype_name(x.dtype));
   FASTCOMMS_CHECK(out.device == x.device && out.is_contiguous(), kInvalidArgument, prefix,

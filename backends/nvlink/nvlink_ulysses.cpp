@@ -127,24 +127,16 @@ void* NvlinkUlysses::empty_output(int64_t bytes) {
   return user_windows_.back()->local.get();
 }
 
-const plan::UlyssesPlan& NvlinkUlysses::peer_plan(const plan::UlyssesRequest& mine, int q) {
-  // Peer q's plan for the same call: its shape follows from the (agreed) global geometry.
-  plan::UlyssesRequest req = mine;
+std::shared_ptr<const plan::UlyssesPlan> NvlinkUlysses::peer_plan(const plan::UlyssesPlan& mine,
+                                                                  plan::UlyssesRequest req, int q) {
+  // Peer q's plan for the same call: its input shape follows from the (agreed) global geometry:
+  // mode 0 takes q's sequence shard, mode 1 q's head shard.
   req.rank = q;
-  auto key = std::make_tuple(q, req.mode, req.shape, req.element_size,
-                             req.seq_splits.value_or(std::vector<int64_t>{}),
-                             req.head_splits.value_or(std::vector<int64_t>{}));
-  auto it = peer_plans_.find(key);
-  if (it != peer_plans_.end()) return *it->second;
-  // Rank q's input shape: mode 0 takes q's sequence shard, mode 1 q's head shard.
-  const plan::UlyssesPlan mine_plan = plan::make_ulysses_plan(mine);
   if (req.mode == 0)
-    req.shape[1] = mine_plan.seq_splits[q];
+    req.shape[1] = mine.seq_splits[q];
   else
-    req.shape[2] = mine_plan.head_splits[q];
-  if (peer_plans_.size() > 256) peer_plans_.clear();
-  auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
-  return *peer_plans_.emplace(key, p).first->second;
+    req.shape[2] = mine.head_splits[q];
+  return plans_.get(req);
 }
 
 void* NvlinkUlysses::peer_window(const void* local, int q) const {
@@ -184,18 +176,8 @@ int64_t NvlinkUlysses::memory_bytes() const {
 
 std::array<int64_t, 4> NvlinkUlysses::output_shape(const TensorView& x,
                                                    const UlyssesArgs& args) const {
-  plan::UlyssesRequest req;
-  req.world_size = opt_.size;
-  req.rank = opt_.rank;
-  req.mode = args.mode;
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix(),
-                  "x must be 4-D (b, s, h, d), got ", x.describe());
-  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
-  req.element_size = static_cast<int64_t>(x.element_size());
-  req.seq_splits = args.seq_splits;
-  req.head_splits = args.head_splits;
-  req.comm_name = opt_.name;
-  return plan::ulysses_output_shape(req);
+  return plan::ulysses_output_shape(
+      ulysses_request(x, args, opt_.rank, opt_.size, opt_.name, plan::Path::kPeerToPeer));
 }
 
 void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
@@ -203,9 +185,8 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
                                   TransferEngine engine) {
   check_errors();
   const std::string where = prefix();
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, where, "x must be 4-D (b, s, h, d), got ",
-                  x.describe());
-  FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, where, "x must be contiguous");
+  const plan::UlyssesRequest req =
+      ulysses_request(x, args, opt_.rank, opt_.size, opt_.name, plan::Path::kPeerToPeer);
   FASTCOMMS_CHECK(x.device.type == DeviceType::kCUDA && x.device.index == opt_.device,
                   kInvalidArgument, where, "x is on ", x.device.str(),
                   ", the group serves cuda:", opt_.device);
@@ -215,28 +196,8 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
                   ", x on ", x.device.str());
   FASTCOMMS_CHECK(out.is_contiguous(), kInvalidArgument, where, "out must be contiguous");
 
-  plan::UlyssesRequest req;
-  req.world_size = opt_.size;
-  req.rank = opt_.rank;
-  req.mode = args.mode;
-  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
-  req.element_size = static_cast<int64_t>(x.element_size());
-  req.seq_splits = args.seq_splits;
-  req.head_splits = args.head_splits;
-  req.path = plan::Path::kPeerToPeer;
-  req.comm_name = opt_.name;
-  auto key =
-      std::make_tuple(req.mode, req.shape[0], req.shape[1], req.shape[2], req.shape[3],
-                      req.element_size, req.seq_splits.value_or(std::vector<int64_t>{}),
-                      req.head_splits.value_or(std::vector<int64_t>{}), req.seq_splits.has_value());
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
-    if (plans_.size() > 64) plans_.clear();
-    it =
-        plans_.emplace(key, std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req)))
-            .first;
-  }
-  const plan::UlyssesPlan& p = *it->second;
+  const auto plan_ptr = plans_.get(req);
+  const plan::UlyssesPlan& p = *plan_ptr;
   FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
                   kInvalidArgument, where, "out has shape ", out.describe(), ", expected [",
                   p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ", p.out_shape[3],
@@ -360,7 +321,8 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     std::vector<cuda::CopyJob> out_jobs;
     for (int q = 0; q < opt_.size; ++q) {
       if (q == opt_.rank) continue;
-      const plan::CopyDesc& in = peer_plan(req, q).puts[opt_.rank];
+      const auto theirs = peer_plan(p, req, q);
+      const plan::CopyDesc& in = theirs->puts[opt_.rank];
       if (in.empty()) continue;
       plan::CopyDesc c = in;
       c.src_offset = in.dst_offset;

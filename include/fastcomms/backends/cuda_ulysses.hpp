@@ -38,10 +38,7 @@ class CudaUlyssesCollective {
   cuda::DeviceBuffer send_, recv_;
   cuda::Event scratch_free_;  // recorded after the unpack that last read the scratch
   bool scratch_used_ = false;
-  std::map<std::tuple<int, std::array<int64_t, 4>, int64_t, std::vector<int64_t>,
-                      std::vector<int64_t>, bool>,
-           std::shared_ptr<const plan::UlyssesPlan>>
-      plans_;
+  UlyssesPlanCache plans_;
 };
 
 }  // namespace fastcomms

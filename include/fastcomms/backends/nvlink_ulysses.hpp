@@ -102,7 +102,8 @@ class NvlinkUlysses {
   Window exchange(int64_t bytes, const std::string& tag);
   void ensure_window(int64_t bytes, cudaStream_t stream);
   std::string prefix() const;
-  const plan::UlyssesPlan& peer_plan(const plan::UlyssesRequest& mine, int q);
+  std::shared_ptr<const plan::UlyssesPlan> peer_plan(const plan::UlyssesPlan& mine,
+                                                     plan::UlyssesRequest req, int q);
 
   NvlinkUlyssesOptions opt_;
   Window pads_;
@@ -121,14 +122,7 @@ class NvlinkUlysses {
   DebugFaults faults_;
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>,
-                      std::vector<int64_t>, bool>,
-           std::shared_ptr<const plan::UlyssesPlan>>
-      plans_;
-  std::map<std::tuple<int, int, std::array<int64_t, 4>, int64_t, std::vector<int64_t>,
-                      std::vector<int64_t>>,
-           std::shared_ptr<const plan::UlyssesPlan>>
-      peer_plans_;
+  UlyssesPlanCache plans_;
 };
 
 }  // namespace fastcomms

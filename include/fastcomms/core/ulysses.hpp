@@ -28,6 +28,24 @@ struct UlyssesArgs {
   bool check_agreement = true;  ///< Compare the call across ranks first (one small all_gather).
 };
 
+/// The plan request of one call on a group: x's shape and element size, the call's mode and
+/// splits, this rank and the group size. Checks that x is a contiguous 4-D tensor first.
+plan::UlyssesRequest ulysses_request(const TensorView& x, const UlyssesArgs& args, int rank,
+                                     int size, const std::string& comm_name, plan::Path path);
+
+/// Plans by geometry (and rank), bounded; shared by every transport of the Ulysses op.
+class UlyssesPlanCache {
+ public:
+  /// The plan of `req`, made on first use. Thread-safe.
+  std::shared_ptr<const plan::UlyssesPlan> get(const plan::UlyssesRequest& req);
+
+ private:
+  using Key = std::tuple<int, int, int, int, std::array<int64_t, 4>, int64_t, std::vector<int64_t>,
+                         std::vector<int64_t>, bool>;
+  std::mutex mu_;
+  std::map<Key, std::shared_ptr<const plan::UlyssesPlan>> plans_;
+};
+
 /// A grow-only host staging buffer (uninitialized).
 struct UlyssesScratch {
   std::unique_ptr<std::byte[]> data;
@@ -52,15 +70,11 @@ class UlyssesGroup {
 
  private:
   plan::UlyssesRequest request(const TensorView& x, const UlyssesArgs& args) const;
-  std::shared_ptr<const plan::UlyssesPlan> plan_for(const plan::UlyssesRequest& req);
   std::shared_ptr<UlyssesScratch> scratch(std::shared_ptr<UlyssesScratch>& pool, int64_t bytes);
 
   std::shared_ptr<Communicator> comm_;
   std::mutex mu_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>,
-                      std::vector<int64_t>, bool>,
-           std::shared_ptr<const plan::UlyssesPlan>>
-      plans_;
+  UlyssesPlanCache plans_;
   std::shared_ptr<UlyssesScratch> send_pool_, recv_pool_;
 };
 
