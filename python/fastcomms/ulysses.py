@@ -14,7 +14,7 @@ import torch
 
 from . import TorchComm
 
-__all__ = ["UlyssesGroup"]
+__all__ = ["UlyssesGroup", "all_to_all_4d"]
 
 
 def _splits(group_size, rank, x, mode, seq_splits, head_splits):
@@ -175,3 +175,85 @@ class UlyssesGroup:
 
     def destroy(self) -> None:
         """Releases the group's resources (nothing is held on the collective path)."""
+
+
+# -- the functional form: a torch.library custom op -------------------------------------------
+# NOTE [ulysses custom op]: torch.compile cannot trace a Python group object, so the op takes an
+# integer handle into this registry (filled by the functional all_to_all_4d below). The fake
+# kernel derives the output shape from the group's rank and size; the backward is the same op in
+# the other mode with the same splits.
+_groups: dict[int, UlyssesGroup] = {}
+_group_ids: dict[int, int] = {}
+
+
+def _group_handle(group) -> int:
+    key = id(group) if group is not None else 0
+    if key not in _group_ids:
+        handle = len(_groups) + 1
+        _groups[handle] = group if isinstance(group, UlyssesGroup) else UlyssesGroup(group)
+        _group_ids[key] = handle
+    return _group_ids[key]
+
+
+def _out_shape(g: UlyssesGroup, shape, mode, seq_splits, head_splits):
+    if (seq_splits is None) != (head_splits is None):
+        raise ValueError(
+            f"[rank {g._rank}/{g._size}] all_to_all_4d: seq_splits and head_splits must be given "
+            "together"
+        )
+    b, s, n, d = shape
+    if seq_splits is None:
+        seq = [s] * g._size if mode == 0 else [s // g._size] * g._size
+        heads = [n // g._size] * g._size if mode == 0 else [n] * g._size
+    else:
+        seq, heads = list(seq_splits), list(head_splits)
+    if mode == 0:
+        return (b, sum(seq), heads[g._rank], d)
+    return (b, seq[g._rank], sum(heads), d)
+
+
+@torch.library.custom_op("fastcomms::ulysses_all_to_all_4d", mutates_args=())
+def _ulysses_op(
+    x: torch.Tensor,
+    handle: int,
+    mode: int,
+    seq_splits: list[int] | None,
+    head_splits: list[int] | None,
+) -> torch.Tensor:
+    return _groups[handle]._exchange(x, mode, seq_splits, head_splits, None)
+
+
+@_ulysses_op.register_fake
+def _(x, handle, mode, seq_splits, head_splits):
+    g = _groups[handle]
+    return x.new_empty(_out_shape(g, x.shape, mode, seq_splits, head_splits))
+
+
+def _setup_context(ctx, inputs, output):
+    _, handle, mode, seq_splits, head_splits = inputs
+    ctx.args = (handle, mode, seq_splits, head_splits)
+
+
+def _backward(ctx, grad):
+    handle, mode, seq_splits, head_splits = ctx.args
+    return (
+        _ulysses_op(grad.contiguous(), handle, 1 - mode, seq_splits, head_splits),
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+_ulysses_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None):
+    """The functional form (API.md §2): a torch.library custom op that torch.compile(fullgraph=True)
+    traces without a graph break. `group` is a TorchComm, a ProcessGroup, a UlyssesGroup, or None.
+    """
+    if mode not in (0, 1):
+        raise ValueError(f"all_to_all_4d: mode must be 0 or 1, got {mode}")
+    seq = None if seq_splits is None else [int(v) for v in seq_splits]
+    heads = None if head_splits is None else [int(v) for v in head_splits]
+    return _ulysses_op(x, _group_handle(group), mode, seq, heads)
