@@ -12,6 +12,9 @@
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/ulysses.hpp"
 #include "fastcomms/error.hpp"
+#ifdef FASTCOMMS_WITH_CUDA
+#include "fastcomms/cuda/nvml.hpp"
+#endif
 
 namespace py = pybind11;
 using namespace fastcomms;
@@ -202,6 +205,20 @@ PYBIND11_MODULE(_C, m) {
       .def("status", [](const PyWork& w) { return w.work->status(); });
 
   m.def("is_backend_built", &is_backend_registered);
+  // NVML's answer pair by pair, or (None, why) when it cannot answer (never a guess).
+  m.def("nvlink_matrix", [](const std::vector<int>& devices) -> py::tuple {
+#ifdef FASTCOMMS_WITH_CUDA
+    std::string why;
+    auto m = cuda::nvlink_matrix(devices, &why);
+    if (!m) return py::make_tuple(py::none(), why);
+    py::dict d;
+    for (const auto& [k, v] : *m) d[py::make_tuple(k.first, k.second)] = v;
+    return py::make_tuple(d, "");
+#else
+    (void)devices;
+    return py::make_tuple(py::none(), "this build has no CUDA layer");
+#endif
+  });
   m.def("built_backends", &registered_backends);
 
   using Ms = std::optional<std::chrono::milliseconds>;
