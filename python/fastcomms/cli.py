@@ -70,10 +70,16 @@ def _bench_rank(rank, size, path, args, q):
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     store = dist.FileStore(path, size)
-    dist.init_process_group("gloo", store=dist.PrefixStore("torch", store), rank=rank,
-                            world_size=size)
-    comm = fastcomms.new_comm("gloo", "cpu", store=dist.PrefixStore("fc", store), name="bench",
-                              timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
+    )
+    comm = fastcomms.new_comm(
+        "gloo",
+        "cpu",
+        store=dist.PrefixStore("fc", store),
+        name="bench",
+        timeout=datetime.timedelta(seconds=120),
+    )
     ours, ref = UlyssesGroup(comm), UlyssesGroup(None)
     dtype = DTYPES[args.dtype]
     rows = []
@@ -85,16 +91,27 @@ def _bench_rank(rank, size, path, args, q):
         times = {"ours": [], "base": []}
         for it in range(args.warmup + args.iters):
             if rank == 0 and sys.stderr.isatty():
-                print(f"\r  [{i + 1}/{len(args.shapes)}] {tuple(shape)} iteration {it + 1}",
-                      end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r  [{i + 1}/{len(args.shapes)}] {tuple(shape)} iteration {it + 1}",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for name, grp in (("ours", ours), ("base", ref)):
                 dist.barrier()
                 t0 = time.perf_counter()
                 grp.all_to_all_4d(x)
                 if it >= args.warmup:
                     times[name].append(time.perf_counter() - t0)
-        rows.append((tuple(shape), x.numel() * x.element_size(),
-                     statistics.median(times["ours"]), statistics.median(times["base"]), ok))
+        rows.append(
+            (
+                tuple(shape),
+                x.numel() * x.element_size(),
+                statistics.median(times["ours"]),
+                statistics.median(times["base"]),
+                ok,
+            )
+        )
     if rank == 0 and sys.stderr.isatty():
         print("\r" + " " * 70 + "\r", end="", file=sys.stderr)
     q.put((rank, rows))
@@ -106,8 +123,11 @@ def bench(args) -> int:
     import torch.multiprocessing as mp
 
     if args.backend not in ("gloo", "auto"):
-        print(f"fastcomms bench: backend {args.backend} is not reachable from Python yet; on a GPU "
-              "machine run bash scripts/gpu.sh (C++ benchmarks)", file=sys.stderr)
+        print(
+            f"fastcomms bench: backend {args.backend} is not reachable from Python yet; on a GPU "
+            "machine run bash scripts/gpu.sh (C++ benchmarks)",
+            file=sys.stderr,
+        )
         return 2
     size = args.nproc
     if args.shape:
@@ -121,16 +141,21 @@ def bench(args) -> int:
         args.shapes = [[1, s, heads, 128] for s in (16, 64, 256, 1024)]
     for shape in args.shapes:
         if shape[2] % size:
-            print(f"fastcomms bench: h={shape[2]} is not divisible by --nproc {size}",
-                  file=sys.stderr)
+            print(
+                f"fastcomms bench: h={shape[2]} is not divisible by --nproc {size}", file=sys.stderr
+            )
             return 2
-    print(f"fastcomms bench: gloo, {size} ranks (processes), {args.dtype}, {args.iters} "
-          f"iterations after {args.warmup} warm-up, median of the slowest rank")
+    print(
+        f"fastcomms bench: gloo, {size} ranks (processes), {args.dtype}, {args.iters} "
+        f"iterations after {args.warmup} warm-up, median of the slowest rank"
+    )
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_bench_rank, args=(r, size, os.path.join(d, "s"), args, q))
-                 for r in range(size)]
+        procs = [
+            ctx.Process(target=_bench_rank, args=(r, size, os.path.join(d, "s"), args, q))
+            for r in range(size)
+        ]
         for p in procs:
             p.start()
         results = [q.get() for _ in procs]
@@ -140,8 +165,10 @@ def bench(args) -> int:
         print("fastcomms bench: a rank failed", file=sys.stderr)
         return 1
     per_rank = [rows for _, rows in sorted(results)]
-    print(f"{'shape (b,s,h,d)':24s} {'MiB/rank':>9s} {'ours ms':>9s} {'GB/s':>7s} "
-          f"{'permute ms':>11s} {'speed-up':>9s} {'check':>6s}")
+    print(
+        f"{'shape (b,s,h,d)':24s} {'MiB/rank':>9s} {'ours ms':>9s} {'GB/s':>7s} "
+        f"{'permute ms':>11s} {'speed-up':>9s} {'check':>6s}"
+    )
     bad = 0
     plot = []
     for i, (shape, nbytes, _, _, _) in enumerate(per_rank[0]):
@@ -150,9 +177,11 @@ def bench(args) -> int:
         ok = all(r[i][4] for r in per_rank)
         bad += not ok
         plot.append((nbytes, ours, base))
-        print(f"{str(shape):24s} {nbytes / 2**20:9.2f} {ours * 1e3:9.3f} "
-              f"{nbytes / ours / 1e9:7.2f} {base * 1e3:11.3f} {base / ours:8.2f}x "
-              f"{'OK' if ok else 'FAIL':>6s}")
+        print(
+            f"{str(shape):24s} {nbytes / 2**20:9.2f} {ours * 1e3:9.3f} "
+            f"{nbytes / ours / 1e9:7.2f} {base * 1e3:11.3f} {base / ours:8.2f}x "
+            f"{'OK' if ok else 'FAIL':>6s}"
+        )
     print("all checks passed" if not bad else "SOME CHECKS FAILED")
     if args.plot:
         try:

@@ -9,8 +9,13 @@ ENV = dict(os.environ)
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "fastcomms", *args], capture_output=True,
-                          text=True, env=ENV, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fastcomms", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
 
 
 def test_doctor():
@@ -21,8 +26,19 @@ def test_doctor():
 
 
 def test_bench_checks_every_result():
-    r = _run("bench", "--nproc", "2", "--shape", "1,64,8,16", "--dtype", "float32",
-             "--iters", "3", "--warmup", "1")
+    r = _run(
+        "bench",
+        "--nproc",
+        "2",
+        "--shape",
+        "1,64,8,16",
+        "--dtype",
+        "float32",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout
     assert "(1, 64, 8, 16)" in r.stdout or "[1, 64, 8, 16]" in r.stdout
