@@ -1,0 +1,83 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms.distwrap with torch.distributed's signatures, against torch.distributed itself on
+the same inputs (world of 3 processes; distwrap gets its own store prefix)."""
+
+import torch
+import torch.distributed as dist
+from fastcomms import distwrap as fd
+
+
+def distwrap_matches(comm, rank, size):
+    fd.init_process_group(
+        "gloo", store=dist.PrefixStore("dw", _STORE[0]), rank=rank, world_size=size
+    )
+    assert fd.is_initialized() and fd.get_rank() == rank and fd.get_world_size() == size
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, 9, (6,), generator=g).float()
+    a, b = x.clone(), x.clone()
+    fd.all_reduce(a)
+    dist.all_reduce(b)
+    assert torch.equal(a, b)
+    a, b = x.clone(), x.clone()
+    fd.broadcast(a, src=size - 1)
+    dist.broadcast(b, src=size - 1)
+    assert torch.equal(a, b)
+    outs = [torch.empty(6) for _ in range(size)]
+    refs = [torch.empty(6) for _ in range(size)]
+    fd.all_gather(outs, x)
+    dist.all_gather(refs, x)
+    assert all(torch.equal(o, r) for o, r in zip(outs, refs, strict=False))
+    out, ref = torch.empty(6 * size), torch.empty(6 * size)
+    fd.all_gather_into_tensor(out, x)
+    dist.all_gather_into_tensor(ref, x)
+    assert torch.equal(out, ref)
+    big = torch.randint(0, 9, (2 * size,), generator=g).float()
+    out, ref = torch.empty(2), torch.empty(2)
+    fd.reduce_scatter_tensor(out, big)
+    dist.reduce_scatter_tensor(ref, big)
+    assert torch.equal(out, ref)
+    out, ref = torch.empty_like(big), torch.empty_like(big)
+    w = fd.all_to_all_single(out, big, async_op=True)
+    w.wait()
+    dist.all_to_all_single(ref, big)
+    assert torch.equal(out, ref)
+    # p2p through batch_isend_irecv with torch's own P2POp objects
+    send = torch.full((3,), float(rank))
+    recv = torch.empty(3)
+    ops = [
+        dist.P2POp(dist.isend, send, (rank + 1) % size),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % size),
+    ]
+    for w in fd.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(recv, torch.full((3,), float((rank - 1) % size)))
+    # groups: a sub-group with global ranks in arguments, non-members told so
+    sub = fd.new_group([0, size - 1])
+    if rank in (0, size - 1):
+        t = torch.tensor([float(rank)])
+        fd.broadcast(t, src=size - 1, group=sub)
+        assert t.item() == size - 1
+        assert fd.get_world_size(sub) == 2
+    else:
+        assert sub is fd.GroupMember.NON_GROUP_MEMBER
+    part = fd.split_group(split_ranks=[[0, 1], list(range(2, size))])
+    t = torch.tensor([1.0])
+    fd.all_reduce(t, group=part)
+    assert t.item() == (2 if rank < 2 else size - 2)
+    fd.barrier()
+    fd.destroy_process_group()
+    assert not fd.is_initialized()
+
+
+_STORE = []
+
+
+def test_distwrap_matches_torch_distributed(world):
+    world(_entry, 3)
+
+
+def _entry(comm, rank, size):
+    # distwrap builds its own communicators over the store torch.distributed already uses
+    # (under another prefix); the fixture's communicator is not used here.
+    _STORE.append(dist.distributed_c10d._get_default_store())
+    distwrap_matches(comm, rank, size)
