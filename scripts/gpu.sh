@@ -12,7 +12,7 @@ BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
 summary() {
   printf '\n==================== GPU summary ====================\n'
-  for k in env build test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops; do
+  for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_nccl_ops; do
     printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
   done
 }
@@ -73,6 +73,23 @@ if [ "${SKIP_TEST:-0}" != 1 ]; then
     77) result[test_nccl_backend]="SKIPPED ($(head -1 "$OUT/test_nccl_backend.log"))" ;;
     *) result[test_nccl_backend]="FAILED (rc $rc)" ;;
   esac
+fi
+
+if [ "${SKIP_PYTEST:-0}" != 1 ]; then
+  # The Python extension against the machine's torch, then the GPU tier of the Python tests.
+  if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
+       >"$OUT/configure-python.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$(nproc)" --target _C >"$OUT/build-python.log" 2>&1; then
+    PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 -m pytest -q -rs \
+      tests/python/test_nccl_gpu.py >"$OUT/pytest_gpu.log" 2>&1
+    rc=$?
+    tail -5 "$OUT/pytest_gpu.log"
+    result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(tail -1 "$OUT/pytest_gpu.log"))" ||
+                         echo "FAILED (rc $rc, see pytest_gpu.log)")
+  else
+    result[pytest_gpu]="FAILED to build the extension (build-python.log)"
+    tail -20 "$OUT/configure-python.log" "$OUT/build-python.log"
+  fi
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -13,6 +13,8 @@
 #include "fastcomms/core/ulysses.hpp"
 #include "fastcomms/error.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
 #include "fastcomms/cuda/nvml.hpp"
 #endif
 
@@ -129,9 +131,18 @@ struct PyComm {
                    std::optional<Hints> hints) const {
     CallOptions o;
     o.async_op = async_op;
+    o.stream = stream();
     if (timeout) o.options.timeout = *timeout;
     if (hints) o.options.hints = *hints;
     return o;
+  }
+  // CUDA backends order an op on the caller's current torch stream (NOTE [nccl backend streams]).
+  void* stream() const {
+#ifdef FASTCOMMS_WITH_CUDA
+    if (comm->device().type == DeviceType::kCUDA)
+      return c10::cuda::getCurrentCUDAStream(comm->device().index).stream();
+#endif
+    return nullptr;
   }
   template <typename Fn>
   PyWork run(std::vector<at::Tensor> keep, Fn&& fn) {

@@ -1,0 +1,126 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""GPU tier: the nccl backend from Python against torch.distributed NCCL, bit-exact, world 2 (one
+process per GPU), sync, async and graph-captured. Skipped (saying why) without two GPUs."""
+
+import datetime
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs 2 CUDA devices (the GPU tier runs in scripts/gpu.sh)",
+)
+
+
+def _worker(rank, size, path, errq):
+    import fastcomms
+    import torch.distributed as dist
+    from fastcomms import ReduceOp
+
+    try:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(path, size)
+        dist.init_process_group(
+            "nccl",
+            store=dist.PrefixStore("torch", store),
+            rank=rank,
+            world_size=size,
+            device_id=dev,
+        )
+        comm = fastcomms.new_comm(
+            "nccl",
+            dev,
+            store=dist.PrefixStore("fc", store),
+            name="g",
+            timeout=datetime.timedelta(seconds=60),
+        )
+        g = torch.Generator(device=dev).manual_seed(rank)
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for async_op in (False, True):
+                x = torch.randint(-50, 50, (1000,), generator=g, device=dev).to(dtype)
+                for op, dop in (
+                    (ReduceOp.SUM, dist.ReduceOp.SUM),
+                    (ReduceOp.MAX, dist.ReduceOp.MAX),
+                ):
+                    a, b = x.clone(), x.clone()
+                    w = comm.all_reduce(a, op, async_op)
+                    w.wait()
+                    dist.all_reduce(b, op=dop)
+                    assert torch.equal(a, b), (dtype, op)
+                a, b = x.clone(), x.clone()
+                comm.broadcast(a, 1, async_op).wait()
+                dist.broadcast(b, 1)
+                assert torch.equal(a, b)
+                out, ref = (
+                    torch.empty(1000 * size, dtype=dtype, device=dev),
+                    torch.empty(1000 * size, dtype=dtype, device=dev),
+                )
+                comm.all_gather_single(out, x, async_op).wait()
+                dist.all_gather_into_tensor(ref, x)
+                assert torch.equal(out, ref)
+                out, ref = (
+                    torch.empty(500, dtype=dtype, device=dev),
+                    torch.empty(500, dtype=dtype, device=dev),
+                )
+                comm.reduce_scatter_single(out, x, ReduceOp.SUM, async_op).wait()
+                dist.reduce_scatter_tensor(ref, x)
+                assert torch.equal(out, ref)
+                out, ref = torch.empty_like(x), torch.empty_like(x)
+                comm.all_to_all_single(out, x, async_op).wait()
+                dist.all_to_all_single(ref, x)
+                assert torch.equal(out, ref)
+                # split sizes the two ranks agree on: rank r sends in_s[q] rows to q
+                sends = {0: [300, 700], 1: [400, 600]}
+                in_s = sends[rank]
+                out_s = [sends[0][rank], sends[1][rank]]
+                out, ref = (torch.empty(sum(out_s), dtype=dtype, device=dev) for _ in range(2))
+                comm.all_to_all_v_single(out, x, out_s, in_s, async_op).wait()
+                dist.all_to_all_single(ref, x, out_s, in_s)
+                assert torch.equal(out, ref)
+                comm.barrier(async_op).wait()
+        # CUDA graph: a captured sync all_reduce replays bit-exact
+        t = torch.zeros(4096, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            comm.all_reduce(t, ReduceOp.SUM, False)  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            comm.all_reduce(t, ReduceOp.SUM, False)
+        for rep in range(3):
+            t.copy_(torch.full((4096,), float(rank + rep), device=dev))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(
+                t, torch.full((4096,), float(sum(r + rep for r in range(size))), device=dev)
+            )
+        comm.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_nccl_backend_matches_torch_distributed_nccl():
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=_worker, args=(r, 2, os.path.join(d, "s"), errq)) for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    assert not errors and all(p.exitcode == 0 for p in procs), errors
