@@ -50,15 +50,8 @@ void copy_engine_async(const CopyJob& job, cudaStream_t stream) {
 
 void copy_sm_async(const CopyJob* jobs, int count, int max_blocks, cudaStream_t stream,
                    const int* skip) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 132;
-    }
-    return n;
-  }();
+  // An unknown count only sizes the grid here.
+  const int sms = sm_count() > 0 ? sm_count() : 132;
   for (int first = 0; first < count; first += kJobsPerLaunch) {
     JobBatch batch{};
     batch.count = std::min(kJobsPerLaunch, count - first);

@@ -65,15 +65,8 @@ void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
   FASTCOMMS_CHECK(count <= kJobsPerLaunch && args.bar.epoch && args.done && args.go, kInternal,
                   "fused_push_async: ", count, " jobs (at most ", kJobsPerLaunch,
                   "), epoch/done/go must be set");
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 1;
-    }
-    return n;
-  }();
+  // Never guess high: the grid must stay co-resident (NOTE [fused push]).
+  const int sms = sm_count() > 0 ? sm_count() : 1;
   JobBatch batch{};
   batch.count = count;
   int64_t units = 0;

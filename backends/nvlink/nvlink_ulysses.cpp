@@ -11,7 +11,7 @@
 
 namespace fastcomms {
 namespace {
-constexpr int kSlotEntry = 0, kSlotExit = 1, kSlotSetup = 2;
+constexpr int kSlotEntry = 0, kSlotExit = 1;
 }  // namespace
 
 int64_t NvlinkUlysses::crossover_bytes() {
@@ -332,7 +332,6 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     }
     cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
   }
-  (void)kSlotSetup;
 }
 
 }  // namespace fastcomms

@@ -1,11 +1,27 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device code shared by the copy kernels (private to cuda/).
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 #include "fastcomms/cuda/copy.hpp"
 
 namespace fastcomms::cuda::detail {
+
+/// Multiprocessors of the current device, read once per process; 0 if CUDA cannot say.
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return sms;
+  }();
+  return n;
+}
 
 constexpr int kJobsPerLaunch = 16;
 constexpr int kThreads = 512;

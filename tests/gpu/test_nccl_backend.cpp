@@ -11,6 +11,7 @@
 
 #include <random>
 
+#include "../common/values.hpp"
 #include "fastcomms/backends/cuda_ulysses.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/cuda/runtime.hpp"
@@ -31,62 +32,8 @@ int failures = 0;
     }                                                                \
   } while (0)
 
-double decode(DType dt, const uint8_t* p) {
-  switch (dt) {
-    case DType::kBFloat16: {
-      uint32_t bits = static_cast<uint32_t>(p[0] | (p[1] << 8)) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    default:
-      return p[0];
-  }
-}
-void encode(DType dt, uint8_t* p, double v) {
-  switch (dt) {
-    case DType::kBFloat16: {
-      const float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      const uint16_t h = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DType::kFloat32: {
-      const float f = static_cast<float>(v);
-      std::memcpy(p, &f, 4);
-      break;
-    }
-    case DType::kInt32: {
-      const int32_t i = static_cast<int32_t>(v);
-      std::memcpy(p, &i, 4);
-      break;
-    }
-    case DType::kInt64: {
-      const int64_t i = static_cast<int64_t>(v);
-      std::memcpy(p, &i, 8);
-      break;
-    }
-    default:
-      p[0] = static_cast<uint8_t>(static_cast<int64_t>(v));
-  }
-}
+using test::decode;
+using test::encode;
 
 // A device tensor with a host mirror.
 struct Buf {
