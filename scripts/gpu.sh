@@ -38,8 +38,14 @@ if [ -n "$NCCL_HOME" ] && [ ! -e "$NCCL_HOME/lib/libnccl.so" ] && [ -e "$NCCL_HO
 fi
 export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 
+# NOTE [system compiler]: the GPU machine's default C++ compiler (/opt/gcc) links its own
+# libstdc++ into what it builds; inside a Python process that already holds the system libstdc++
+# (torch's), the two copies mix and the first std::ostringstream crashes. Build with the system
+# compiler, the one torch's libraries were linked against, for the host and the CUDA host code.
+SYS_CXX=${FASTCOMMS_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
 start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+     -DCMAKE_CXX_COMPILER="$SYS_CXX" -DCMAKE_CUDA_HOST_COMPILER="$SYS_CXX" \
      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
    cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops \
      >"$OUT/build.log" 2>&1; then
@@ -80,10 +86,11 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
   if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
        >"$OUT/configure-python.log" 2>&1 &&
      cmake --build "$BUILD" -j "$(nproc)" --target _C >"$OUT/build-python.log" 2>&1; then
-    PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 -m pytest -q -rs \
-      tests/python/test_nccl_gpu.py >"$OUT/pytest_gpu.log" 2>&1
+    # -s: the ranks' own output (faulthandler's native-crash stacks included) lands in the log.
+    PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 -X faulthandler -m pytest -q -s -rs \
+      tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py >"$OUT/pytest_gpu.log" 2>&1
     rc=$?
-    tail -5 "$OUT/pytest_gpu.log"
+    tail -40 "$OUT/pytest_gpu.log"
     result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(tail -1 "$OUT/pytest_gpu.log"))" ||
                          echo "FAILED (rc $rc, see pytest_gpu.log)")
   else

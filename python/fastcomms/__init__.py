@@ -25,9 +25,13 @@ def _load_core() -> None:
     import ctypes
     import glob
 
+    # FASTCOMMS_LOAD_MODE=local drops RTLD_DEEPBIND (a diagnostic switch, not a setting).
+    mode = os.RTLD_NOW | os.RTLD_LOCAL
+    if os.environ.get("FASTCOMMS_LOAD_MODE", "deepbind") == "deepbind":
+        mode |= os.RTLD_DEEPBIND
     for d in __path__:
         for lib in glob.glob(os.path.join(d, "libfastcomms.so")):
-            ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+            ctypes.CDLL(lib, mode=mode)
             return
 
 
@@ -241,6 +245,7 @@ class TorchComm:
     def __init__(self, c: _C.Comm, device: torch.device) -> None:
         self._c = c
         self._device = device
+        self._store = None  # the rendezvous store (UlyssesGroup's NVLink setup uses it)
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -390,7 +395,16 @@ class TorchComm:
     # -- structure -----------------------------------------------------------------------------
     def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:
         sub = self._c.split(list(ranks), name, _ms(timeout), hints)
-        return None if sub is None else TorchComm(sub, self._device)
+        if sub is None:
+            return None
+        comm = TorchComm(sub, self._device)
+        if self._store is not None:  # its own key space: the name and the members
+            from .ulysses import PrefixedStore
+
+            comm._store = PrefixedStore(
+                f"split/{name}/{'_'.join(map(str, sorted(ranks)))}", self._store
+            )
+        return comm
 
     def new_window(self, tensor=None) -> TorchCommWindow:
         return TorchCommWindow(self, tensor)
@@ -447,7 +461,7 @@ def new_comm(
         port = int(os.environ.get("MASTER_PORT", "29500"))
         store = dist.TCPStore(addr, port, size, rank == 0, timeout=_ms(timeout) or _DEFAULT_TIMEOUT)
     name = name or f"{backend}_{next(_names)}"
-    return TorchComm(
+    comm = TorchComm(
         _C.Comm(
             backend,
             rank,
@@ -462,3 +476,5 @@ def new_comm(
         ),
         device,
     )
+    comm._store = store
+    return comm

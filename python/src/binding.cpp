@@ -15,7 +15,11 @@
 #ifdef FASTCOMMS_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "fastcomms/backends/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/nvml.hpp"
+#endif
+#ifdef FASTCOMMS_WITH_NCCL
+#include "fastcomms/backends/cuda_ulysses.hpp"
 #endif
 
 namespace py = pybind11;
@@ -121,6 +125,13 @@ struct PyWork {
 struct PyComm {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<UlyssesGroup> ulysses;  // created on first use: plan cache and staging
+#ifdef FASTCOMMS_WITH_NCCL
+  std::shared_ptr<CudaUlyssesCollective> cuda_ulysses;  // the CUDA collective path, on first use
+  CudaUlyssesCollective& cuda_group() {
+    if (!cuda_ulysses) cuda_ulysses = std::make_shared<CudaUlyssesCollective>(comm);
+    return *cuda_ulysses;
+  }
+#endif
 
   UlyssesGroup& group() {
     if (!ulysses) ulysses = std::make_shared<UlyssesGroup>(comm);
@@ -156,6 +167,29 @@ struct PyComm {
 };
 
 ReduceOp to_op(RedOpType t, double factor) { return ReduceOp{t, factor}; }
+
+UlyssesArgs ulysses_args(int mode, std::optional<std::vector<int64_t>> seq,
+                         std::optional<std::vector<int64_t>> heads) {
+  UlyssesArgs a;
+  a.mode = mode;
+  a.seq_splits = std::move(seq);
+  a.head_splits = std::move(heads);
+  return a;
+}
+
+#ifdef FASTCOMMS_WITH_CUDA
+// The NVLink peer-to-peer group (backends/nvlink) from Python. Calls are enqueued on the caller's
+// current torch stream; empty_output() buffers are tensors that keep the group alive, so a buffer
+// never outlives its mapping.
+struct PyNvlink {
+  std::shared_ptr<NvlinkUlysses> g;
+  int device = 0;
+  NvlinkUlysses& get() {
+    FASTCOMMS_CHECK(g != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
+    return *g;
+  }
+};
+#endif
 
 }  // namespace
 
@@ -231,6 +265,68 @@ PYBIND11_MODULE(_C, m) {
 #endif
   });
   m.def("built_backends", &registered_backends);
+
+#ifdef FASTCOMMS_WITH_CUDA
+  py::class_<PyNvlink>(m, "NvlinkGroup")
+      .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
+                       std::chrono::milliseconds timeout) {
+             NvlinkUlyssesOptions o;
+             o.rank = rank;
+             o.size = size;
+             o.device = device;
+             o.store = std::make_shared<PyStore>(std::move(store));
+             o.name = name;
+             o.timeout = timeout;
+             py::gil_scoped_release release;
+             return PyNvlink{std::make_shared<NvlinkUlysses>(std::move(o)), device};
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("store"), py::arg("name"),
+           py::arg("timeout"))
+      .def("output_shape",
+           [](PyNvlink& n, at::Tensor x, int mode, std::optional<std::vector<int64_t>> seq,
+              std::optional<std::vector<int64_t>> heads) {
+             const auto s = n.get().output_shape(view(x), ulysses_args(mode, seq, heads));
+             return std::vector<int64_t>(s.begin(), s.end());
+           })
+      .def("all_to_all_4d",
+           [](PyNvlink& n, at::Tensor x, at::Tensor out, int mode,
+              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+              int engine) {
+             FASTCOMMS_CHECK(engine >= 0 && engine <= 3, kInvalidArgument,
+                             "UlyssesGroup: engine must be 0 (auto), 1 (copy engine), 2 (SM) or "
+                             "3 (hybrid), got ",
+                             engine);
+             cudaStream_t s = c10::cuda::getCurrentCUDAStream(n.device).stream();
+             py::gil_scoped_release release;
+             n.get().all_to_all_4d(view(x), view(out), ulysses_args(mode, seq, heads), s,
+                                   static_cast<TransferEngine>(engine));
+           })
+      .def("empty_output",
+           [](PyNvlink& n, std::vector<int64_t> shape, int64_t bytes, at::Tensor like) {
+             const auto st = like.scalar_type();
+             void* p = nullptr;
+             {
+               py::gil_scoped_release release;
+               p = n.get().empty_output(bytes);
+             }
+             auto keep = n.g;  // the mapping lives as long as any tensor on it
+             return torch::from_blob(
+                 p, shape, [keep](void*) {},
+                 at::TensorOptions().dtype(st).device(at::kCUDA, n.device));
+           })
+      .def("check_errors", [](PyNvlink& n) { n.get().check_errors(); })
+      .def("memory_bytes", [](PyNvlink& n) { return n.g ? n.g->memory_bytes() : int64_t{0}; })
+      .def("epoch", [](PyNvlink& n) { return n.g ? n.g->epoch() : uint64_t{0}; })
+      .def("device_epoch",
+           [](PyNvlink& n) {
+             py::gil_scoped_release release;
+             return n.get().device_epoch();
+           })
+      .def("destroy", [](PyNvlink& n) {
+        py::gil_scoped_release release;
+        n.g.reset();
+      });
+#endif
 
   using Ms = std::optional<std::chrono::milliseconds>;
   using H = std::optional<Hints>;
@@ -438,15 +534,32 @@ PYBIND11_MODULE(_C, m) {
              const auto s = c.group().output_shape(view(x), a);
              return std::vector<int64_t>(s.begin(), s.end());
            })
-      .def("ulysses_all_to_all_4d", [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
-                                       std::optional<std::vector<int64_t>> seq,
-                                       std::optional<std::vector<int64_t>> heads, bool a) {
-        UlyssesGroup& g = c.group();
-        UlyssesArgs args;
-        args.mode = mode;
-        args.seq_splits = seq;
-        args.head_splits = heads;
-        args.async_op = a;
-        return c.run({x, out}, [&] { return g.all_to_all_4d(view(x), view(out), args); });
-      });
+      .def("ulysses_all_to_all_4d",
+           [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
+              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+              bool a) {
+             UlyssesGroup& g = c.group();
+             UlyssesArgs args;
+             args.mode = mode;
+             args.seq_splits = seq;
+             args.head_splits = heads;
+             args.async_op = a;
+             return c.run({x, out}, [&] { return g.all_to_all_4d(view(x), view(out), args); });
+           })
+      // The CUDA collective path (pack kernel, all_to_all_v_single, unpack kernel), enqueued on
+      // the caller's current stream; None when this build has no NCCL.
+      .def("ulysses_cuda_all_to_all_4d",
+           [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
+              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads) {
+#ifdef FASTCOMMS_WITH_NCCL
+             auto& g = c.cuda_group();
+             cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+             py::gil_scoped_release release;
+             g.all_to_all_4d(view(x), view(out), ulysses_args(mode, seq, heads), s);
+             return true;
+#else
+             (void)c, (void)x, (void)out, (void)mode, (void)seq, (void)heads;
+             return false;
+#endif
+           });
 }

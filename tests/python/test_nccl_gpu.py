@@ -18,11 +18,14 @@ pytestmark = pytest.mark.skipif(
 
 
 def _worker(rank, size, path, errq):
-    import fastcomms
-    import torch.distributed as dist
-    from fastcomms import ReduceOp
+    import faulthandler
 
+    faulthandler.enable()  # a crash in native code still names the Python line
     try:
+        import fastcomms
+        import torch.distributed as dist
+        from fastcomms import ReduceOp
+
         torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank)
         os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
@@ -123,4 +126,5 @@ def test_nccl_backend_matches_torch_distributed_nccl():
     errors = []
     while not errq.empty():
         errors.append(errq.get())
-    assert not errors and all(p.exitcode == 0 for p in procs), errors
+    codes = [p.exitcode for p in procs]
+    assert not errors and all(c == 0 for c in codes), f"exit codes {codes}: {errors}"

@@ -155,3 +155,41 @@ def functional_and_compile(comm, rank, size):
 
 def test_functional_fake_and_compile(world):
     world(functional_and_compile, 3)
+
+
+def async_and_transport(comm, rank, size):
+    seq, heads = [3, 1, 2][:size], [2, 1, 3][:size]
+    g = UlyssesGroup(comm)  # CPU tensors: the collective path, chosen without a handshake
+    assert g.transport == "collective" and "not a CUDA device" in g.transport_reason
+    pg = UlyssesGroup(None)  # torch.distributed's gloo group
+    for mode in (0, 1):
+        shape = (2, seq[rank], sum(heads), 5) if mode == 0 else (2, sum(seq), heads[rank], 5)
+        x = torch.randn(shape)
+        want = pg.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads)
+        w = g.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads)
+        assert torch.equal(w.wait(), want) and w.is_completed()
+        out = g.empty_output(x, mode=mode, seq_splits=seq, head_splits=heads)
+        out.fill_(float("nan"))
+        w = g.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads, out=out)
+        assert w.wait() is out and torch.equal(out, want)
+        w = pg.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads)
+        assert torch.equal(w.wait(), want)
+    x = torch.randn(2, seq[rank], sum(heads), 5)
+    with pytest.raises(ValueError, match="lend=True needs the NVLink transport"):
+        g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True)
+    with pytest.raises(RuntimeError, match="async form is not differentiable"):
+        g.all_to_all_4d_async(x.requires_grad_(), seq_splits=seq, head_splits=heads)
+    with pytest.raises(RuntimeError, match="NVLink transport is not available: the group's device"):
+        UlyssesGroup(comm, transport="nvlink")
+    with pytest.raises(RuntimeError, match="NVLink transport is not available"):
+        UlyssesGroup(comm, require_nvlink=True)
+    with pytest.raises(ValueError, match="contradicts"):
+        UlyssesGroup(comm, require_nvlink=True, transport="collective")
+    with pytest.raises(ValueError, match="transport must be auto, nvlink or collective"):
+        UlyssesGroup(comm, transport="p2p")
+    assert g.memory_stats()["device_bytes"] == 0
+    g.destroy()
+
+
+def test_async_and_transport_selection(world):
+    world(async_and_transport, 3)

@@ -1,0 +1,217 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""GPU tier: UlyssesGroup on CUDA tensors, bit-exact against torch.distributed's permute +
+all_to_all_single + permute (run on CPU copies over gloo, so ranks may share one GPU).
+
+The NVLink transport runs at world 2 and 3 with ranks placed round-robin on the GPUs there are
+(several ranks per GPU where there are fewer GPUs than ranks: CUDA IPC allows it). The CUDA
+collective path (nccl) needs one GPU per rank and runs only with 2+ GPUs. Skipped, saying why,
+without CUDA or without a CUDA build of the extension."""
+
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh)",
+)
+
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+]
+
+
+def _rand(shape, dtype, gen):
+    """Random bytes of every pattern (NaNs included): the exchange only moves bytes."""
+    n = 1
+    for v in shape:
+        n *= v
+    item = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * item,), dtype=torch.uint8, generator=gen)
+    return raw.view(dtype).view(shape)
+
+
+def _same_bytes(a, b):
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _geometry(rng, world, mode, uneven):
+    b, d = rng.choice([1, 2]), rng.choice([8, 16, 24, 64])
+    if uneven:
+        seq = [rng.randint(0, 9) for _ in range(world)]
+        heads = [rng.randint(0, 4) for _ in range(world)]
+        if sum(seq) == 0:
+            seq[0] = 3
+        if sum(heads) == 0:
+            heads[-1] = 2
+    else:
+        seq, heads = [rng.randint(1, 9)] * world, [rng.randint(1, 3)] * world
+    return b, d, seq, heads
+
+
+def _input(rank, mode, b, d, seq, heads, dtype, gen, device):
+    shape = (b, seq[rank], sum(heads), d) if mode == 0 else (b, sum(seq), heads[rank], d)
+    return _rand(shape, dtype, gen).to(device)
+
+
+def _nvlink_worker(comm, rank, world):
+    from fastcomms.ulysses import UlyssesGroup
+
+    ngpu = torch.cuda.device_count()
+    dev = torch.device("cuda", rank % ngpu)
+    torch.cuda.set_device(dev)
+    seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
+    # every rank must draw the same geometries: rank 0's seed travels through the store
+    if rank == 0:
+        comm._store.set("ulysses_gpu_seed", str(seed))
+    comm._store.wait(["ulysses_gpu_seed"])
+    seed = int(comm._store.get("ulysses_gpu_seed"))
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed * 31 + rank)
+    g = UlyssesGroup(comm, device=dev, transport="nvlink")
+    assert g.transport == "nvlink", g.transport_reason
+    ref = UlyssesGroup(None)  # torch.distributed gloo: permute + all_to_all_single + permute
+    assert ref.transport == "collective"
+    checks = 0
+
+    def check(out, x, mode, seq, heads, what):
+        nonlocal checks
+        want = ref._exchange_torch(x.cpu(), mode, seq, heads, None)
+        assert _same_bytes(out, want), f"seed {seed}: {what} differs from torch.distributed"
+        checks += 1
+
+    for mode in (0, 1):
+        for uneven in (False, True):
+            for dtype in DTYPES:
+                b, d, seq, heads = _geometry(rng, world, mode, uneven)
+                x = _input(rank, mode, b, d, seq, heads, dtype, gen, dev)
+                sp = dict(seq_splits=seq, head_splits=heads) if uneven else {}
+                what = f"mode {mode} uneven {uneven} {dtype} b{b} d{d} seq {seq} heads {heads}"
+                # out=None
+                check(g.all_to_all_4d(x, mode=mode, **sp), x, mode, seq, heads, what + " out=None")
+                # out= an ordinary tensor, poisoned first
+                shape = g.empty_output(x, mode=mode, **sp).shape
+                out = torch.empty(shape, dtype=dtype, device=dev)
+                out.view(torch.uint8).fill_(0xA5)
+                assert g.all_to_all_4d(x, mode=mode, out=out, **sp) is out
+                check(out, x, mode, seq, heads, what + " out=tensor")
+                # out= an empty_output buffer: zero copy, poisoned first
+                zc = g.empty_output(x, mode=mode, **sp)
+                zc.view(torch.uint8).fill_(0x5A)
+                g.all_to_all_4d(x, mode=mode, out=zc, **sp)
+                check(zc, x, mode, seq, heads, what + " out=empty_output")
+                # async, plain and lent
+                w = g.all_to_all_4d_async(x, mode=mode, **sp)
+                check(w.wait(), x, mode, seq, heads, what + " async")
+                w = g.all_to_all_4d_async(x, mode=mode, lend=True, **sp)
+                check(w.wait(), x, mode, seq, heads, what + " async lend")
+                # round trip
+                back = g.all_to_all_4d(g.all_to_all_4d(x, mode=mode, **sp), mode=1 - mode, **sp)
+                assert _same_bytes(back, x), f"seed {seed}: round trip {what}"
+                checks += 1
+    # 20 rounds on one window, a fresh input every round
+    b, d, seq, heads = _geometry(rng, world, 0, False)
+    for _ in range(20):
+        x = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
+        check(g.all_to_all_4d(x), x, 0, seq, heads, "20 rounds")
+    # lent buffers: the ring keeps the last LEND_RING results intact
+    xs = [_input(rank, 0, b, d, seq, heads, torch.float32, gen, dev) for _ in range(g.LEND_RING)]
+    lent = [g.all_to_all_4d_async(x, lend=True).wait() for x in xs]
+    for x, out in zip(xs, lent, strict=True):
+        check(out, x, 0, seq, heads, "lend ring")
+    # autograd on CUDA: backward is the other mode with the same splits
+    x = _input(rank, 0, b, d, seq, heads, torch.float32, gen, dev).requires_grad_()
+    y = g.all_to_all_4d(x)
+    gy = torch.randn(y.shape, generator=gen).to(dev)
+    (gx,) = torch.autograd.grad(y, x, gy)
+    assert _same_bytes(gx, ref._exchange_torch(gy.cpu(), 1, seq, heads, None)), "backward"
+    # CUDA graph: a captured call replays bit-exact on fresh data
+    x = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
+    out = g.empty_output(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g.all_to_all_4d(x, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.all_to_all_4d(x, out=out)
+    for _ in range(3):
+        x.copy_(_input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev))
+        out.view(torch.uint8).fill_(0xEE)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, x, 0, seq, heads, "graph replay")
+    g.check_errors()
+    stats = g.memory_stats()
+    assert stats["transport"] == "nvlink" and stats["device_bytes"] > 0, stats
+    # validation: raised on every rank before any handshake
+    with pytest.raises(ValueError, match="mode must be 0 or 1"):
+        g.all_to_all_4d(x, mode=2)
+    with pytest.raises(ValueError, match="4-D"):
+        g.all_to_all_4d(x[0])
+    with pytest.raises(ValueError, match="lend=True"):
+        g.all_to_all_4d_async(x, out=out, lend=True)
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        g.all_to_all_4d(x.float().requires_grad_(), out=out)
+    # the group still works after the rejections
+    check(g.all_to_all_4d(x), x, 0, seq, heads, "after rejections")
+    torch.cuda.synchronize()
+    g.destroy()
+    print(f"[rank {rank}] nvlink world {world}: {checks} checks bit-exact (seed {seed})")
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
+    reason="the extension was built without CUDA",
+)
+@pytest.mark.parametrize("size", [2, 3])
+def test_ulysses_nvlink_matches_torch_distributed(world, size):
+    world(_nvlink_worker, size)
+
+
+def _collective_worker(comm, rank, world):
+    """The CUDA collective path on a nccl TorchComm, one GPU per rank."""
+    import datetime
+
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    nccl = fastcomms.new_comm(
+        "nccl", dev, store=comm._store, name="uc", timeout=datetime.timedelta(seconds=60)
+    )
+    g = UlyssesGroup(nccl, transport="collective")
+    ref = UlyssesGroup(None)
+    rng = random.Random(1234)
+    gen = torch.Generator().manual_seed(rank + 7)
+    for mode in (0, 1):
+        for uneven in (False, True):
+            for dtype in DTYPES:
+                b, d, seq, heads = _geometry(rng, world, mode, uneven)
+                x = _input(rank, mode, b, d, seq, heads, dtype, gen, dev)
+                sp = dict(seq_splits=seq, head_splits=heads) if uneven else {}
+                want = ref._exchange_torch(x.cpu(), mode, seq, heads, None)
+                out = g.all_to_all_4d(x, mode=mode, **sp)
+                assert _same_bytes(out, want), (mode, uneven, dtype)
+                w = g.all_to_all_4d_async(x, mode=mode, **sp)
+                assert _same_bytes(w.wait(), want), ("async", mode, uneven, dtype)
+    torch.cuda.synchronize()
+    nccl.finalize()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the nccl path needs one GPU per rank")
+def test_ulysses_cuda_collective_matches_torch_distributed(world):
+    world(_collective_worker, 2)
