@@ -38,11 +38,14 @@ if [ -n "$NCCL_HOME" ] && [ ! -e "$NCCL_HOME/lib/libnccl.so" ] && [ -e "$NCCL_HO
 fi
 export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 
-# NOTE [system compiler]: the GPU machine's default C++ compiler (/opt/gcc) links its own
-# libstdc++ into what it builds; inside a Python process that already holds the system libstdc++
-# (torch's), the two copies mix and the first std::ostringstream crashes. Build with the system
-# compiler, the one torch's libraries were linked against, for the host and the CUDA host code.
+# NOTE [system compiler]: the GPU machine's image sets CXX=/opt/gcc/bin/g++, whose library
+# directories hold a static libstdc++. Linked into libfastcomms.so, that copy's locale and facet
+# ids mixed with the system libstdc++ torch had loaded, and the first std::ostringstream in a
+# Python process crashed (tools/gpu/debug_py_link.sh shows it). Build with the system compiler for
+# the host code and the CUDA host code, the one torch's libraries were linked against; the core
+# library also links with --exclude-libs,ALL (CMakeLists.txt) so no static archive leaks symbols.
 SYS_CXX=${FASTCOMMS_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
+export CXX="$SYS_CXX" CUDAHOSTCXX="$SYS_CXX" CC="$(command -v /usr/bin/gcc || command -v gcc)"
 start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DCMAKE_CXX_COMPILER="$SYS_CXX" -DCMAKE_CUDA_HOST_COMPILER="$SYS_CXX" \

@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# Diagnoses how the Python extension and the core library were compiled and bound on the GPU
-# machine (compile flags of both sides, where each of the core library's symbols bound at run
-# time). Needs scripts/gpu.sh to have built the extension into build-gpu first.
+# Diagnoses a crash of the Python extension on the GPU machine: how the core library was linked
+# (the link line, the std:: symbols it defines, the environment's compiler flags) and whether the
+# one-rank smoke check (tools/gpu/py_nccl_smoke.py) passes for a few build variants.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-B=${FASTCOMMS_GPU_BUILD:-build-gpu}
-L=$B/python/fastcomms/libfastcomms.so
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NCCL_HOME=${NCCL_HOME:-$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')}
-export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}" PYTHONPATH="$PWD/$B/python:$PWD/python"
-python3 -c 'import torch; print("torch abi", torch._C._GLIBCXX_USE_CXX11_ABI)'
-g++ --version | head -1
-grep -E '^CMAKE_(CXX|CUDA)_(COMPILER|FLAGS)[:_]' "$B/CMakeCache.txt"
-echo "--- core compile"; ninja -C "$B" -t commands fastcomms | grep 'communicator.cpp' | head -1 | tr ' ' '\n' | grep -E '^-[DfOsgm]|std' | sort -u | tr '\n' ' '; echo
-echo "--- binding compile"; ninja -C "$B" -t commands _C | grep 'binding.cpp' | head -1 | tr ' ' '\n' | grep -E '^-[DfOsgm]|std' | sort -u | tr '\n' ' '; echo
-cmp "$L" "$B/libfastcomms.so" && echo "copy identical"
-echo "std symbols defined in core: $(nm -D --defined-only "$L" | grep -c ' [TWV] _ZNS')"
-rm -f /tmp/ldd.*
-LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ldd timeout 60 python3 tools/gpu/py_nccl_smoke.py 0 1 /tmp/fc_s1
-echo "rc=$?"
-echo "--- bindings from the core library to anything but libc/libstdc++/cudart/nccl/libgcc/libm"
-grep -h "file=.*libfastcomms.so" /tmp/ldd.* | grep -v "normal symbol" | head -3
-grep -h "binding file [^ ]*libfastcomms.so" /tmp/ldd.* |
-  grep -v "to /lib/x86_64-linux-gnu/\(libc\|libstdc++\|libgcc_s\|libm\)\.so\|libcudart\|libnccl\|to [^ ]*libfastcomms" | head -40
-echo "--- where ostream bound"; grep -h "_ZNSolsEi\|_ZNSo9_M_insertIlEERSoT_\|_ZNSt7__cxx1119basic_ostringstream" /tmp/ldd.* | head -10
+export NCCL_HOME LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
+env | grep -iE 'flags|^cc=|^cxx=|cuda_host|^ld_|^path=' | cut -c1-300
+SYS_CXX=$(command -v /usr/bin/g++ || command -v g++)
+variant() {  # name, extra cmake args...
+  local name=$1 B=build-dbg-$1; shift
+  cmake -S . -B "$B" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$SYS_CXX" -DCMAKE_CUDA_HOST_COMPILER="$SYS_CXX" \
+    -DFASTCOMMS_PYTHON=ON -DFASTCOMMS_TESTS=OFF -DFASTCOMMS_TOOLS=OFF \
+    -DPython3_EXECUTABLE="$(command -v python3)" "$@" >"$B.cfg.log" 2>&1 &&
+    cmake --build "$B" -j "$(nproc)" --target _C >"$B.build.log" 2>&1 || { echo "$name: build failed"; tail -5 "$B.build.log"; return; }
+  local L=$B/python/fastcomms/libfastcomms.so
+  echo "=== $name: std symbols defined $(nm -D --defined-only "$L" | grep -c ' [TWVBDR] _ZNS\| [TWVBDR] _ZNKS\| [TWVBDR] _ZTVS')"
+  echo "link: $(ninja -C "$B" -t commands fastcomms | tail -1 | tr ' ' '\n' | grep -vE '\.o$' | tr '\n' ' ' | cut -c1-600)"
+  nm -D --defined-only -C "$L" | grep -E ' (std::locale|std::num_put|std::basic_ostream|std::ios_base)' | head -5
+  PYTHONPATH="$PWD/$B/python:$PWD/python" timeout 60 python3 tools/gpu/py_nccl_smoke.py 0 1 "/tmp/fc_$name" 2>&1 | tail -3
+}
+variant base
+variant cudart_shared -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared
+variant exclude_libs -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL
