@@ -15,7 +15,19 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _hang_guard():
+    """A rank stuck past FASTCOMMS_TEST_HANG_S (default 150 s) prints every thread's Python stack
+    and exits, so a hang shows where it is instead of only timing out."""
+    import faulthandler
+
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(
+        int(os.environ.get("FASTCOMMS_TEST_HANG_S", "150")), exit=True
+    )
+
+
 def _worker(rank, world, path, module, fn_name, errq):
+    _hang_guard()
     import fastcomms
     import torch.distributed as dist
 

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _worker(rank, size, path, errq):
-    import faulthandler
+    from conftest import _hang_guard
 
-    faulthandler.enable()  # a crash in native code still names the Python line
+    _hang_guard()  # a crash or a hang in native code still names the Python line
     try:
         import fastcomms
         import torch.distributed as dist
@@ -122,7 +122,9 @@ def test_nccl_backend_matches_torch_distributed_nccl():
         for p in procs:
             p.start()
         for p in procs:
-            p.join(timeout=300)
+            p.join(timeout=200)
+            if p.is_alive():
+                p.kill()
     errors = []
     while not errq.empty():
         errors.append(errq.get())
