@@ -105,7 +105,12 @@ def _worker(rank, size, path, errq):
             assert torch.equal(
                 t, torch.full((4096,), float(sum(r + rep for r in range(size))), device=dev)
             )
+        # NCCL waits for the graphs that captured a communicator's kernels to go before the
+        # communicator can be destroyed: release the graph first (as with torch's own NCCL).
+        del graph
+        torch.cuda.synchronize()
         comm.finalize()
+        del comm
         dist.destroy_process_group()
     except BaseException:
         errq.put((rank, traceback.format_exc()))

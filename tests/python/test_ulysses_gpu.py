@@ -65,7 +65,57 @@ def _input(rank, mode, b, d, seq, heads, dtype, gen, device):
     return _rand(shape, dtype, gen).to(device)
 
 
-def _nvlink_worker(comm, rank, world):
+def _spawn(fn, size):
+    """Runs fn(store, rank, size) on `size` processes, each with a torch.distributed gloo
+    default group (the reference) over one FileStore; fails with every rank's traceback."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=_run, args=(fn.__name__, r, size, os.path.join(d, "s"), errq))
+            for r in range(size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=200)
+            if p.is_alive():
+                p.kill()
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    codes = [p.exitcode for p in procs]
+    if errors or any(c != 0 for c in codes):
+        msg = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors))
+        pytest.fail(f"exit codes {codes}\n{msg}")
+
+
+def _run(fn_name, rank, size, path, errq):
+    import traceback
+
+    from conftest import _hang_guard
+
+    _hang_guard()
+    try:
+        import torch.distributed as dist
+
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(path, size)
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
+        )
+        globals()[fn_name](dist.PrefixStore("fc", store), rank, size)
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def _nvlink_worker(store, rank, world):
     from fastcomms.ulysses import UlyssesGroup
 
     ngpu = torch.cuda.device_count()
@@ -74,12 +124,13 @@ def _nvlink_worker(comm, rank, world):
     seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
     # every rank must draw the same geometries: rank 0's seed travels through the store
     if rank == 0:
-        comm._store.set("ulysses_gpu_seed", str(seed))
-    comm._store.wait(["ulysses_gpu_seed"])
-    seed = int(comm._store.get("ulysses_gpu_seed"))
+        store.set("ulysses_gpu_seed", str(seed))
+    store.wait(["ulysses_gpu_seed"])
+    seed = int(store.get("ulysses_gpu_seed"))
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed * 31 + rank)
-    g = UlyssesGroup(comm, device=dev, transport="nvlink")
+    # over torch.distributed's default group: the NVLink setup goes through its store
+    g = UlyssesGroup(None, device=dev, transport="nvlink")
     assert g.transport == "nvlink", g.transport_reason
     ref = UlyssesGroup(None)  # torch.distributed gloo: permute + all_to_all_single + permute
     assert ref.transport == "collective"
@@ -153,6 +204,7 @@ def _nvlink_worker(comm, rank, world):
         graph.replay()
         torch.cuda.synchronize()
         check(out, x, 0, seq, heads, "graph replay")
+    del graph
     g.check_errors()
     stats = g.memory_stats()
     assert stats["transport"] == "nvlink" and stats["device_bytes"] > 0, stats
@@ -177,11 +229,11 @@ def _nvlink_worker(comm, rank, world):
     reason="the extension was built without CUDA",
 )
 @pytest.mark.parametrize("size", [2, 3])
-def test_ulysses_nvlink_matches_torch_distributed(world, size):
-    world(_nvlink_worker, size)
+def test_ulysses_nvlink_matches_torch_distributed(size):
+    _spawn(_nvlink_worker, size)
 
 
-def _collective_worker(comm, rank, world):
+def _collective_worker(store, rank, world):
     """The CUDA collective path on a nccl TorchComm, one GPU per rank."""
     import datetime
 
@@ -191,7 +243,7 @@ def _collective_worker(comm, rank, world):
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     nccl = fastcomms.new_comm(
-        "nccl", dev, store=comm._store, name="uc", timeout=datetime.timedelta(seconds=60)
+        "nccl", dev, store=store, name="uc", timeout=datetime.timedelta(seconds=60)
     )
     g = UlyssesGroup(nccl, transport="collective")
     ref = UlyssesGroup(None)
@@ -210,8 +262,9 @@ def _collective_worker(comm, rank, world):
                 assert _same_bytes(w.wait(), want), ("async", mode, uneven, dtype)
     torch.cuda.synchronize()
     nccl.finalize()
+    del g, nccl
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the nccl path needs one GPU per rank")
-def test_ulysses_cuda_collective_matches_torch_distributed(world):
-    world(_collective_worker, 2)
+def test_ulysses_cuda_collective_matches_torch_distributed():
+    _spawn(_collective_worker, 2)
