@@ -210,8 +210,11 @@ def _load_entry_point_backends() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="fastcomms.backends"):
-        if ep.name not in _python_backends:
-            ep.load()  # importing the module runs its registration
+        if ep.name in _python_backends:
+            continue
+        obj = ep.load()  # importing the module may register it itself
+        if ep.name not in _python_backends and isinstance(obj, type):
+            register_backend(ep.name, obj)  # `name = module:BackendClass`
 
 
 def is_backend_built(name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import statistics
 import sys
@@ -55,10 +56,26 @@ def doctor(_args) -> int:
             for (a, b), v in sorted(matrix.items()):
                 if a < b:
                     print(f"  {a}-{b}       {'NVLink' if v else 'no NVLink'}")
-    print(
-        "transport   auto -> collective: the NVLink transport is built in C++ (backends/nvlink) "
-        "but not yet reachable from Python; CPU tensors use gloo"
-    )
+    from . import _C
+
+    if n == 0 or not hasattr(_C, "NvlinkGroup"):
+        why = "no CUDA device" if n == 0 else "this build has no CUDA layer"
+        print(f"transport   CPU tensors: the collective path over gloo ({why})")
+    elif n == 1:
+        print("transport   auto -> nvlink for CUDA tensors (ranks sharing GPU 0 of one host)")
+    else:
+        matrix, why = _nvlink(list(range(n)))
+        joined = matrix is not None and all(v for (a, b), v in matrix.items() if a != b)
+        print(
+            "transport   auto -> "
+            + (
+                "nvlink for CUDA tensors (one host, every GPU pair NVLink-joined)"
+                if joined
+                else "collective for CUDA tensors ("
+                + ("NVML cannot answer" if matrix is None else "a GPU pair lacks NVLink")
+                + ")"
+            )
+        )
     return 0
 
 
@@ -114,18 +131,108 @@ def _bench_rank(rank, size, path, args, q):
         )
     if rank == 0 and sys.stderr.isatty():
         print("\r" + " " * 70 + "\r", end="", file=sys.stderr)
-    q.put((rank, rows))
+    q.put((rank, rows, "collective over gloo"))
     comm.finalize()
+    dist.destroy_process_group()
+
+
+def _bench_gpu_rank(rank, size, path, args, q):
+    """One rank of the GPU bench: ours (nvlink or the nccl collective path) against permute +
+    torch.distributed NCCL all_to_all_single + permute, CUDA events, median after warm-up."""
+    import torch.distributed as dist
+
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.FileStore(path, size)
+    dist.init_process_group(
+        "nccl", store=dist.PrefixStore("torch", store), rank=rank, world_size=size, device_id=dev
+    )
+    comm = None
+    if args.backend == "nccl":
+        comm = fastcomms.new_comm(
+            "nccl",
+            dev,
+            store=dist.PrefixStore("fc", store),
+            name="bench",
+            timeout=datetime.timedelta(seconds=120),
+        )
+        ours = UlyssesGroup(comm, transport="collective")
+    else:
+        ours = UlyssesGroup(
+            None, device=dev, transport="nvlink" if args.backend == "nvlink" else "auto"
+        )
+    ref = UlyssesGroup(None, device=dev, transport="collective")
+    dtype = DTYPES[args.dtype]
+    rows = []
+    for i, shape in enumerate(args.shapes):
+        g = torch.Generator().manual_seed(rank * 1000 + i)
+        raw = torch.randint(
+            0, 256, (math.prod(shape) * dtype.itemsize,), dtype=torch.uint8, generator=g
+        )
+        x = raw.view(dtype).view(shape).to(dev)
+        out = ours.empty_output(x)
+        ok = torch.equal(
+            ours.all_to_all_4d(x).view(torch.uint8), ref.all_to_all_4d(x).view(torch.uint8)
+        )
+        ok = ok and torch.equal(
+            ours.all_to_all_4d(ours.all_to_all_4d(x), mode=1).view(torch.uint8), x.view(torch.uint8)
+        )
+        times = {}
+        for name, fn in (
+            ("ours", lambda x=x, out=out: ours.all_to_all_4d(x, out=out)),
+            ("base", lambda x=x: ref.all_to_all_4d(x)),
+        ):
+            ev = [
+                torch.cuda.Event(enable_timing=True) for _ in range(2 * (args.warmup + args.iters))
+            ]
+            for it in range(args.warmup + args.iters):
+                if rank == 0 and sys.stderr.isatty():
+                    print(
+                        f"\r  [{i + 1}/{len(args.shapes)}] {tuple(shape)} {name} {it + 1}",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                ev[2 * it].record()
+                fn()
+                ev[2 * it + 1].record()
+            torch.cuda.synchronize()
+            times[name] = statistics.median(
+                ev[2 * it].elapsed_time(ev[2 * it + 1]) / 1e3
+                for it in range(args.warmup, args.warmup + args.iters)
+            )
+        rows.append((tuple(shape), x.numel() * x.element_size(), times["ours"], times["base"], ok))
+    if rank == 0 and sys.stderr.isatty():
+        print("\r" + " " * 70 + "\r", end="", file=sys.stderr)
+    stats = ours.memory_stats()
+    q.put(
+        (
+            rank,
+            rows,
+            f"{ours.transport} ({ours.transport_reason}); "
+            f"group holds {stats['device_bytes'] / 2**20:.1f} MiB",
+        )
+    )
+    ours.destroy()
+    if comm is not None:
+        comm.finalize()
     dist.destroy_process_group()
 
 
 def bench(args) -> int:
     import torch.multiprocessing as mp
 
-    if args.backend not in ("gloo", "auto"):
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpu = args.backend in ("nccl", "nvlink") or (args.backend == "auto" and ngpu >= args.nproc >= 2)
+    if gpu and ngpu < args.nproc:
         print(
-            f"fastcomms bench: backend {args.backend} is not reachable from Python yet; on a GPU "
-            "machine run bash scripts/gpu.sh (C++ benchmarks)",
+            f"fastcomms bench: --backend {args.backend} with --nproc {args.nproc} needs "
+            f"{args.nproc} GPUs (the permute baseline runs on torch.distributed NCCL, one GPU per "
+            f"rank); this machine has {ngpu}",
             file=sys.stderr,
         )
         return 2
@@ -145,15 +252,19 @@ def bench(args) -> int:
                 f"fastcomms bench: h={shape[2]} is not divisible by --nproc {size}", file=sys.stderr
             )
             return 2
+    where = f"{size} GPUs, CUDA events" if gpu else "gloo, CPU ranks (processes)"
     print(
-        f"fastcomms bench: gloo, {size} ranks (processes), {args.dtype}, {args.iters} "
-        f"iterations after {args.warmup} warm-up, median of the slowest rank"
+        f"fastcomms bench: {where}, {args.dtype}, {args.iters} iterations after {args.warmup} "
+        "warm-up, median of the slowest rank"
     )
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_bench_rank, args=(r, size, os.path.join(d, "s"), args, q))
+            ctx.Process(
+                target=_bench_gpu_rank if gpu else _bench_rank,
+                args=(r, size, os.path.join(d, "s"), args, q),
+            )
             for r in range(size)
         ]
         for p in procs:
@@ -164,7 +275,9 @@ def bench(args) -> int:
     if any(p.exitcode for p in procs):
         print("fastcomms bench: a rank failed", file=sys.stderr)
         return 1
-    per_rank = [rows for _, rows in sorted(results)]
+    per_rank = [res[1] for res in sorted(results, key=lambda r: r[0])]
+    if gpu:
+        print(f"transport: {sorted(results, key=lambda r: r[0])[0][2]}")
     print(
         f"{'shape (b,s,h,d)':24s} {'MiB/rank':>9s} {'ours ms':>9s} {'GB/s':>7s} "
         f"{'permute ms':>11s} {'speed-up':>9s} {'check':>6s}"
