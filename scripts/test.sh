@@ -41,3 +41,17 @@ ctest --test-dir "$FASTCOMMS_BUILD" --output-on-failure -j "$JOBS"
 step "pytest (the Python package on CPU over gloo, against torch.distributed)"
 PYTHONPATH="$FASTCOMMS_BUILD/python:$FASTCOMMS_ROOT/python" \
   "$FASTCOMMS_VENV/bin/python" -m pytest -q tests/python
+
+step "pip: build the wheel, install it, use it (the package as users get it)"
+# The same CMake project through scikit-build-core, CPU-only here to keep CI short; its build
+# folder persists ($FASTCOMMS_BUILD-wheel), so a rerun rebuilds only what changed.
+"$FASTCOMMS_VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$work/wheel" . \
+  -C build-dir="$FASTCOMMS_BUILD-wheel" -C cmake.define.FASTCOMMS_CUDA=OFF
+"$FASTCOMMS_VENV/bin/pip" install -q --no-deps --target "$work/site" "$work"/wheel/fastcomms-*.whl
+(cd "$work" && PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -c '
+import sys, fastcomms
+assert fastcomms.__file__.startswith(sys.argv[1]), fastcomms.__file__
+print("installed:", fastcomms.__file__, "backends:", fastcomms.built_backends())
+' "$work/site" &&
+  PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -m fastcomms bench --nproc 2 \
+    --shape 1,64,8,16 --iters 3 --warmup 1)

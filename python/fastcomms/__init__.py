@@ -55,6 +55,7 @@ __all__ = [
     "TorchCommBackend",
     "is_backend_built",
     "built_backends",
+    "nvlink_matrix",
     "AbortedError",
     "BackendError",
     "UnsupportedError",
@@ -215,6 +216,13 @@ def _load_entry_point_backends() -> None:
         obj = ep.load()  # importing the module may register it itself
         if ep.name not in _python_backends and isinstance(obj, type):
             register_backend(ep.name, obj)  # `name = module:BackendClass`
+
+
+def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
+    """NVML's answer pair by pair for these CUDA ordinals: ``{(a, b): joined}``, or None when
+    NVML cannot answer (no NVML, no CUDA layer); never a guess."""
+    matrix, _why = _C.nvlink_matrix([int(d) for d in devices])
+    return matrix
 
 
 def is_backend_built(name: str) -> bool:

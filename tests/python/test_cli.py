@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ENV = dict(os.environ)
 
 
@@ -50,3 +53,10 @@ def test_bench_refuses_gpu_backends_clearly():
     assert r.returncode == 2
     assert "--backend nvlink with --nproc 2 needs 2 GPUs" in r.stderr
     assert "this machine has 0" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without GPUs")
+def test_nvlink_matrix_is_none_not_a_guess_without_nvml():
+    import fastcomms
+
+    assert fastcomms.nvlink_matrix([0, 1]) is None
