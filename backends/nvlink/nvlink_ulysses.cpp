@@ -113,6 +113,12 @@ void NvlinkUlysses::ensure_window(int64_t bytes, cudaStream_t stream) {
   if (window_.bytes >= bytes) return;
   // Growing is collective and rare: every rank reaches the same decision from the same call.
   // Drain this rank's use of the old window, agree through the store, then swap.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  FASTCOMMS_CHECK(capture == cudaStreamCaptureStatusNone, kInvalidArgument, prefix(),
+                  "all_to_all_4d: the window must grow to ", bytes,
+                  " bytes, which cannot happen while the stream captures a CUDA graph; run the "
+                  "call once outside the capture first (or pass an empty_output() buffer as out)");
   FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream));
   Window fresh = exchange(std::max(bytes, window_.bytes * 2), "window");
   FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());

@@ -23,6 +23,9 @@ using namespace fastcomms;
 namespace {
 
 int failures = 0;
+// The backend under test: "nccl", then "nvlink" (all_to_all_single peer-to-peer over NVLink,
+// every other op through its inner nccl communicator), each over the same checks.
+const char* g_backend = "nccl";
 #define EXPECT(cond, ...)                                            \
   do {                                                               \
     if (!(cond)) {                                                   \
@@ -69,9 +72,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
   CommOptions o;
   o.store = store;
-  o.name = "nccl-test";
+  o.name = std::string(g_backend) + "-test";
   o.timeout = std::chrono::seconds(60);
-  auto comm = Communicator::create("nccl", rank, P, Device{DeviceType::kCUDA, device}, o);
+  auto comm = Communicator::create(g_backend, rank, P, Device{DeviceType::kCUDA, device}, o);
   cuda::Stream stream;
   cudaStream_t st = stream.get();
   int checks = 0;
@@ -162,6 +165,24 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
             EXPECT(false, "broadcast root ", root, " ", dtype_name(dt));
             break;
           }
+        ++checks;
+      }
+      // all_to_all_single, eager: chunks of 16-byte multiples (the nvlink backend moves them
+      // peer-to-peer) and of other sizes (its inner nccl moves them); poisoned outputs
+      for (int64_t rows : {int64_t{64}, int64_t{1000}, int64_t{7}, int64_t{4096}}) {
+        Buf a(dt, rows * P, device), b(dt, rows * P, device);
+        for (int64_t i = 0; i < a.n; ++i) a.set(i, (rank * 31 + i * 3) % 100);
+        a.upload();
+        b.poison();
+        done(comm->all_to_all_single(b.view(), a.view(), co));
+        b.download(st);
+        for (int p = 0; p < P; ++p)
+          for (int64_t i = 0; i < rows; ++i)
+            if (b.get(p * rows + i) != (p * 31 + (rank * rows + i) * 3) % 100) {
+              EXPECT(false, "all_to_all_single ", rows, " rows from ", p, " ", dtype_name(dt));
+              p = P;
+              break;
+            }
         ++checks;
       }
       // uneven all_to_all_v_single: rank r sends (q + r + 1) rows of 3 to q
@@ -544,8 +565,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       timeout_note = "peer stayed silent";
     }
   }
-  std::printf("rank %d/%d (GPU %d): nccl backend %s, %d checks, %d failures, timeout: %s\n", rank,
-              P, device, comm->backend_version().c_str(), checks, failures, timeout_note.c_str());
+  std::printf("rank %d/%d (GPU %d): %s backend %s, %d checks, %d failures, timeout: %s\n", rank, P,
+              device, g_backend, comm->backend_version().c_str(), checks, failures,
+              timeout_note.c_str());
   std::fflush(stdout);
   return failures == 0 ? 0 : 1;
 }
@@ -560,7 +582,14 @@ int main() {
                 why.empty() ? "" : ": ", why.c_str());
     return gpu_test::kSkip;
   }
-  const int failed = gpu_test::run_ranks(2, ndev, rank_main);
-  std::printf("%d passed, %d failed\n", failed ? 0 : 1, failed ? 1 : 0);
+  int passed = 0, failed = 0;
+  for (const char* backend : {"nccl", "nvlink"}) {
+    g_backend = backend;
+    const int bad = gpu_test::run_ranks(2, ndev, rank_main);
+    std::printf("%s backend: %s\n", backend, bad ? "FAILED" : "passed");
+    std::fflush(stdout);
+    (bad ? failed : passed) += 1;
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""GPU tier: the nccl backend from Python against torch.distributed NCCL, bit-exact, world 2 (one
-process per GPU), sync, async and graph-captured. Skipped (saying why) without two GPUs."""
+"""GPU tier: the nccl and nvlink backends from Python against torch.distributed NCCL, bit-exact,
+world 2 (one process per GPU), sync, async and graph-captured. Skipped (saying why) without two
+GPUs."""
 
 import datetime
 import os
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _worker(rank, size, path, errq):
+def _worker(rank, size, path, errq, backend):
     from conftest import _hang_guard
 
     _hang_guard()  # a crash or a hang in native code still names the Python line
@@ -38,7 +39,7 @@ def _worker(rank, size, path, errq):
             device_id=dev,
         )
         comm = fastcomms.new_comm(
-            "nccl",
+            backend,
             dev,
             store=dist.PrefixStore("fc", store),
             name="g",
@@ -117,12 +118,15 @@ def _worker(rank, size, path, errq):
         raise
 
 
-def test_nccl_backend_matches_torch_distributed_nccl():
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_backend_matches_torch_distributed_nccl(backend):
+    """nvlink: all_to_all_single peer-to-peer over NVLink, the rest through its inner nccl."""
     ctx = mp.get_context("spawn")
     errq = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_worker, args=(r, 2, os.path.join(d, "s"), errq)) for r in range(2)
+            ctx.Process(target=_worker, args=(r, 2, os.path.join(d, "s"), errq, backend))
+            for r in range(2)
         ]
         for p in procs:
             p.start()

@@ -82,6 +82,9 @@ class NvlinkUlysses {
   /// Arms test faults on this rank.
   void set_debug_faults(const DebugFaults& f) { faults_ = f; }
 
+  /// Bytes of the grow-only window copying calls land in (a call whose largest output needs more
+  /// grows it, collectively; not while its stream captures a CUDA graph).
+  int64_t window_bytes() const { return window_.bytes; }
   /// Bytes of device memory this group holds (windows, user windows, pads).
   int64_t memory_bytes() const;
   /// Calls issued from the host so far (a captured call counts once).

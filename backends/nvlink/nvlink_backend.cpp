@@ -1,0 +1,165 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// The communicator-level "nvlink" backend: all_to_all_single moves peer-to-peer over NVLink
+// (NvlinkUlysses: CUDA IPC windows, device epoch barriers, 16-byte pushes); every other op
+// delegates to an inner nccl communicator created through the registry, so this file has no
+// link-time dependency on NCCL.
+//
+// NOTE [all_to_all_single as a Ulysses call]: an all_to_all_single of P equal chunks of c bytes
+// is the Ulysses mode-0 exchange of x viewed as (b=1, s=1, N=P, d=c) bytes into out viewed as
+// (1, P, 1, c): rank r's head block q (chunk q of its input) lands at sequence row r of rank q's
+// output, which is chunk r. So the peer-to-peer path serves it unchanged, with its mismatch
+// detection and device-side timeout, whenever c is a multiple of 16 bytes (the path's vector
+// width); other shapes and the uneven all_to_all_v_single go to NCCL.
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "fastcomms/core/backend.hpp"
+#include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/cuda/check.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms {
+namespace {
+
+class NvlinkBackend final : public Backend {
+ public:
+  /// @param inner the nccl communicator to delegate to; null: create one through the store
+  NvlinkBackend(const BackendInit& init, std::unique_ptr<Backend> inner)
+      : rank_(init.rank), size_(init.size), inner_(std::move(inner)) {
+    const std::string where = detail::cat("[rank ", init.rank, "/", init.size, " ",
+                                          init.options.name, " new_comm] nvlink: ");
+    FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
+                    kInvalidArgument, where, "the nvlink backend serves CUDA devices, got ",
+                    init.device.str());
+    FASTCOMMS_CHECK(is_backend_registered("nccl"), kUnsupported, where,
+                    "the nvlink backend delegates every op but all_to_all_single to nccl, which "
+                    "this build lacks");
+    if (!inner_) {
+      BackendInit inner = init;
+      inner.options.store = std::make_shared<PrefixStore>("inner_nccl", init.options.store);
+      inner_ = create_backend("nccl", inner);
+    }
+    NvlinkUlyssesOptions o;
+    o.rank = init.rank;
+    o.size = init.size;
+    o.device = init.device.index;
+    o.store = std::make_shared<PrefixStore>("p2p", init.options.store);
+    o.name = init.options.name;
+    o.timeout = init.options.timeout;
+    p2p_ = std::make_unique<NvlinkUlysses>(o);
+  }
+
+  std::string name() const override { return "nvlink"; }
+  std::string version() const override { return "nvlink (CUDA IPC) + " + inner_->version(); }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+
+  WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits,
+                              const OpContext& ctx) override {
+    if (ctx.op == OpKind::kAllToAllSingle && p2p_eligible(output, input, ctx)) {
+      const int64_t chunk = input.nbytes() / size_;
+      const TensorView x =
+          TensorView::contiguous(input.data, DType::kUInt8, {1, 1, size_, chunk}, input.device);
+      const TensorView out =
+          TensorView::contiguous(output.data, DType::kUInt8, {1, size_, 1, chunk}, output.device);
+      UlyssesArgs args;
+      args.mode = 0;
+      p2p_->check_errors();  // a failure of an earlier call surfaces here, on every rank
+      p2p_->all_to_all_4d(x, out, args, static_cast<cudaStream_t>(ctx.stream),
+                          TransferEngine::kAuto);
+      return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
+    }
+    return inner_->all_to_all_v_single(output, input, output_splits, input_splits, ctx);
+  }
+
+  // -- delegated ops ---------------------------------------------------------------------------
+  WorkPtr send(const TensorView& t, int dst, const OpContext& c) override {
+    return inner_->send(t, dst, c);
+  }
+  WorkPtr recv(const TensorView& t, int src, const OpContext& c) override {
+    return inner_->recv(t, src, c);
+  }
+  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& c) override {
+    return inner_->batch_p2p(ops, c);
+  }
+  WorkPtr broadcast(const TensorView& t, int root, const OpContext& c) override {
+    return inner_->broadcast(t, root, c);
+  }
+  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
+    return inner_->all_reduce(t, op, c);
+  }
+  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& c) override {
+    return inner_->reduce(t, root, op, c);
+  }
+  WorkPtr all_gather(const std::vector<TensorView>& outs, const TensorView& in,
+                     const OpContext& c) override {
+    return inner_->all_gather(outs, in, c);
+  }
+  WorkPtr all_gather_single(const TensorView& out, const TensorView& in,
+                            const OpContext& c) override {
+    return inner_->all_gather_single(out, in, c);
+  }
+  WorkPtr reduce_scatter(const TensorView& out, const std::vector<TensorView>& ins,
+                         const ReduceOp& op, const OpContext& c) override {
+    return inner_->reduce_scatter(out, ins, op, c);
+  }
+  WorkPtr reduce_scatter_single(const TensorView& out, const TensorView& in, const ReduceOp& op,
+                                const OpContext& c) override {
+    return inner_->reduce_scatter_single(out, in, op, c);
+  }
+  WorkPtr all_to_all(const std::vector<TensorView>& outs, const std::vector<TensorView>& ins,
+                     const OpContext& c) override {
+    return inner_->all_to_all(outs, ins, c);
+  }
+  WorkPtr barrier(const OpContext& c) override { return inner_->barrier(c); }
+  WorkPtr scatter(const TensorView& out, const std::vector<TensorView>& ins, int root,
+                  const OpContext& c) override {
+    return inner_->scatter(out, ins, root, c);
+  }
+  WorkPtr gather(const std::vector<TensorView>& outs, const TensorView& in, int root,
+                 const OpContext& c) override {
+    return inner_->gather(outs, in, root, c);
+  }
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
+    // The inner split is collective over this communicator (ncclCommSplit): every rank takes
+    // part, members then set up their own peer-to-peer group through the split's store.
+    auto inner = inner_->split(ranks, init);
+    if (init == nullptr) return nullptr;
+    return std::make_unique<NvlinkBackend>(*init, std::move(inner));
+  }
+  void abort() override { inner_->abort(); }
+  void finalize() override {
+    inner_->finalize();
+    p2p_->check_errors();
+  }
+
+ private:
+  bool p2p_eligible(const TensorView& output, const TensorView& input, const OpContext& ctx) const {
+    if (!input.is_contiguous() || !output.is_contiguous()) return false;
+    if (input.device != output.device || input.dtype != output.dtype) return false;
+    const int64_t bytes = input.nbytes();
+    if (bytes == 0 || bytes % size_ != 0 || (bytes / size_) % 16 != 0) return false;
+    // A captured call cannot grow the window: until an eager call has grown it, NCCL serves.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(ctx.stream), &capture));
+    return capture == cudaStreamCaptureStatusNone || p2p_->window_bytes() >= output.nbytes();
+  }
+
+  int rank_, size_;
+  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<NvlinkUlysses> p2p_;
+};
+
+const StaticBackendRegistration kRegistration("nvlink", [](const BackendInit& init) {
+  return std::make_unique<NvlinkBackend>(init, nullptr);
+});
+
+}  // namespace
+}  // namespace fastcomms
