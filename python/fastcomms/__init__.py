@@ -181,15 +181,130 @@ class BatchSendRecv:
         return TorchWork(self._comm._c.batch(ops, async_op, _ms(timeout), hints))
 
 
+class _DoneWork:
+    """The TorchWork of a stream-ordered op: already ordered on the caller's current stream."""
+
+    def wait(self) -> None:
+        pass
+
+    def is_completed(self) -> bool:
+        return True
+
+    def status(self) -> WorkStatus:
+        return WorkStatus.COMPLETED
+
+
+_window_names = itertools.count()
+
+
 class TorchCommWindow:
-    """One-sided windows (put / signal / wait_signal / map_remote_tensor) belong to the nvlink
-    backend, which is not built into the Python package yet: every method raises."""
+    """A one-sided window (torchcomms' TorchCommWindow) on the nvlink backend: every rank
+    registers a CUDA tensor of the same size (collective), peers' tensors are mapped here through
+    CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a peer's puts
+    before this rank's later work; all are enqueued on the caller's current stream (their
+    TorchWork is complete at once: the stream orders them). Not for CUDA graph capture."""
 
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
-        raise UnsupportedError(
-            f"[rank {comm.get_rank()}/{comm.get_size()} {comm.get_name()} new_window] windows "
-            f"need the nvlink backend; backend '{comm.get_backend()}' has none"
+        where = f"[rank {comm.get_rank()}/{comm.get_size()} {comm.get_name()} new_window]"
+        if comm.get_backend() != "nvlink":
+            raise UnsupportedError(
+                f"{where} windows need the nvlink backend; backend '{comm.get_backend()}' has none"
+            )
+        if not hasattr(_C, "NvlinkWindow") or comm._store is None:
+            raise UnsupportedError(f"{where} this build or communicator cannot map windows")
+        from .ulysses import PrefixedStore
+
+        self._comm = comm
+        self._rank, self._size = comm.get_rank(), comm.get_size()
+        self.device = comm.get_device()
+        store = PrefixedStore(
+            f"fastcomms_window/{comm.get_name()}/{next(_window_names)}", comm._store
         )
+        self._w = _C.NvlinkWindow(
+            self._rank, self._size, self.device.index, store, "window", comm._c.timeout()
+        )
+        self._tensor = None
+        if tensor is not None:
+            self.tensor_register(tensor)
+
+    def _where(self, op: str) -> str:
+        return f"[rank {self._rank}/{self._size} {self._comm.get_name()} {op}]"
+
+    def _need(self, op: str) -> torch.Tensor:
+        if self._tensor is None:
+            raise ValueError(f"{self._where(op)} no tensor is registered; call tensor_register")
+        return self._tensor
+
+    # -- registration ----------------------------------------------------------------------------
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        """Collective: this rank's buffer (a contiguous tensor on the communicator's device, the
+        same number of bytes on every rank)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self._where('tensor_register')} needs a tensor")
+        if tensor.device != self.device or not tensor.is_contiguous():
+            raise ValueError(
+                f"{self._where('tensor_register')} needs a contiguous tensor on {self.device}, got "
+                f"{'a non-contiguous tensor' if tensor.device == self.device else tensor.device}"
+            )
+        self._w.register_buffer(tensor)
+        self._tensor = tensor
+
+    def tensor_deregister(self) -> None:
+        """Collective: releases the registration once every rank's puts are done."""
+        self._w.deregister()
+        self._tensor = None
+
+    # -- one-sided ops ---------------------------------------------------------------------------
+    def put(self, tensor, dst_rank, target_offset_nelems, async_op=False):
+        """Copies ``tensor`` into rank ``dst_rank``'s buffer from element
+        ``target_offset_nelems`` (elements of the registered tensor's dtype)."""
+        reg = self._need("put")
+        if tensor.device != self.device or not tensor.is_contiguous():
+            raise ValueError(f"{self._where('put')} needs a contiguous tensor on {self.device}")
+        if tensor.dtype != reg.dtype:
+            raise TypeError(
+                f"{self._where('put')} tensor is {tensor.dtype}, the window holds {reg.dtype}"
+            )
+        offset = int(target_offset_nelems)
+        if offset < 0 or offset + tensor.numel() > reg.numel():
+            raise ValueError(
+                f"{self._where('put')} elements [{offset}, {offset + tensor.numel()}) do not fit "
+                f"the window of {reg.numel()}"
+            )
+        self._w.put(tensor, int(dst_rank), offset * reg.element_size(), self.device.index)
+        return _DoneWork()
+
+    def signal(self, peer_rank, async_op=False):
+        """Tells ``peer_rank`` that this rank's earlier puts (in stream order) are complete."""
+        self._w.signal(int(peer_rank), self.device.index)
+        return _DoneWork()
+
+    def wait_signal(self, peer_rank, async_op=False):
+        """Makes later work on the current stream wait for ``peer_rank``'s next signal."""
+        self._w.wait_signal(int(peer_rank), self.device.index)
+        return _DoneWork()
+
+    def map_remote_tensor(self, rank) -> torch.Tensor:
+        """Rank ``rank``'s registered tensor, mapped on this device (kernels may read and write
+        it directly; pair such writes with signal/wait_signal)."""
+        reg = self._need("map_remote_tensor")
+        return self._w.remote(int(rank), list(reg.shape), reg)
+
+    def check_errors(self) -> None:
+        """Raises TimeoutError if a wait_signal gave up waiting."""
+        self._w.check_errors()
+
+    def get_size(self) -> int:
+        """Bytes of the registered buffer (0 when none)."""
+        return self._w.bytes()
+
+    @property
+    def dtype(self):
+        return None if self._tensor is None else self._tensor.dtype
+
+    @property
+    def shape(self):
+        return None if self._tensor is None else self._tensor.shape
 
 
 class TorchCommBackend:

@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "fastcomms/backends/nvlink_window.hpp"
 #include "fastcomms/cuda/nvml.hpp"
 #endif
 #ifdef FASTCOMMS_WITH_NCCL
@@ -326,6 +327,56 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release release;
         n.g.reset();
       });
+
+  // Windows (fastcomms.TorchCommWindow): ops enqueue on the caller's current torch stream;
+  // map_remote tensors keep the window alive.
+  py::class_<NvlinkWindow, std::shared_ptr<NvlinkWindow>>(m, "NvlinkWindow")
+      .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
+                       std::chrono::milliseconds timeout) {
+        NvlinkWindowOptions o;
+        o.rank = rank;
+        o.size = size;
+        o.device = device;
+        o.store = std::make_shared<PyStore>(std::move(store));
+        o.name = name;
+        o.timeout = timeout;
+        py::gil_scoped_release release;
+        return std::make_shared<NvlinkWindow>(std::move(o));
+      }))
+      .def("register_buffer",
+           [](NvlinkWindow& w, at::Tensor t) {
+             void* p = t.data_ptr();
+             const int64_t bytes = t.numel() * t.element_size();
+             py::gil_scoped_release release;
+             w.register_buffer(p, bytes);
+           })
+      .def("deregister",
+           [](NvlinkWindow& w) {
+             py::gil_scoped_release release;
+             w.deregister();
+           })
+      .def("bytes", &NvlinkWindow::bytes)
+      .def("put",
+           [](NvlinkWindow& w, at::Tensor src, int dst, int64_t offset_bytes, int device) {
+             cudaStream_t s = c10::cuda::getCurrentCUDAStream(device).stream();
+             w.put(src.data_ptr(), src.numel() * src.element_size(), dst, offset_bytes, s);
+           })
+      .def("signal",
+           [](NvlinkWindow& w, int peer, int device) {
+             w.signal(peer, c10::cuda::getCurrentCUDAStream(device).stream());
+           })
+      .def("wait_signal",
+           [](NvlinkWindow& w, int peer, int device) {
+             w.wait_signal(peer, c10::cuda::getCurrentCUDAStream(device).stream());
+           })
+      .def("check_errors", &NvlinkWindow::check_errors)
+      .def("remote",
+           [](std::shared_ptr<NvlinkWindow> w, int q, std::vector<int64_t> shape, at::Tensor like) {
+             void* p = w->remote(q);
+             return torch::from_blob(
+                 p, shape, [w](void*) {},
+                 at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
+           });
 #endif
 
   using Ms = std::optional<std::chrono::milliseconds>;

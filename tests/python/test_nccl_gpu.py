@@ -139,3 +139,105 @@ def test_backend_matches_torch_distributed_nccl(backend):
         errors.append(errq.get())
     codes = [p.exitcode for p in procs]
     assert not errors and all(c == 0 for c in codes), f"exit codes {codes}: {errors}"
+
+
+def _window_worker(rank, size, path, errq):
+    """Windows on the nvlink backend: puts land where they should, a signal orders the sender's
+    put before the receiver's read, and an armed control whose signal is not ordered after its
+    put (the put held back 50 ms behind a sleep) reads poison, on every run."""
+    from conftest import _hang_guard
+
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+
+        dev = torch.device("cuda", rank)
+        torch.cuda.set_device(dev)
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(path, size)
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
+        )
+        comm = fastcomms.new_comm(
+            "nvlink",
+            dev,
+            store=dist.PrefixStore("fc", store),
+            name="w",
+            timeout=datetime.timedelta(seconds=60),
+        )
+        n, peer = 8192, 1 - rank
+        buf = torch.full((size * n,), -1.0, device=dev)  # poison
+        win = comm.new_window(buf)
+        assert win.get_size() == buf.numel() * 4 and win.dtype == torch.float32
+
+        def data(r, round_):
+            g = torch.Generator().manual_seed(1000 * round_ + r)
+            return torch.randn(n, generator=g).to(dev)
+
+        side = torch.cuda.Stream()
+        results = {}
+        for round_, armed in ((1, False), (2, True), (3, False)):
+            torch.cuda.synchronize()
+            dist.barrier()  # every put of the last round has landed
+            buf.fill_(-1.0)
+            torch.cuda.synchronize()
+            dist.barrier()  # every buffer is poisoned before any put of this round
+            torch.cuda._sleep(100_000_000)  # ~50 ms: the put below comes late
+            win.put(data(rank, round_), peer, rank * n, False)
+            if armed:  # the fault: the signal does not wait for the put
+                with torch.cuda.stream(side):
+                    win.signal(peer, False)
+            else:
+                win.signal(peer, False)
+            with torch.cuda.stream(side):  # the reader does not sit behind this rank's sleep
+                win.wait_signal(peer, False)
+                got = buf[peer * n : (peer + 1) * n].clone()
+            torch.cuda.synchronize()
+            win.check_errors()
+            results[round_] = torch.equal(got, data(peer, round_))
+            dist.barrier()
+        assert results[1] and results[3], f"rank {rank}: a signalled put was not visible {results}"
+        assert not results[2], f"rank {rank}: the armed control did not tear (the test cannot fail)"
+        # the peer's buffer mapped here holds what this rank put there last
+        remote = win.map_remote_tensor(peer)
+        assert remote.shape == buf.shape and torch.equal(
+            remote[rank * n : (rank + 1) * n], data(rank, 3)
+        )
+        # bad arguments raise before anything is enqueued
+        with pytest.raises(ValueError, match="do not fit the window"):
+            win.put(data(rank, 0), peer, size * n, False)
+        with pytest.raises(ValueError, match=r"dst_rank must be in \[0, 2\)"):
+            win.put(data(rank, 0), 5, 0, False)
+        with pytest.raises(TypeError, match="the window holds torch.float32"):
+            win.put(data(rank, 0).double(), peer, 0, False)
+        torch.cuda.synchronize()
+        win.tensor_deregister()
+        comm.finalize()
+        del win, comm
+        dist.destroy_process_group()
+        print(f"[rank {rank}] windows: puts, signals, remote map ok; armed control tore")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_nvlink_windows():
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=_window_worker, args=(r, 2, os.path.join(d, "s"), errq))
+            for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=200)
+            if p.is_alive():
+                p.kill()
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    codes = [p.exitcode for p in procs]
+    assert not errors and all(c == 0 for c in codes), f"exit codes {codes}: {errors}"

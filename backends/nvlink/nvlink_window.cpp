@@ -1,0 +1,231 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// Windows over NVLink: registered buffers mapped into every peer through CUDA IPC, puts on the
+// copy engines, signals on a pad per rank (include/fastcomms/backends/nvlink_window.hpp).
+#include "fastcomms/backends/nvlink_window.hpp"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "fastcomms/cuda/barrier.hpp"
+#include "fastcomms/cuda/check.hpp"
+#include "fastcomms/cuda/signal.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms {
+namespace {
+
+// The allocation holding `ptr` (base, size), from the driver through the runtime's entry-point
+// query, so the library never links libcuda. CUresult cuMemGetAddressRange(CUdeviceptr* base,
+// size_t* size, CUdeviceptr ptr), CUdeviceptr being an unsigned 64-bit integer.
+std::pair<char*, size_t> allocation_of(void* ptr, const std::string& where) {
+  using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);
+  static Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    (void)cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                           &q);
+    return q == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(f) : nullptr;
+  }();
+  FASTCOMMS_CHECK(fn != nullptr, kCudaError, where,
+                  "the driver does not provide cuMemGetAddressRange");
+  unsigned long long base = 0;
+  size_t size = 0;
+  const int rc = fn(&base, &size, reinterpret_cast<unsigned long long>(ptr));
+  FASTCOMMS_CHECK(rc == 0, kInvalidArgument, where, "the buffer at ", ptr,
+                  " is not device memory of this process (cuMemGetAddressRange error ", rc, ")");
+  return {reinterpret_cast<char*>(base), size};
+}
+
+// One mapping per peer allocation per process: several windows may register tensors of one
+// allocation (a caching allocator's segment), and an allocation is opened once.
+std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<cuda::IpcMapping>> open;
+  const std::string key(reinterpret_cast<const char*>(&handle), sizeof handle);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto m = open[key].lock()) return m;
+  auto m = std::make_shared<cuda::IpcMapping>(handle);
+  open[key] = m;
+  return m;
+}
+
+struct Record {  // what a rank publishes for a registration
+  cudaIpcMemHandle_t handle;
+  int64_t offset;
+  int64_t bytes;
+};
+
+}  // namespace
+
+NvlinkWindow::NvlinkWindow(NvlinkWindowOptions options) : opt_(std::move(options)) {
+  FASTCOMMS_CHECK(opt_.store != nullptr, kInvalidArgument, prefix("new_window"),
+                  "a store is required");
+  FASTCOMMS_CHECK(opt_.size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.size, kInvalidArgument,
+                  prefix("new_window"), "rank ", opt_.rank, " is not in a group of ", opt_.size);
+  cuda::DeviceGuard guard(opt_.device);
+  const size_t pad_bytes = sizeof(uint64_t) * static_cast<size_t>(opt_.size);
+  pad_ = cuda::DeviceBuffer(pad_bytes);
+  FASTCOMMS_CUDA_CHECK(cudaMemset(pad_.get(), 0, pad_bytes));
+  error_ = cuda::PinnedBuffer(sizeof(int));
+  std::memset(error_.get(), 0, sizeof(int));
+  FASTCOMMS_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaIpcMemHandle_t handle;
+  FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, pad_.get()));
+  opt_.store->set(detail::cat(opt_.name, "/pad/", opt_.rank),
+                  std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&handle),
+                                       reinterpret_cast<uint8_t*>(&handle) + sizeof handle));
+  pad_maps_.resize(opt_.size);
+  peer_pads_.resize(opt_.size);
+  for (int q = 0; q < opt_.size; ++q) {
+    if (q == opt_.rank) {
+      peer_pads_[q] = static_cast<uint64_t*>(pad_.get());
+      continue;
+    }
+    const auto v = opt_.store->get(detail::cat(opt_.name, "/pad/", q), opt_.timeout);
+    FASTCOMMS_CHECK(v.size() == sizeof handle, kInternal, prefix("new_window"),
+                    "malformed pad record from rank ", q);
+    cudaIpcMemHandle_t peer;
+    std::memcpy(&peer, v.data(), sizeof peer);
+    pad_maps_[q] = open_shared(peer);
+    peer_pads_[q] = static_cast<uint64_t*>(pad_maps_[q]->get());
+  }
+  sent_.assign(opt_.size, 0);
+  seen_.assign(opt_.size, 0);
+  maps_.resize(opt_.size);
+  ptrs_.assign(opt_.size, nullptr);
+}
+
+NvlinkWindow::~NvlinkWindow() {
+  (void)cudaSetDevice(opt_.device);
+  (void)cudaDeviceSynchronize();  // this rank's puts and signals are done before unmapping
+}
+
+std::string NvlinkWindow::prefix(const char* op) const {
+  return detail::cat("[rank ", opt_.rank, "/", opt_.size, " ", opt_.name, " ", op, "] ");
+}
+
+void NvlinkWindow::check_peer(const char* op, const char* what, int q) const {
+  FASTCOMMS_CHECK(q >= 0 && q < opt_.size, kInvalidArgument, prefix(op), what, " must be in [0, ",
+                  opt_.size, "), got ", q);
+}
+
+void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
+  const std::string where = prefix("tensor_register");
+  FASTCOMMS_CHECK(!registered(), kInvalidArgument, where,
+                  "a buffer is already registered; call tensor_deregister() first");
+  FASTCOMMS_CHECK(ptr != nullptr && bytes > 0, kInvalidArgument, where,
+                  "needs a non-empty device buffer, got ", bytes, " bytes");
+  cuda::DeviceGuard guard(opt_.device);
+  cudaPointerAttributes attr{};
+  FASTCOMMS_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
+  FASTCOMMS_CHECK(attr.type == cudaMemoryTypeDevice && attr.device == opt_.device, kInvalidArgument,
+                  where, "the buffer must be device memory of cuda:", opt_.device,
+                  " (the communicator's device)");
+  const auto [base, size] = allocation_of(ptr, where);
+  const int64_t offset = static_cast<char*>(ptr) - base;
+  FASTCOMMS_CHECK(offset + bytes <= static_cast<int64_t>(size), kInvalidArgument, where,
+                  "the buffer runs past its allocation");
+  Record mine{};
+  const cudaError_t rc = cudaIpcGetMemHandle(&mine.handle, base);
+  FASTCOMMS_CHECK(rc == cudaSuccess, kInvalidArgument, where,
+                  "CUDA IPC cannot export this buffer (", cudaGetErrorString(rc),
+                  "); register memory from cudaMalloc (with PyTorch: not from expandable "
+                  "segments, PYTORCH_CUDA_ALLOC_CONF)");
+  mine.offset = offset;
+  mine.bytes = bytes;
+  const std::string key = detail::cat(opt_.name, "/buf/", generation_, "/");
+  opt_.store->set(key + std::to_string(opt_.rank),
+                  std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&mine),
+                                       reinterpret_cast<uint8_t*>(&mine) + sizeof mine));
+  std::vector<std::shared_ptr<cuda::IpcMapping>> maps(opt_.size);
+  std::vector<void*> ptrs(opt_.size, nullptr);
+  for (int q = 0; q < opt_.size; ++q) {
+    if (q == opt_.rank) {
+      ptrs[q] = ptr;
+      continue;
+    }
+    const auto v = opt_.store->get(key + std::to_string(q), opt_.timeout);
+    FASTCOMMS_CHECK(v.size() == sizeof(Record), kInternal, where, "malformed record from rank ", q);
+    Record peer{};
+    std::memcpy(&peer, v.data(), sizeof peer);
+    FASTCOMMS_CHECK(peer.bytes == bytes, kInvalidArgument, where, "rank ", q, " registered ",
+                    peer.bytes, " bytes, this rank ", bytes,
+                    ": every rank registers the same size");
+    maps[q] = open_shared(peer.handle);
+    ptrs[q] = static_cast<char*>(maps[q]->get()) + peer.offset;
+  }
+  ++generation_;
+  maps_ = std::move(maps);
+  ptrs_ = std::move(ptrs);
+  local_ = ptr;
+  bytes_ = bytes;
+}
+
+void NvlinkWindow::deregister() {
+  if (!registered()) return;
+  cuda::DeviceGuard guard(opt_.device);
+  // Every rank's puts into every buffer are done before any rank lets its buffer go.
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string key = detail::cat(opt_.name, "/dereg/", generation_, "/");
+  opt_.store->set_string(key + std::to_string(opt_.rank), "1");
+  for (int q = 0; q < opt_.size; ++q) opt_.store->wait({key + std::to_string(q)}, opt_.timeout);
+  ++generation_;
+  maps_.assign(opt_.size, nullptr);
+  ptrs_.assign(opt_.size, nullptr);
+  local_ = nullptr;
+  bytes_ = 0;
+}
+
+void* NvlinkWindow::remote(int q) const {
+  check_peer("map_remote_tensor", "rank", q);
+  FASTCOMMS_CHECK(registered(), kInvalidArgument, prefix("map_remote_tensor"),
+                  "no buffer is registered");
+  return ptrs_[q];
+}
+
+void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset,
+                       cudaStream_t stream) {
+  check_peer("put", "dst_rank", dst);
+  FASTCOMMS_CHECK(registered(), kInvalidArgument, prefix("put"), "no buffer is registered");
+  FASTCOMMS_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, kInvalidArgument,
+                  prefix("put"), "bytes [", offset, ", ", offset + bytes,
+                  ") do not fit the window of ", bytes_, " bytes");
+  check_errors();
+  if (bytes == 0) return;
+  cuda::DeviceGuard guard(opt_.device);
+  FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ptrs_[dst]) + offset, src,
+                                       static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                       stream));
+}
+
+void NvlinkWindow::signal(int peer, cudaStream_t stream) {
+  check_peer("signal", "peer_rank", peer);
+  check_errors();
+  cuda::DeviceGuard guard(opt_.device);
+  cuda::signal_async(peer_pads_[peer] + opt_.rank, ++sent_[peer], stream);
+}
+
+void NvlinkWindow::wait_signal(int peer, cudaStream_t stream) {
+  check_peer("wait_signal", "peer_rank", peer);
+  check_errors();
+  cuda::DeviceGuard guard(opt_.device);
+  const auto ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(opt_.timeout).count());
+  cuda::wait_signal_async(static_cast<uint64_t*>(pad_.get()) + peer, ++seen_[peer], error_dev_, ns,
+                          stream);
+}
+
+void NvlinkWindow::check_errors() {
+  const int e = *static_cast<volatile int*>(error_.get());
+  if (e == cuda::kBarrierOk) return;
+  *static_cast<volatile int*>(error_.get()) = 0;
+  throw Error(ErrorCode::kTimeout,
+              detail::cat(prefix("wait_signal"), "a wait for a signal timed out after ",
+                          opt_.timeout.count(), " ms (the peer never signalled)"));
+}
+
+}  // namespace fastcomms

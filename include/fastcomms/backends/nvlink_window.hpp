@@ -1,0 +1,82 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// One-sided windows over NVLink (torchcomms' TorchCommWindow): a buffer registered by every rank
+/// of a group and mapped into every peer through CUDA IPC, with a signal pad beside it. `put`
+/// copies into a peer's buffer (copy engine), `signal`/`wait_signal` order a sender's puts before
+/// a receiver's later work (NOTE [window signal ordering] in fastcomms/cuda/signal.hpp),
+/// `remote` gives a peer's buffer as a pointer kernels can use. Setup needs only the store.
+/// Signal values are fixed when an op is enqueued, so window ops are not for CUDA graph capture.
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/cuda/runtime.hpp"
+
+namespace fastcomms {
+
+/// Setup of a window group.
+struct NvlinkWindowOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;                              ///< This rank's CUDA ordinal.
+  std::shared_ptr<Store> store;                ///< Rendezvous (IPC handles travel through it).
+  std::string name = "window";                 ///< Key namespace in the store.
+  std::chrono::milliseconds timeout{600'000};  ///< Store waits and device signal waits.
+};
+
+/// A window: one registered buffer per rank, mapped into every peer.
+class NvlinkWindow {
+ public:
+  /// Collective: allocates and exchanges the signal pads.
+  explicit NvlinkWindow(NvlinkWindowOptions options);
+  ~NvlinkWindow();
+  NvlinkWindow(const NvlinkWindow&) = delete;
+  NvlinkWindow& operator=(const NvlinkWindow&) = delete;
+
+  /// Collective: registers `bytes` at `ptr` (device memory of this rank's device, any offset
+  /// inside a cudaMalloc'd allocation) as this rank's buffer. Every rank registers the same size.
+  void register_buffer(void* ptr, int64_t bytes);
+  /// Collective: drops the registration (waits for this device's work first).
+  void deregister();
+  /// Whether a buffer is registered.
+  bool registered() const { return bytes_ > 0; }
+  /// Bytes of the registered buffer (the same on every rank).
+  int64_t bytes() const { return bytes_; }
+  /// Rank q's buffer as a pointer on this device (this rank's own buffer for q == rank).
+  void* remote(int q) const;
+
+  /// Enqueues a copy of `bytes` from `src` into rank `dst`'s buffer at `offset` bytes.
+  void put(const void* src, int64_t bytes, int dst, int64_t offset, cudaStream_t stream);
+  /// Enqueues a signal to `peer` ordered after everything enqueued before it on `stream`.
+  void signal(int peer, cudaStream_t stream);
+  /// Enqueues a wait for the next signal from `peer`; later work on `stream` sees its puts.
+  void wait_signal(int peer, cudaStream_t stream);
+  /// Throws if a device-side wait timed out (reads pinned memory; no sync).
+  void check_errors();
+
+ private:
+  std::string prefix(const char* op) const;
+  void check_peer(const char* op, const char* what, int q) const;
+
+  NvlinkWindowOptions opt_;
+  cuda::DeviceBuffer pad_;  // size slots: [q] = signals received from q
+  std::vector<std::shared_ptr<cuda::IpcMapping>> pad_maps_;
+  std::vector<uint64_t*> peer_pads_;  // [q]: q's pad, mapped here
+  cuda::PinnedBuffer error_;
+  int* error_dev_ = nullptr;
+  std::vector<uint64_t> sent_, seen_;  // signals sent to / consumed from each peer
+  void* local_ = nullptr;
+  int64_t bytes_ = 0;
+  std::vector<std::shared_ptr<cuda::IpcMapping>> maps_;  // [q]: q's allocation, mapped here
+  std::vector<void*> ptrs_;                              // [q]: q's buffer, mapped here
+  uint64_t generation_ = 0;
+};
+
+}  // namespace fastcomms
