@@ -12,7 +12,7 @@ BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
 summary() {
   printf '\n==================== GPU summary ====================\n'
-  for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_nccl_ops; do
+  for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_ulysses bench_nccl_ops; do
     printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
   done
 }
@@ -112,6 +112,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     tee "$OUT/bench_a2a.log"
   rc=${PIPESTATUS[0]}
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ]; then
+  # The Python-level modes (padding, overlap under a GEMM chain, zero-SM) through UlyssesGroup.
+  PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 tools/gpu/exclusive.py -- \
+    python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$OUT/bench_ulysses.log"
+  rc=${PIPESTATUS[0]}
+  result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")
 fi
 
 if [ "${SKIP_NCCL_BENCH:-0}" != 1 ]; then

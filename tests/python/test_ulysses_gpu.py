@@ -280,3 +280,76 @@ def _collective_worker(store, rank, world):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the nccl path needs one GPU per rank")
 def test_ulysses_cuda_collective_matches_torch_distributed():
     _spawn(_collective_worker, 2)
+
+
+def _overlap_worker(store, rank, world):
+    """overlapping_barriers: an async call held back on the group's side stream and a sync call
+    on the caller's stream are in flight together on unordered streams; they use separate
+    windows and barriers, both come out bit-exact, and the sync call finished while the async one
+    had not (a liveness check that they really overlapped)."""
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    g = UlyssesGroup(None, device=dev, transport="nvlink")
+    ref = UlyssesGroup(None)
+    gen = torch.Generator().manual_seed(rank + 99)
+    seq, heads, b, d = [5] * world, [2] * world, 1, 64
+    xa = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
+    xs = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
+    g.all_to_all_4d_async(xa).wait()  # create the async group and its side stream first
+    torch.cuda.synchronize()
+    g._astream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(g._astream):
+        torch.cuda._sleep(200_000_000)  # ~100 ms: hold the async call back on its stream
+    wa = g.all_to_all_4d_async(xa)  # enqueued behind the sleep on the side stream
+    ys = g.all_to_all_4d(xs)  # on the caller's stream, not ordered with the side stream
+    sync_done = torch.cuda.Event()
+    sync_done.record()
+    sync_done.synchronize()
+    overlapped = not wa.is_completed()
+    ya = wa.wait()
+    torch.cuda.synchronize()
+    assert overlapped, f"rank {rank}: the async call finished before the sync one (no overlap)"
+    assert _same_bytes(ys, _reference(ref, xs, 0, seq, heads)), "sync call next to an async one"
+    assert _same_bytes(ya, _reference(ref, xa, 0, seq, heads)), "async call next to a sync one"
+    g.destroy()
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
+    reason="the extension was built without CUDA",
+)
+def test_ulysses_nvlink_sync_and_async_overlap():
+    _spawn(_overlap_worker, 2)
+
+
+def _subgroup_worker(store, rank, world):
+    """subgroup: two groups partitioning the job ({0, 1} and {2, 3}) transfer concurrently, each
+    bit-exact, without touching each other's windows."""
+    import torch.distributed as dist
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = halves[rank // 2]
+    g = UlyssesGroup(mine, device=dev, transport="nvlink")
+    ref = UlyssesGroup(mine)
+    sub_rank = dist.get_rank(mine)
+    gen = torch.Generator().manual_seed(rank + 7)
+    for i in range(10):
+        seq, heads = [3 + i % 2, 4], [2, 1 + i % 3]
+        x = _input(sub_rank, i % 2, 2, 32, seq, heads, torch.float16, gen, dev)
+        y = g.all_to_all_4d(x, mode=i % 2, seq_splits=seq, head_splits=heads)
+        assert _same_bytes(y, _reference(ref, x, i % 2, seq, heads)), f"subgroup call {i}"
+    torch.cuda.synchronize()
+    g.destroy()
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
+    reason="the extension was built without CUDA",
+)
+def test_ulysses_nvlink_subgroups():
+    _spawn(_subgroup_worker, 4)
