@@ -40,7 +40,7 @@ ctest --test-dir "$FASTCOMMS_BUILD" --output-on-failure -j "$JOBS"
 
 step "pytest (the Python package on CPU over gloo, against torch.distributed)"
 PYTHONPATH="$FASTCOMMS_BUILD/python:$FASTCOMMS_ROOT/python" \
-  "$FASTCOMMS_VENV/bin/python" -m pytest -q tests/python
+  "$FASTCOMMS_VENV/bin/python" -m pytest -q -rs tests/python
 
 step "pip: build the wheel, install it, use it (the package as users get it)"
 # The same CMake project through scikit-build-core, CPU-only here to keep CI short; its build
