@@ -93,6 +93,27 @@ class PrefixedStore:
         return self._s.delete_key(self._p + key)
 
 
+def nvlink_decision(who, nvlink_matrix):
+    """(usable, why) from every rank's "host|device" entry and an NVML query
+    ``nvlink_matrix(devices) -> (matrix or None, why)``: usable when there is one host and every
+    pair of distinct GPUs is NVLink-joined (ranks sharing a GPU count as joined); NVML's
+    "unknown" is never taken for yes. Every rank computes it from the same entries."""
+    pairs = [w.rsplit("|", 1) for w in who]
+    hosts = {h for h, _ in pairs}
+    if len(hosts) != 1:
+        return False, f"the ranks span {len(hosts)} hosts"
+    devices = sorted({int(d) for _, d in pairs})
+    if len(devices) == 1:
+        return True, f"all {len(who)} ranks share GPU {devices[0]} of one host"
+    matrix, why = nvlink_matrix(devices)
+    if matrix is None:
+        return False, f"NVML cannot say whether GPUs {devices} are NVLink-joined ({why})"
+    missing = [(a, b) for a in devices for b in devices if a < b and not matrix.get((a, b), False)]
+    if missing:
+        return False, f"GPU pairs {missing} are not NVLink-joined"
+    return True, f"GPUs {devices} of one host, every pair NVLink-joined (NVML)"
+
+
 class UlyssesGroup:
     """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, or None: the default).
 
@@ -186,20 +207,8 @@ class UlyssesGroup:
         store.set(f"who/{self._rank}", f"{socket.gethostname()}|{self.device.index}")
         keys = [f"who/{r}" for r in range(self._size)]
         store.wait(keys)
-        who = [store.get(k).decode().rsplit("|", 1) for k in keys]
-        hosts = {h for h, _ in who}
-        if len(hosts) != 1:
-            return False, f"the ranks span {len(hosts)} hosts"
-        devices = sorted({int(d) for _, d in who})
-        if len(devices) == 1:
-            return True, f"all {self._size} ranks share GPU {devices[0]} of one host"
-        matrix, why = _C.nvlink_matrix(devices)
-        if matrix is None:
-            return False, f"NVML cannot say whether GPUs {devices} are NVLink-joined ({why})"
-        missing = [(a, b) for (a, b), v in sorted(matrix.items()) if a < b and not v]
-        if missing:
-            return False, f"GPU pairs {missing} are not NVLink-joined"
-        return True, f"GPUs {devices} of one host, every pair NVLink-joined (NVML)"
+        who = [store.get(k).decode() for k in keys]
+        return nvlink_decision(who, _C.nvlink_matrix)
 
     def _new_nvlink(self, role):
         timeout = self._comm._c.timeout() if self._comm is not None else _DEFAULT_TIMEOUT
