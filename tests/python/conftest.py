@@ -26,7 +26,34 @@ def _hang_guard():
     )
 
 
-def _worker(rank, world, path, module, fn_name, errq):
+def spawn(target, size, *args, timeout=180):
+    """Runs target(rank, size, store_path, errq, *args) on `size` spawned processes sharing one
+    FileStore path; a rank reports its traceback through errq. Fails with every rank's traceback
+    and exit code if any rank fails or outlives `timeout` seconds (then it is killed)."""
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=target, args=(r, size, os.path.join(d, "store"), errq, *args))
+            for r in range(size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=timeout)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    codes = [p.exitcode for p in procs]
+    if errors or any(c != 0 for c in codes):
+        msg = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors))
+        pytest.fail(f"exit codes {codes}\n{msg}")
+
+
+def _worker(rank, world, path, errq, module, fn_name):
     _hang_guard()
     import fastcomms
     import torch.distributed as dist
@@ -55,32 +82,10 @@ def _worker(rank, world, path, module, fn_name, errq):
 
 @pytest.fixture
 def world():
-    """world(fn, size): runs fn(comm, rank, size) on `size` processes; fails with every rank's
-    traceback if any rank fails."""
+    """world(fn, size): runs fn(comm, rank, size) on `size` processes, each with a fastcomms gloo
+    communicator and a torch.distributed gloo group; fails with every rank's traceback."""
 
     def run(fn, size):
-        ctx = mp.get_context("spawn")
-        errq = ctx.SimpleQueue()
-        with tempfile.TemporaryDirectory() as d:
-            procs = [
-                ctx.Process(
-                    target=_worker,
-                    args=(r, size, os.path.join(d, "store"), fn.__module__, fn.__name__, errq),
-                )
-                for r in range(size)
-            ]
-            for p in procs:
-                p.start()
-            for p in procs:
-                p.join(timeout=180)
-                if p.is_alive():
-                    p.kill()
-        errors = []
-        while not errq.empty():
-            errors.append(errq.get())
-        codes = [p.exitcode for p in procs]
-        if errors or any(c != 0 for c in codes):
-            msg = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors))
-            pytest.fail(f"exit codes {codes}\n{msg}")
+        spawn(_worker, size, fn.__module__, fn.__name__)
 
     return run

@@ -5,12 +5,11 @@ GPUs."""
 
 import datetime
 import os
-import tempfile
 import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import _hang_guard, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -19,8 +18,6 @@ pytestmark = pytest.mark.skipif(
 
 
 def _worker(rank, size, path, errq, backend):
-    from conftest import _hang_guard
-
     _hang_guard()  # a crash or a hang in native code still names the Python line
     try:
         import fastcomms
@@ -121,32 +118,13 @@ def _worker(rank, size, path, errq, backend):
 @pytest.mark.parametrize("backend", ["nccl", "nvlink"])
 def test_backend_matches_torch_distributed_nccl(backend):
     """nvlink: all_to_all_single peer-to-peer over NVLink, the rest through its inner nccl."""
-    ctx = mp.get_context("spawn")
-    errq = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [
-            ctx.Process(target=_worker, args=(r, 2, os.path.join(d, "s"), errq, backend))
-            for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=200)
-            if p.is_alive():
-                p.kill()
-    errors = []
-    while not errq.empty():
-        errors.append(errq.get())
-    codes = [p.exitcode for p in procs]
-    assert not errors and all(c == 0 for c in codes), f"exit codes {codes}: {errors}"
+    spawn(_worker, 2, backend, timeout=200)
 
 
 def _window_worker(rank, size, path, errq):
     """Windows on the nvlink backend: puts land where they should, a signal orders the sender's
     put before the receiver's read, and an armed control whose signal is not ordered after its
     put (the put held back 50 ms behind a sleep) reads poison, on every run."""
-    from conftest import _hang_guard
-
     _hang_guard()
     try:
         import fastcomms
@@ -223,21 +201,4 @@ def _window_worker(rank, size, path, errq):
 
 
 def test_nvlink_windows():
-    ctx = mp.get_context("spawn")
-    errq = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [
-            ctx.Process(target=_window_worker, args=(r, 2, os.path.join(d, "s"), errq))
-            for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=200)
-            if p.is_alive():
-                p.kill()
-    errors = []
-    while not errq.empty():
-        errors.append(errq.get())
-    codes = [p.exitcode for p in procs]
-    assert not errors and all(c == 0 for c in codes), f"exit codes {codes}: {errors}"
+    spawn(_window_worker, 2, timeout=200)

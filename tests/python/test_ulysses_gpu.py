@@ -12,10 +12,16 @@ import random
 
 import pytest
 import torch
+from conftest import _hang_guard, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh)",
+)
+
+needs_cuda_build = pytest.mark.skipif(
+    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
+    reason="the extension was built without CUDA",
 )
 
 DTYPES = [
@@ -77,37 +83,12 @@ def _input(rank, mode, b, d, seq, heads, dtype, gen, device):
 
 def _spawn(fn, size):
     """Runs fn(store, rank, size) on `size` processes, each with a torch.distributed gloo
-    default group (the reference) over one FileStore; fails with every rank's traceback."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    errq = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [
-            ctx.Process(target=_run, args=(fn.__name__, r, size, os.path.join(d, "s"), errq))
-            for r in range(size)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=200)
-            if p.is_alive():
-                p.kill()
-    errors = []
-    while not errq.empty():
-        errors.append(errq.get())
-    codes = [p.exitcode for p in procs]
-    if errors or any(c != 0 for c in codes):
-        msg = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors))
-        pytest.fail(f"exit codes {codes}\n{msg}")
+    default group (the reference) over one FileStore."""
+    spawn(_run, size, fn.__name__, timeout=200)
 
 
-def _run(fn_name, rank, size, path, errq):
+def _run(rank, size, path, errq, fn_name):
     import traceback
-
-    from conftest import _hang_guard
 
     _hang_guard()
     try:
@@ -236,10 +217,7 @@ def _nvlink_worker(store, rank, world):
     print(f"[rank {rank}] nvlink world {world}: {checks} checks bit-exact (seed {seed})")
 
 
-@pytest.mark.skipif(
-    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
-    reason="the extension was built without CUDA",
-)
+@needs_cuda_build
 @pytest.mark.parametrize("size", [2, 3])
 def test_ulysses_nvlink_matches_torch_distributed(size):
     _spawn(_nvlink_worker, size)
@@ -316,10 +294,7 @@ def _overlap_worker(store, rank, world):
     g.destroy()
 
 
-@pytest.mark.skipif(
-    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
-    reason="the extension was built without CUDA",
-)
+@needs_cuda_build
 def test_ulysses_nvlink_sync_and_async_overlap():
     _spawn(_overlap_worker, 2)
 
@@ -347,9 +322,6 @@ def _subgroup_worker(store, rank, world):
     g.destroy()
 
 
-@pytest.mark.skipif(
-    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
-    reason="the extension was built without CUDA",
-)
+@needs_cuda_build
 def test_ulysses_nvlink_subgroups():
     _spawn(_subgroup_worker, 4)
