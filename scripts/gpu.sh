@@ -10,10 +10,20 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
+# One device call is limited (10 minutes on the lent machines): every step's timeout is capped by
+# what is left of GPU_BUDGET_S, a step with under 30 s left is skipped and says so, and each result
+# carries its duration.
+GPU_BUDGET_S=${GPU_BUDGET_S:-560}
+cap() {  # cap SECONDS: the smaller of SECONDS and the budget left
+  local left=$((GPU_BUDGET_S - SECONDS))
+  echo $((left < $1 ? left : $1))
+}
+enough() { [ $((GPU_BUDGET_S - SECONDS)) -ge 30 ]; }
+export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   printf '\n==================== GPU summary ====================\n'
   for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_ulysses bench_nccl_ops; do
-    printf '%-22s %s\n' "$k" "${result[$k]:-not run}"
+    printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
   done
 }
 trap summary EXIT
@@ -62,29 +72,32 @@ fi
 if [ "${SKIP_TEST:-0}" = 1 ]; then
   rc=skip
 else
-  timeout 300 "$BUILD/tests/gpu/test_nvlink_ulysses" >"$OUT/test_nvlink_ulysses.log" 2>&1
+  t0=$SECONDS
+  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nvlink_ulysses" >"$OUT/test_nvlink_ulysses.log" 2>&1
   rc=$?
   grep -v '^test_nvlink_ulysses: [0-9]* GPUs' "$OUT/test_nvlink_ulysses.log" | sort | uniq | tail -20
 fi
 case $rc in
-  0) result[test_nvlink_ulysses]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nvlink_ulysses.log"))" ;;
+  0) result[test_nvlink_ulysses]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nvlink_ulysses.log")) [$((SECONDS - t0)) s]" ;;
   77) result[test_nvlink_ulysses]="SKIPPED ($(head -1 "$OUT/test_nvlink_ulysses.log"))" ;;
   skip) ;;
   *) result[test_nvlink_ulysses]="FAILED (rc $rc)" ;;
 esac
 
-if [ "${SKIP_TEST:-0}" != 1 ]; then
-  timeout 300 "$BUILD/tests/gpu/test_nccl_backend" >"$OUT/test_nccl_backend.log" 2>&1
+if [ "${SKIP_TEST:-0}" != 1 ] && enough; then
+  t0=$SECONDS
+  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nccl_backend" >"$OUT/test_nccl_backend.log" 2>&1
   rc=$?
   sort "$OUT/test_nccl_backend.log" | uniq | tail -20
   case $rc in
-    0) result[test_nccl_backend]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nccl_backend.log"))" ;;
+    0) result[test_nccl_backend]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nccl_backend.log")) [$((SECONDS - t0)) s]" ;;
     77) result[test_nccl_backend]="SKIPPED ($(head -1 "$OUT/test_nccl_backend.log"))" ;;
     *) result[test_nccl_backend]="FAILED (rc $rc)" ;;
   esac
 fi
 
-if [ "${SKIP_PYTEST:-0}" != 1 ]; then
+if [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
+  t0=$SECONDS
   # The Python extension against the machine's torch, then the GPU tier of the Python tests.
   if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
        >"$OUT/configure-python.log" 2>&1 &&
@@ -95,40 +108,44 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
     rc=0
     : >"$OUT/pytest_gpu.log"
     for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
-      PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 -X faulthandler -m pytest -q -s -rs \
+      enough || { echo "$f: not run (device time budget)" >>"$OUT/pytest_gpu.log"; rc=124; continue; }
+      PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
         "$f" >>"$OUT/pytest_gpu.log" 2>&1 || rc=$?
     done
     tail -40 "$OUT/pytest_gpu.log"
     result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$OUT/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
-                         echo "FAILED (rc $rc, see pytest_gpu.log)")
+                         echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
   else
     result[pytest_gpu]="FAILED to build the extension (build-python.log)"
     tail -20 "$OUT/configure-python.log" "$OUT/build-python.log"
   fi
 fi
 
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout 300 python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
+if [ "${SKIP_BENCH:-0}" != 1 ] && enough; then
+  t0=$SECONDS
+  timeout "$(cap 300)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
     tee "$OUT/bench_a2a.log"
   rc=${PIPESTATUS[0]}
-  result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")
+  result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ]; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
+  t0=$SECONDS
   # The Python-level modes (padding, overlap under a GEMM chain, zero-SM) through UlyssesGroup.
-  PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout 300 python3 tools/gpu/exclusive.py -- \
+  PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 200)" python3 tools/gpu/exclusive.py -- \
     python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$OUT/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
-  result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")
+  result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_NCCL_BENCH:-0}" != 1 ]; then
-  timeout 400 python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_nccl_ops" \
+if [ "${SKIP_NCCL_BENCH:-0}" != 1 ] && enough; then
+  t0=$SECONDS
+  timeout "$(cap 400)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_nccl_ops" \
     >"$OUT/bench_nccl_ops.csv" 2>&1 &&
-    timeout 400 python3 tools/gpu/bench_torch_nccl.py "$OUT/bench_nccl_ops.csv" \
+    timeout "$(cap 400)" python3 tools/gpu/bench_torch_nccl.py "$OUT/bench_nccl_ops.csv" \
       >"$OUT/bench_nccl_vs_torch.txt" 2>&1
   rc=$?
   cat "$OUT/bench_nccl_vs_torch.txt"
   grep -E '^(EXCLUSIVE|CONTENDED)' "$OUT/bench_nccl_ops.csv"
-  result[bench_nccl_ops]=$([ "$rc" = 0 ] && echo "ran (bench_nccl_vs_torch.txt)" || echo "FAILED (rc $rc)")
+  result[bench_nccl_ops]=$([ "$rc" = 0 ] && echo "ran (bench_nccl_vs_torch.txt)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
