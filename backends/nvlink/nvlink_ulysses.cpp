@@ -263,7 +263,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     jobs.push_back({x.data, target, p.puts[peer]});
   }
   if (engine == TransferEngine::kSM && max_chunk <= fused_max && !faults_.skip_entry_barrier &&
-      static_cast<int>(jobs.size()) <= 16) {
+      !faults_.unfused && !faults_.skip_transfer && static_cast<int>(jobs.size()) <= 16) {
     // One launch: entry barrier, push, exit barrier (NOTE [fused push]).
     cuda::FusedPushArgs f;
     f.bar = b;
@@ -291,6 +291,10 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
       ce_jobs = jobs;
     } else {
       sm_jobs = jobs;
+    }
+    if (faults_.skip_transfer) {
+      ce_jobs.clear();
+      sm_jobs.clear();
     }
     if (!ce_jobs.empty()) {
       // Split every copy over the side streams (each picks a copy engine of its own).

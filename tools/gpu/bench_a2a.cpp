@@ -136,6 +136,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       nccl_exchange();
       cuda::copy_sm_async(unpack.data(), P, 0, st);
     };
+    auto staged = [&](const TensorView& dst, bool barriers_only) {
+      NvlinkUlysses::DebugFaults f;
+      f.unfused = true;
+      f.skip_transfer = barriers_only;
+      group.set_debug_faults(f);
+      group.all_to_all_4d(x, dst, UlyssesArgs{}, st, TransferEngine::kSM);
+      group.set_debug_faults({});
+    };
     std::vector<std::function<void()>> variants = {
         [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
         [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kSM); },
@@ -180,6 +188,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         },
         [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kHybrid); },
         [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kHybrid); },
+        // Stages (SM engine, three kernels per call): zero copy, barriers alone, copying. The
+        // differences give the transfer (11 - 12) and the copy-out (13 - 11).
+        [&] { staged(zv, false); },
+        [&] { staged(zv, true); },
+        [&] { staged(ov, false); },
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -197,8 +210,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                            std::vector<int64_t>(P, n / P), inputs)[rank];
     }
     int bad = 0;
-    for (int v : {0, 1, 2, 3, 4, 9, 10}) {
-      void* dst = (v == 2 || v == 3 || v == 10) ? zc : out.get();
+    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13}) {
+      void* dst = (v == 2 || v == 3 || v == 10 || v == 11) ? zc : out.get();
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
       variants[v]();
       std::vector<std::byte> got(bytes);
@@ -276,6 +289,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
+      std::printf(
+          "%-20s stages (SM, 3 kernels): barriers in+out %.1f us, transfer %.1f us, copy-out "
+          "%.1f us; zero copy %.1f us, copying %.1f us\n",
+          "", us[12], us[11] - us[12], us[13] - us[11], us[11], us[13]);
       std::fflush(stdout);
     }
     if (bad) return 1;
@@ -303,6 +320,8 @@ int main() {
       "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time; graph0 = "
       "device "
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
-      "eager sm0 call\n");
+      "eager sm0 call; stages = the SM engine with three kernels per call (entry barrier, "
+      "transfer, exit barrier) timed zero copy, copying, and with the transfer left out: the "
+      "differences give the transfer and the copy-out\n");
   return failed ? 1 : 0;
 }

@@ -74,10 +74,13 @@ class NvlinkUlysses {
   /// Throws if a device-side barrier flagged an error (reads pinned memory; no sync).
   void check_errors();
 
-  /// Faults armed by the adversarial tests (their control runs must fail). Never set otherwise.
+  /// Faults armed by the adversarial tests (their control runs must fail) and the stage
+  /// breakdown of bench_a2a. Never set otherwise.
   struct DebugFaults {
     bool skip_entry_barrier = false;        ///< Omit the entry barrier (non-fused paths).
     uint64_t delay_before_copy_out_ns = 0;  ///< Spin this long before the copy-out.
+    bool unfused = false;        ///< Never take the fused one-kernel path (bench stages).
+    bool skip_transfer = false;  ///< Barriers and copy-out only, no transfer (bench stages).
   };
   /// Arms test faults on this rank.
   void set_debug_faults(const DebugFaults& f) { faults_ = f; }
