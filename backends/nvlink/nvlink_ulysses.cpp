@@ -307,7 +307,10 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
         for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
       } else {
         ce_fork_.record(stream);
-        for (int k = 0; k < fan; ++k) ce_fork_.wait_on(ce_streams_[k].get());
+        for (int k = 0; k < fan; ++k) {
+          ce_fork_.wait_on(ce_streams_[k].get());
+          if (faults_.delay_ce_ns > 0) cuda::spin_async(faults_.delay_ce_ns, ce_streams_[k].get());
+        }
         for (size_t i = 0; i < pieces.size(); ++i)
           cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
         for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
@@ -317,7 +320,9 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
       cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
                           static_cast<const int*>(skip_.get()));
     }
-    if (!ce_jobs.empty() && ce_streams_.size() > 1) {
+    // The exit barrier tells peers their payload has landed, so it waits for the copy engines
+    // (a copy is complete once the stream that issued it reaches the join).
+    if (!ce_jobs.empty() && ce_streams_.size() > 1 && !faults_.skip_ce_join) {
       for (auto& ev : ce_join_) ev.wait_on(stream);
     }
     b.slot = kSlotExit;

@@ -323,6 +323,66 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
 
 }  // namespace
 
+// ce_ordering: zero-copy calls on the copy engines, each copy-engine stream held back 20 ms. A
+// peer's exit barrier announces that its payload has landed, so the output read right after the
+// call must be complete. Returns the number of mismatching calls on this rank; with `armed` the
+// exit barrier is not ordered after the copy engines (the control, which must tear).
+int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
+                bool armed) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  NvlinkUlyssesOptions o;
+  o.rank = rank;
+  o.size = P;
+  o.device = device;
+  o.store = store;
+  o.name = armed ? "ce-armed" : "ce";
+  o.timeout = std::chrono::seconds(60);
+  NvlinkUlysses group(o);
+  NvlinkUlysses::DebugFaults f;
+  f.delay_ce_ns = 20'000'000;
+  f.skip_ce_join = armed;
+  group.set_debug_faults(f);
+  cuda::Stream stream;
+  const int64_t heads = 2 * P, s_local = 256, d = 128;
+  std::vector<int64_t> seq(P, s_local), hs(P, 2);
+  const Device dev{DeviceType::kCUDA, device};
+  const size_t in_bytes = static_cast<size_t>(s_local * heads * d * 2);
+  const size_t out_bytes = in_bytes;  // even shards: the output holds as many bytes
+  void* zc = group.empty_output(static_cast<int64_t>(out_bytes));
+  int bad = 0;
+  for (int round = 0; round < 3; ++round) {
+    plan::RankBuffers in(P);
+    std::mt19937_64 drng(seed + 31 * round);
+    for (int r = 0; r < P; ++r) {
+      in[r].resize(in_bytes);
+      for (auto& byte : in[r]) byte = static_cast<std::byte>(drng());
+    }
+    const auto want = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in);
+    cuda::DeviceBuffer x(in_bytes);
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(x.get(), in[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+    // Poisoned in stream order before the call: peers write only after its entry barrier.
+    FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(zc, 0xA5, out_bytes, stream.get()));
+    group.all_to_all_4d(
+        TensorView::contiguous(x.get(), DType::kBFloat16, {1, s_local, heads, d}, dev),
+        TensorView::contiguous(zc, DType::kBFloat16, {1, s_local * P, 2, d}, dev), UlyssesArgs{},
+        stream.get(), TransferEngine::kCopyEngine);
+    std::vector<std::byte> got(want[rank].size());
+    // Read on the call's stream only (a read on the legacy stream would wait for every stream).
+    FASTCOMMS_CUDA_CHECK(
+        cudaMemcpyAsync(got.data(), zc, got.size(), cudaMemcpyDeviceToHost, stream.get()));
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    bad += got != want[rank];
+    FASTCOMMS_CUDA_CHECK(
+        cudaDeviceSynchronize());  // the held-back copies land before the next round
+    store->set_string(detail::cat("ce_round/", armed, "/", round, "/", rank), "1");
+    for (int q = 0; q < P; ++q)
+      store->wait({detail::cat("ce_round/", armed, "/", round, "/", q)}, std::chrono::seconds(60));
+  }
+  group.check_errors();
+  return bad;
+}
+
 int main() {
   std::string why;
   const int ndev = gpu_test::device_count_forked(&why);
@@ -384,6 +444,23 @@ int main() {
     race_failed += !ok;
   }
   failed_worlds += race_failed != 0;
-  std::printf("%d passed, %d failed\n", 5 - failed_worlds, failed_worlds);
+  // ce_ordering and its armed control (world 2).
+  int ce_failed = 0;
+  for (bool armed : {false, true}) {
+    const int torn =
+        gpu_test::run_ranks(2, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          const int bad = ce_ordering(r, size, dev, store, seed + 7, armed);
+          std::printf("ce_ordering%s rank %d: %d of 3 calls torn\n",
+                      armed ? " (armed control)" : "", r, bad);
+          return bad ? 1 : 0;
+        });
+    const bool ok = armed ? torn > 0 : torn == 0;
+    std::printf("ce_ordering%s: %s\n", armed ? " armed control" : "",
+                ok ? (armed ? "tore as it must (the test can fail)" : "passed")
+                   : (armed ? "DID NOT TEAR: the test is blind" : "FAILED"));
+    ce_failed += !ok;
+  }
+  failed_worlds += ce_failed != 0;
+  std::printf("%d passed, %d failed\n", 6 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

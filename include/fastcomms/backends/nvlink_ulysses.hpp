@@ -79,6 +79,8 @@ class NvlinkUlysses {
   struct DebugFaults {
     bool skip_entry_barrier = false;        ///< Omit the entry barrier (non-fused paths).
     uint64_t delay_before_copy_out_ns = 0;  ///< Spin this long before the copy-out.
+    uint64_t delay_ce_ns = 0;    ///< Spin this long on each copy-engine stream before its copies.
+    bool skip_ce_join = false;   ///< Exit barrier not ordered after the copy engines (ce_ordering).
     bool unfused = false;        ///< Never take the fused one-kernel path (bench stages).
     bool skip_transfer = false;  ///< Barriers and copy-out only, no transfer (bench stages).
   };
