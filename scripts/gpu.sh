@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+# Every step logs into $LOGS; at exit a few bundles land in $OUT (the device machine returns only
+# a handful of files): summary.txt, env.txt, tests.log (C++ GPU tests and pytest), bench.log,
+# build.log.
+LOGS=${LOGS:-${FASTCOMMS_GPU_BUILD:-build-gpu}-logs}
+mkdir -p "$LOGS"
 BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 declare -A result
 # One device call is limited (10 minutes on the lent machines): every step's timeout is capped by
@@ -21,10 +26,23 @@ cap() {  # cap SECONDS: the smaller of SECONDS and the budget left
 enough() { [ $((GPU_BUDGET_S - SECONDS)) -ge 30 ]; }
 export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
-  printf '\n==================== GPU summary ====================\n'
-  for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_ulysses bench_nccl_ops; do
-    printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
-  done
+  {
+    printf '\n==================== GPU summary ====================\n'
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_ulysses bench_nccl_ops; do
+      printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
+    done
+  } | tee "$OUT/summary.txt"
+  bundle() {  # bundle OUTFILE LOG...: the logs that exist, each under a header
+    local dst=$1
+    shift
+    : >"$dst"
+    for f in "$@"; do
+      [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
+    done
+  }
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log
+  bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
+  bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log
 }
 trap summary EXIT
 
@@ -44,7 +62,7 @@ NCCL_HOME=${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.n
 export NCCL_HOME
 echo "NCCL_HOME=$NCCL_HOME"
 if [ -n "$NCCL_HOME" ] && [ ! -e "$NCCL_HOME/lib/libnccl.so" ] && [ -e "$NCCL_HOME/lib/libnccl.so.2" ]; then
-  mkdir -p "$OUT/nccl-lib" && ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
+  mkdir -p "$LOGS/nccl-lib" && ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$LOGS/nccl-lib/libnccl.so"
 fi
 export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 
@@ -59,13 +77,13 @@ export CXX="$SYS_CXX" CUDAHOSTCXX="$SYS_CXX" CC="$(command -v /usr/bin/gcc || co
 start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DCMAKE_CXX_COMPILER="$SYS_CXX" -DCMAKE_CUDA_HOST_COMPILER="$SYS_CXX" \
-     -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 &&
+     -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1 &&
    cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops \
-     >"$OUT/build.log" 2>&1; then
+     >"$LOGS/build.log" 2>&1; then
   result[build]="ok ($(( $(date +%s) - start )) s)"
 else
   result[build]="FAILED (see configure.log / build.log)"
-  tail -30 "$OUT/configure.log" "$OUT/build.log"
+  tail -30 "$LOGS/configure.log" "$LOGS/build.log"
   exit 1
 fi
 
@@ -73,25 +91,25 @@ if [ "${SKIP_TEST:-0}" = 1 ]; then
   rc=skip
 else
   t0=$SECONDS
-  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nvlink_ulysses" >"$OUT/test_nvlink_ulysses.log" 2>&1
+  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nvlink_ulysses" >"$LOGS/test_nvlink_ulysses.log" 2>&1
   rc=$?
-  grep -v '^test_nvlink_ulysses: [0-9]* GPUs' "$OUT/test_nvlink_ulysses.log" | sort | uniq | tail -20
+  grep -v '^test_nvlink_ulysses: [0-9]* GPUs' "$LOGS/test_nvlink_ulysses.log" | sort | uniq | tail -20
 fi
 case $rc in
-  0) result[test_nvlink_ulysses]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nvlink_ulysses.log")) [$((SECONDS - t0)) s]" ;;
-  77) result[test_nvlink_ulysses]="SKIPPED ($(head -1 "$OUT/test_nvlink_ulysses.log"))" ;;
+  0) result[test_nvlink_ulysses]="PASSED ($(grep -E '^[0-9]+ passed' "$LOGS/test_nvlink_ulysses.log")) [$((SECONDS - t0)) s]" ;;
+  77) result[test_nvlink_ulysses]="SKIPPED ($(head -1 "$LOGS/test_nvlink_ulysses.log"))" ;;
   skip) ;;
   *) result[test_nvlink_ulysses]="FAILED (rc $rc)" ;;
 esac
 
 if [ "${SKIP_TEST:-0}" != 1 ] && enough; then
   t0=$SECONDS
-  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nccl_backend" >"$OUT/test_nccl_backend.log" 2>&1
+  timeout "$(cap 300)" "$BUILD/tests/gpu/test_nccl_backend" >"$LOGS/test_nccl_backend.log" 2>&1
   rc=$?
-  sort "$OUT/test_nccl_backend.log" | uniq | tail -20
+  sort "$LOGS/test_nccl_backend.log" | uniq | tail -20
   case $rc in
-    0) result[test_nccl_backend]="PASSED ($(grep -E '^[0-9]+ passed' "$OUT/test_nccl_backend.log")) [$((SECONDS - t0)) s]" ;;
-    77) result[test_nccl_backend]="SKIPPED ($(head -1 "$OUT/test_nccl_backend.log"))" ;;
+    0) result[test_nccl_backend]="PASSED ($(grep -E '^[0-9]+ passed' "$LOGS/test_nccl_backend.log")) [$((SECONDS - t0)) s]" ;;
+    77) result[test_nccl_backend]="SKIPPED ($(head -1 "$LOGS/test_nccl_backend.log"))" ;;
     *) result[test_nccl_backend]="FAILED (rc $rc)" ;;
   esac
 fi
@@ -100,31 +118,31 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
   t0=$SECONDS
   # The Python extension against the machine's torch, then the GPU tier of the Python tests.
   if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
-       >"$OUT/configure-python.log" 2>&1 &&
-     cmake --build "$BUILD" -j "$(nproc)" --target _C >"$OUT/build-python.log" 2>&1; then
+       >"$LOGS/configure-python.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$(nproc)" --target _C >"$LOGS/build-python.log" 2>&1; then
     # -s: the ranks' own output (faulthandler's native-crash stacks included) lands in the log.
     # Each file on its own, so one that hangs cannot hide the others (a stuck rank dumps its
     # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
     rc=0
-    : >"$OUT/pytest_gpu.log"
+    : >"$LOGS/pytest_gpu.log"
     for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
-      enough || { echo "$f: not run (device time budget)" >>"$OUT/pytest_gpu.log"; rc=124; continue; }
+      enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
       PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
-        "$f" >>"$OUT/pytest_gpu.log" 2>&1 || rc=$?
+        "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
     done
-    tail -40 "$OUT/pytest_gpu.log"
-    result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$OUT/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
+    tail -40 "$LOGS/pytest_gpu.log"
+    result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$LOGS/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
                          echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
   else
     result[pytest_gpu]="FAILED to build the extension (build-python.log)"
-    tail -20 "$OUT/configure-python.log" "$OUT/build-python.log"
+    tail -20 "$LOGS/configure-python.log" "$LOGS/build-python.log"
   fi
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && enough; then
   t0=$SECONDS
   timeout "$(cap 300)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
-    tee "$OUT/bench_a2a.log"
+    tee "$LOGS/bench_a2a.log"
   rc=${PIPESTATUS[0]}
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
@@ -133,7 +151,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
   t0=$SECONDS
   # The Python-level modes (padding, overlap under a GEMM chain, zero-SM) through UlyssesGroup.
   PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 200)" python3 tools/gpu/exclusive.py -- \
-    python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$OUT/bench_ulysses.log"
+    python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$LOGS/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
@@ -141,11 +159,11 @@ fi
 if [ "${SKIP_NCCL_BENCH:-0}" != 1 ] && enough; then
   t0=$SECONDS
   timeout "$(cap 400)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_nccl_ops" \
-    >"$OUT/bench_nccl_ops.csv" 2>&1 &&
-    timeout "$(cap 400)" python3 tools/gpu/bench_torch_nccl.py "$OUT/bench_nccl_ops.csv" \
-      >"$OUT/bench_nccl_vs_torch.txt" 2>&1
+    >"$LOGS/bench_nccl_ops.csv" 2>&1 &&
+    timeout "$(cap 400)" python3 tools/gpu/bench_torch_nccl.py "$LOGS/bench_nccl_ops.csv" \
+      >"$LOGS/bench_nccl_vs_torch.txt" 2>&1
   rc=$?
-  cat "$OUT/bench_nccl_vs_torch.txt"
-  grep -E '^(EXCLUSIVE|CONTENDED)' "$OUT/bench_nccl_ops.csv"
+  cat "$LOGS/bench_nccl_vs_torch.txt"
+  grep -E '^(EXCLUSIVE|CONTENDED)' "$LOGS/bench_nccl_ops.csv"
   result[bench_nccl_ops]=$([ "$rc" = 0 ] && echo "ran (bench_nccl_vs_torch.txt)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
