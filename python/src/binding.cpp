@@ -179,6 +179,20 @@ UlyssesArgs ulysses_args(int mode, std::optional<std::vector<int64_t>> seq,
 }
 
 #ifdef FASTCOMMS_WITH_CUDA
+// The setup of an NVLink group or window (both option structs have these fields).
+template <typename Options>
+Options p2p_options(int rank, int size, int device, py::object store, const std::string& name,
+                    std::chrono::milliseconds timeout) {
+  Options o;
+  o.rank = rank;
+  o.size = size;
+  o.device = device;
+  o.store = std::make_shared<PyStore>(std::move(store));
+  o.name = name;
+  o.timeout = timeout;
+  return o;
+}
+
 // The NVLink peer-to-peer group (backends/nvlink) from Python. Calls are enqueued on the caller's
 // current torch stream; empty_output() buffers are tensors that keep the group alive, so a buffer
 // never outlives its mapping.
@@ -271,13 +285,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyNvlink>(m, "NvlinkGroup")
       .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
                        std::chrono::milliseconds timeout) {
-             NvlinkUlyssesOptions o;
-             o.rank = rank;
-             o.size = size;
-             o.device = device;
-             o.store = std::make_shared<PyStore>(std::move(store));
-             o.name = name;
-             o.timeout = timeout;
+             auto o = p2p_options<NvlinkUlyssesOptions>(rank, size, device, std::move(store), name,
+                                                        timeout);
              py::gil_scoped_release release;
              return PyNvlink{std::make_shared<NvlinkUlysses>(std::move(o)), device};
            }),
@@ -333,13 +342,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<NvlinkWindow, std::shared_ptr<NvlinkWindow>>(m, "NvlinkWindow")
       .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
                        std::chrono::milliseconds timeout) {
-        NvlinkWindowOptions o;
-        o.rank = rank;
-        o.size = size;
-        o.device = device;
-        o.store = std::make_shared<PyStore>(std::move(store));
-        o.name = name;
-        o.timeout = timeout;
+        auto o =
+            p2p_options<NvlinkWindowOptions>(rank, size, device, std::move(store), name, timeout);
         py::gil_scoped_release release;
         return std::make_shared<NvlinkWindow>(std::move(o));
       }))
