@@ -75,7 +75,8 @@ void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
     const plan::CopyDesc& c = jobs[i].desc;
     units += c.height * c.depth * ((c.width + kChunkBytes - 1) / kChunkBytes);
   }
-  const int64_t blocks = std::clamp<int64_t>((units + kWarps - 1) / kWarps, 1, sms);
+  const int cap = args.max_blocks > 0 ? std::min(args.max_blocks, sms) : sms;
+  const int64_t blocks = std::clamp<int64_t>((units + kWarps - 1) / kWarps, 1, cap);
   fused_push_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, batch);
   FASTCOMMS_CUDA_LAUNCH_CHECK();
 }

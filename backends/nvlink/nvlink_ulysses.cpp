@@ -53,6 +53,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
   int fan = 4;
   if (const char* e = std::getenv("FASTCOMMS_CE_STREAMS")) fan = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("FASTCOMMS_FUSED_BLOCKS")) set_fused_max_blocks(std::atoi(e));
   for (int k = 0; k < fan; ++k) {
     ce_streams_.emplace_back(false);
     ce_join_.emplace_back(false);
@@ -269,6 +270,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     f.bar = b;
     f.go = static_cast<uint64_t*>(sync_.get()) + 1;
     f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
+    f.max_blocks = fused_max_blocks_;
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
   } else {
     b.slot = kSlotEntry;

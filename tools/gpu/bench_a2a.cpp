@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "../../tests/gpu/gpu_world.hpp"
 #include "fastcomms/backends/nvlink_ulysses.hpp"
@@ -240,13 +241,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     }
     // Graph replay (device time per call) and host cost per eager call, zero copy, SM engine.
     double graph_us = 0, host_us = 0;
-    if (bytes <= (64u << 20)) {
-      const int n = 20;
+    const int calls = 20;
+    // Device time per call of `fn` replayed from a CUDA graph of `calls` calls (median of 7).
+    auto graph_time = [&](const std::function<void()>& fn) {
       FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       FASTCOMMS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      for (int i = 0; i < n; ++i) variants[3]();
+      for (int i = 0; i < calls; ++i) fn();
       FASTCOMMS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
       FASTCOMMS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm-up
@@ -258,18 +260,30 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
         float ms = 0;
         FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        samples.push_back(1000.0 * ms / n);
+        samples.push_back(1000.0 * ms / calls);
       }
-      graph_us = median(samples);
       FASTCOMMS_CUDA_CHECK(cudaGraphExecDestroy(exec));
       FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
+      return median(samples);
+    };
+    // Small messages: the fused kernel's grid (blocks) against its device time, graph-replayed.
+    std::vector<std::pair<int, double>> grid_us;
+    if (bytes <= (3u << 20)) {
+      for (int blocks : {2, 4, 8, 16, 32, 64, 0}) {
+        group.set_fused_max_blocks(blocks);
+        grid_us.emplace_back(blocks, graph_time(variants[3]));
+      }
+      group.set_fused_max_blocks(0);
+    }
+    if (bytes <= (64u << 20)) {
+      graph_us = graph_time(variants[3]);
       std::vector<double> host;
       for (int rep = 0; rep < 7; ++rep) {
         FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
         const auto h0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < n; ++i) variants[3]();
+        for (int i = 0; i < calls; ++i) variants[3]();
         const auto h1 = std::chrono::steady_clock::now();
-        host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / n);
+        host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / calls);
       }
       host_us = median(host);
       FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -290,6 +304,12 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
+      if (!grid_us.empty()) {
+        std::printf("%-20s fused grid, graph-replayed sm0:", "");
+        for (const auto& [blocks, t] : grid_us)
+          std::printf(" %s %.1f us%s", blocks ? std::to_string(blocks).c_str() : "all SMs", t,
+                      blocks ? "" : "\n");
+      }
       std::printf(
           "%-20s stages (SM, 3 kernels): barriers in+out %.1f us, transfer %.1f us, copy-out "
           "%.1f us; zero copy %.1f us, copying %.1f us\n",
@@ -323,6 +343,7 @@ int main() {
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
       "eager sm0 call; stages = the SM engine with three kernels per call (entry barrier, "
       "transfer, exit barrier) timed zero copy, copying, and with the transfer left out: the "
-      "differences give the transfer and the copy-out\n");
+      "differences give the transfer and the copy-out; fused grid = graph-replayed sm0 with the "
+      "fused kernel's grid capped at that many blocks (FASTCOMMS_FUSED_BLOCKS picks it)\n");
   return failed ? 1 : 0;
 }

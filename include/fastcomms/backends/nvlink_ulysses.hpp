@@ -87,6 +87,9 @@ class NvlinkUlysses {
   /// Arms test faults on this rank.
   void set_debug_faults(const DebugFaults& f) { faults_ = f; }
 
+  /// Caps the grid of the fused small-message kernel (0: one block per SM). A tuning knob for
+  /// the benchmark; the default comes from FASTCOMMS_FUSED_BLOCKS (unset: 0).
+  void set_fused_max_blocks(int blocks) { fused_max_blocks_ = blocks < 0 ? 0 : blocks; }
   /// Bytes of the grow-only window copying calls land in (a call whose largest output needs more
   /// grows it, collectively; not while its stream captures a CUDA graph).
   int64_t window_bytes() const { return window_.bytes; }
@@ -128,6 +131,7 @@ class NvlinkUlysses {
   cuda::Event ce_fork_;
   std::vector<cuda::Event> ce_join_;
   DebugFaults faults_;
+  int fused_max_blocks_ = 0;
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

@@ -68,6 +68,7 @@ struct FusedPushArgs {
   BarrierArgs bar;               ///< Entry on slot 0, exit on slot 1; `bar.epoch` must be set.
   unsigned int* done = nullptr;  ///< Device counter of finished blocks (reset by the last one).
   uint64_t* go = nullptr;        ///< Device word: block 0 publishes the epoch past the entry.
+  int max_blocks = 0;            ///< Cap on the grid (0: one block per SM, the widest).
 };
 static_assert(std::is_trivially_copyable_v<FusedPushArgs>);
 
