@@ -31,7 +31,7 @@ class NvlinkBackend final : public Backend {
  public:
   /// @param inner the nccl communicator to delegate to; null: create one through the store
   NvlinkBackend(const BackendInit& init, std::unique_ptr<Backend> inner)
-      : rank_(init.rank), size_(init.size), inner_(std::move(inner)) {
+      : size_(init.size), inner_(std::move(inner)) {
     const std::string where = detail::cat("[rank ", init.rank, "/", init.size, " ",
                                           init.options.name, " new_comm] nvlink: ");
     FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
@@ -152,7 +152,7 @@ class NvlinkBackend final : public Backend {
     return capture == cudaStreamCaptureStatusNone || p2p_->window_bytes() >= output.nbytes();
   }
 
-  int rank_, size_;
+  int size_;
   std::unique_ptr<Backend> inner_;
   std::unique_ptr<NvlinkUlysses> p2p_;
 };
