@@ -25,13 +25,9 @@ def _load_core() -> None:
     import ctypes
     import glob
 
-    # FASTCOMMS_LOAD_MODE=local drops RTLD_DEEPBIND (a diagnostic switch, not a setting).
-    mode = os.RTLD_NOW | os.RTLD_LOCAL
-    if os.environ.get("FASTCOMMS_LOAD_MODE", "deepbind") == "deepbind":
-        mode |= os.RTLD_DEEPBIND
     for d in __path__:
         for lib in glob.glob(os.path.join(d, "libfastcomms.so")):
-            ctypes.CDLL(lib, mode=mode)
+            ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
             return
 
 

@@ -79,6 +79,13 @@ def doctor(_args) -> int:
     return 0
 
 
+def _progress(rank, text):
+    """The live progress line on rank 0's terminal; None clears it."""
+    if rank == 0 and sys.stderr.isatty():
+        line = "\r" + " " * 70 + "\r" if text is None else f"\r  {text}"
+        print(line, end="", file=sys.stderr, flush=True)
+
+
 def _bench_rank(rank, size, path, args, q):
     import torch.distributed as dist
 
@@ -107,13 +114,7 @@ def _bench_rank(rank, size, path, args, q):
         ok = ok and torch.equal(ours.all_to_all_4d(ours.all_to_all_4d(x), mode=1), x)
         times = {"ours": [], "base": []}
         for it in range(args.warmup + args.iters):
-            if rank == 0 and sys.stderr.isatty():
-                print(
-                    f"\r  [{i + 1}/{len(args.shapes)}] {tuple(shape)} iteration {it + 1}",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            _progress(rank, f"[{i + 1}/{len(args.shapes)}] {tuple(shape)} iteration {it + 1}")
             for name, grp in (("ours", ours), ("base", ref)):
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -129,8 +130,7 @@ def _bench_rank(rank, size, path, args, q):
                 ok,
             )
         )
-    if rank == 0 and sys.stderr.isatty():
-        print("\r" + " " * 70 + "\r", end="", file=sys.stderr)
+    _progress(rank, None)
     q.put((rank, rows, "collective over gloo"))
     comm.finalize()
     dist.destroy_process_group()
@@ -190,13 +190,7 @@ def _bench_gpu_rank(rank, size, path, args, q):
                 torch.cuda.Event(enable_timing=True) for _ in range(2 * (args.warmup + args.iters))
             ]
             for it in range(args.warmup + args.iters):
-                if rank == 0 and sys.stderr.isatty():
-                    print(
-                        f"\r  [{i + 1}/{len(args.shapes)}] {tuple(shape)} {name} {it + 1}",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                _progress(rank, f"[{i + 1}/{len(args.shapes)}] {tuple(shape)} {name} {it + 1}")
                 ev[2 * it].record()
                 fn()
                 ev[2 * it + 1].record()
@@ -206,8 +200,7 @@ def _bench_gpu_rank(rank, size, path, args, q):
                 for it in range(args.warmup, args.warmup + args.iters)
             )
         rows.append((tuple(shape), x.numel() * x.element_size(), times["ours"], times["base"], ok))
-    if rank == 0 and sys.stderr.isatty():
-        print("\r" + " " * 70 + "\r", end="", file=sys.stderr)
+    _progress(rank, None)
     stats = ours.memory_stats()
     q.put(
         (

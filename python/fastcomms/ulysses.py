@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import math
 import os
 import socket
 
@@ -217,7 +218,7 @@ class UlyssesGroup:
             self._size,
             self.device.index,
             self._store_obj,
-            f"{role}",
+            role,
             timeout,
         )
 
@@ -236,8 +237,8 @@ class UlyssesGroup:
         return x.contiguous()
 
     def _nvlink_call(self, nvl, x, mode, seq_splits, head_splits, out):
-        shape = nvl.output_shape(x, mode, seq_splits, head_splits)
-        if out is None:
+        if out is None:  # a given out is validated by the call itself
+            shape = nvl.output_shape(x, mode, seq_splits, head_splits)
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
         nvl.all_to_all_4d(x, out, mode, seq_splits, head_splits, _ENGINES[_engine()])
         return out
@@ -303,12 +304,7 @@ class UlyssesGroup:
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(self, x, *, mode=0, out=None, seq_splits=None, head_splits=None):
         """The exchange of API.md §2; differentiable unless ``out=`` is given."""
-        if mode not in (0, 1):
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d: mode must be 0 or 1, got {mode}"
-            )
-        seq = None if seq_splits is None else [int(v) for v in seq_splits]
-        heads = None if head_splits is None else [int(v) for v in head_splits]
+        seq, heads = self._args(mode, seq_splits, head_splits)
         if out is not None:
             if torch.is_grad_enabled() and x.requires_grad:
                 raise RuntimeError(
@@ -392,10 +388,7 @@ class UlyssesGroup:
         if buf is None or buf.numel() < need:  # grow-only; every rank grows at the same call
             buf = self._nvl_async.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
             self._ring[k] = buf
-        numel = 1
-        for v in shape:
-            numel *= v
-        return buf.view(x.dtype)[:numel].view(shape)
+        return buf.view(x.dtype)[: math.prod(shape)].view(shape)
 
     def _max_out_bytes(self, x, mode, seq, heads):
         seq, heads = _splits(self._size, self._rank, x, mode, seq, heads)

@@ -6,6 +6,7 @@
 // shows; 20 rounds on one window; a mismatched call must be flagged on every rank.
 // Prints one summary line per case; exits 77 (SKIPPED) without two GPUs.
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "fastcomms/backends/nvlink_ulysses.hpp"
@@ -63,6 +64,18 @@ std::array<int64_t, 4> in_shape(const Geo& g, int r) {
                      : std::array<int64_t, 4>{g.b, S, g.heads[r], g.d};
 }
 
+NvlinkUlyssesOptions group_options(int rank, int P, int device, std::shared_ptr<Store> store,
+                                   const char* name) {
+  NvlinkUlyssesOptions o;
+  o.rank = rank;
+  o.size = P;
+  o.device = device;
+  o.store = std::move(store);
+  o.name = name;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
 // window_race: two copying calls back to back, no host sync between them, while rank 0 reads its
 // window slowly (20 ms before its copy-out). The entry barrier must keep rank 1's second call from
 // overwriting rank 0's window before that copy-out. Returns the number of mismatching calls seen on
@@ -70,14 +83,7 @@ std::array<int64_t, 4> in_shape(const Geo& g, int r) {
 int window_race(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
                 bool armed) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
-  NvlinkUlyssesOptions o;
-  o.rank = rank;
-  o.size = P;
-  o.device = device;
-  o.store = store;
-  o.name = armed ? "race-armed" : "race";
-  o.timeout = std::chrono::seconds(60);
-  NvlinkUlysses group(o);
+  NvlinkUlysses group(group_options(rank, P, device, store, armed ? "race-armed" : "race"));
   NvlinkUlysses::DebugFaults f;
   f.skip_entry_barrier = armed;
   if (rank == 0) f.delay_before_copy_out_ns = 20'000'000;
@@ -122,14 +128,7 @@ int window_race(int rank, int P, int device, std::shared_ptr<Store> store, uint6
 
 int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
-  NvlinkUlyssesOptions o;
-  o.rank = rank;
-  o.size = P;
-  o.device = device;
-  o.store = store;
-  o.name = "t";
-  o.timeout = std::chrono::seconds(60);
-  NvlinkUlysses group(o);
+  NvlinkUlysses group(group_options(rank, P, device, store, "t"));
   cuda::Stream stream;
   std::mt19937_64 rng(seed);  // same sequence on every rank
   int checked = 0, failures = 0;
@@ -330,14 +329,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
 int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
                 bool armed) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
-  NvlinkUlyssesOptions o;
-  o.rank = rank;
-  o.size = P;
-  o.device = device;
-  o.store = store;
-  o.name = armed ? "ce-armed" : "ce";
-  o.timeout = std::chrono::seconds(60);
-  NvlinkUlysses group(o);
+  NvlinkUlysses group(group_options(rank, P, device, store, armed ? "ce-armed" : "ce"));
   NvlinkUlysses::DebugFaults f;
   f.delay_ce_ns = 20'000'000;
   f.skip_ce_join = armed;
@@ -381,6 +373,28 @@ int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint6
   }
   group.check_errors();
   return bad;
+}
+
+// Runs an adversarial worker on world 2, then its armed control: the worker (returning the calls
+// it saw torn out of `calls`) must pass and the control must tear. Returns 1 on failure.
+int armed_pair(const char* name, int ndev, int calls,
+               const std::function<int(int, int, int, std::shared_ptr<Store>, bool)>& worker) {
+  int failed = 0;
+  for (bool armed : {false, true}) {
+    const int torn =
+        gpu_test::run_ranks(2, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          const int bad = worker(r, size, dev, store, armed);
+          std::printf("%s%s rank %d: %d of %d calls torn\n", name, armed ? " (armed control)" : "",
+                      r, bad, calls);
+          return bad ? 1 : 0;
+        });
+    const bool ok = armed ? torn > 0 : torn == 0;
+    std::printf("%s%s: %s\n", name, armed ? " armed control" : "",
+                ok ? (armed ? "tore as it must (the test can fail)" : "passed")
+                   : (armed ? "DID NOT TEAR: the test is blind" : "FAILED"));
+    failed += !ok;
+  }
+  return failed != 0;
 }
 
 int main() {
@@ -427,40 +441,15 @@ int main() {
     failed_worlds += failed != 0;
   }
   failed_worlds += probe_failed != 0;
-  // window_race and its armed control (world 2).
-  int race_failed = 0;
-  for (bool armed : {false, true}) {
-    const int torn =
-        gpu_test::run_ranks(2, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
-          const int bad = window_race(r, size, dev, store, seed + 99, armed);
-          std::printf("window_race%s rank %d: %d of 6 calls torn\n",
-                      armed ? " (armed control)" : "", r, bad);
-          return bad ? 1 : 0;
-        });
-    const bool ok = armed ? torn > 0 : torn == 0;
-    std::printf("window_race%s: %s\n", armed ? " armed control" : "",
-                ok ? (armed ? "tore as it must (the test can fail)" : "passed")
-                   : (armed ? "DID NOT TEAR: the test is blind" : "FAILED"));
-    race_failed += !ok;
-  }
-  failed_worlds += race_failed != 0;
-  // ce_ordering and its armed control (world 2).
-  int ce_failed = 0;
-  for (bool armed : {false, true}) {
-    const int torn =
-        gpu_test::run_ranks(2, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
-          const int bad = ce_ordering(r, size, dev, store, seed + 7, armed);
-          std::printf("ce_ordering%s rank %d: %d of 3 calls torn\n",
-                      armed ? " (armed control)" : "", r, bad);
-          return bad ? 1 : 0;
-        });
-    const bool ok = armed ? torn > 0 : torn == 0;
-    std::printf("ce_ordering%s: %s\n", armed ? " armed control" : "",
-                ok ? (armed ? "tore as it must (the test can fail)" : "passed")
-                   : (armed ? "DID NOT TEAR: the test is blind" : "FAILED"));
-    ce_failed += !ok;
-  }
-  failed_worlds += ce_failed != 0;
+  // window_race and ce_ordering, each with its armed control (world 2).
+  failed_worlds +=
+      armed_pair("window_race", ndev, 6, [&](int r, int size, int dev, auto store, bool armed) {
+        return window_race(r, size, dev, store, seed + 99, armed);
+      });
+  failed_worlds +=
+      armed_pair("ce_ordering", ndev, 3, [&](int r, int size, int dev, auto store, bool armed) {
+        return ce_ordering(r, size, dev, store, seed + 7, armed);
+      });
   std::printf("%d passed, %d failed\n", 6 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

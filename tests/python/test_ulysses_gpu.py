@@ -141,10 +141,10 @@ def _nvlink_worker(store, rank, world):
                 sp = dict(seq_splits=seq, head_splits=heads) if uneven else {}
                 what = f"mode {mode} uneven {uneven} {dtype} b{b} d{d} seq {seq} heads {heads}"
                 # out=None
-                check(g.all_to_all_4d(x, mode=mode, **sp), x, mode, seq, heads, what + " out=None")
+                first = g.all_to_all_4d(x, mode=mode, **sp)
+                check(first, x, mode, seq, heads, what + " out=None")
                 # out= an ordinary tensor, poisoned first
-                shape = g.empty_output(x, mode=mode, **sp).shape
-                out = torch.empty(shape, dtype=dtype, device=dev)
+                out = torch.empty_like(first)
                 out.view(torch.uint8).fill_(0xA5)
                 assert g.all_to_all_4d(x, mode=mode, out=out, **sp) is out
                 check(out, x, mode, seq, heads, what + " out=tensor")

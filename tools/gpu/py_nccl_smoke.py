@@ -1,7 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""One rank of a two-process smoke check of the nccl backend from Python (run one process per
-rank: py_nccl_smoke.py RANK SIZE STOREFILE). Prints each step, so a crash names the last one; the
-GPU script runs it under cuda-gdb when the Python GPU tier fails, for a native backtrace."""
+"""One rank of a smoke check of the nccl backend from Python (one process per rank:
+py_nccl_smoke.py RANK SIZE STOREFILE; SIZE 1 needs one process). Prints each step, so a crash names
+the last one; tools/gpu/debug_py_link.sh runs it against several builds of the library."""
 
 import datetime
 import faulthandler
