@@ -449,6 +449,12 @@ void NcclBackend::with_op(const ReduceOp& op, DType t, ncclDataType_t dt, const 
 }
 
 void NcclBackend::watchdog() {
+  // NOTE [watchdog and graph capture]: the watchdog queries events while the caller's thread may
+  // be capturing a CUDA graph in global mode (torch.cuda.graph's default). A query from any
+  // thread in global mode invalidates that capture (seen on 2xH200: cudaErrorStreamCapture-
+  // Invalidated at capture end); relaxed mode exempts this thread, which touches no stream.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(50));

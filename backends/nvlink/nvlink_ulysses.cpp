@@ -51,6 +51,22 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   std::memset(error_.get(), 0, sizeof(int));
   FASTCOMMS_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
+  // The flagged small-message buffers (NOTE [flagged push]), zeroed before peers may write.
+  if (const char* e = std::getenv("FASTCOMMS_FLAGGED_MAX_BYTES"))
+    flagged_cap_ = std::max<int64_t>(0, std::atoll(e)) / 8 * 8;
+  else
+    flagged_cap_ = int64_t{256} << 10;
+  if (opt_.size > 1 && flagged_cap_ > 0) {
+    const int64_t lines = 2 * int64_t{opt_.size} * (1 + flagged_cap_ / 8);
+    flagged_ = exchange(lines * 16, "flagged");
+    FASTCOMMS_CUDA_CHECK(cudaMemset(flagged_.local.get(), 0, flagged_.bytes));
+    flagged_table_ = cuda::DeviceBuffer(sizeof(void*) * opt_.size);
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(flagged_table_.get(), flagged_.ptrs.data(),
+                                    sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
+    flagged_max_ = flagged_cap_;
+  } else {
+    flagged_cap_ = 0;
+  }
   int fan = 4;
   if (const char* e = std::getenv("FASTCOMMS_CE_STREAMS")) fan = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("FASTCOMMS_FUSED_BLOCKS")) set_fused_max_blocks(std::atoi(e));
@@ -126,6 +142,38 @@ void NvlinkUlysses::ensure_window(int64_t bytes, cudaStream_t stream) {
   window_ = std::move(fresh);
 }
 
+void NvlinkUlysses::flagged_call(const TensorView& x, const TensorView& out,
+                                 const plan::UlyssesPlan& p, const plan::UlyssesRequest& req,
+                                 cudaStream_t stream) {
+  // NOTE [flagged push]: every pair exchanges at least its header, so empty puts are kept.
+  std::vector<cuda::CopyJob> sends, recvs;
+  std::vector<int> send_peer, recv_peer;
+  for (int k = 0; k < opt_.size; ++k) {
+    const int q = (opt_.rank + k) % opt_.size;  // rotated: ranks do not all start at peer 0
+    sends.push_back({x.data, q == opt_.rank ? out.data : nullptr, p.puts[q]});
+    send_peer.push_back(q);
+    if (q == opt_.rank) continue;
+    recvs.push_back({nullptr, out.data, peer_plan(p, req, q)->puts[opt_.rank]});
+    recv_peer.push_back(q);
+  }
+  ++epoch_;
+  cuda::FlaggedPushArgs f;
+  f.epoch = static_cast<uint64_t*>(sync_.get());
+  f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
+  f.local = static_cast<const uint4*>(flagged_.local.get());
+  f.peers = static_cast<uint4* const*>(flagged_table_.get());
+  f.rank = opt_.rank;
+  f.size = opt_.size;
+  f.slot_lines = 1 + flagged_cap_ / 8;
+  f.key = p.geometry_key;
+  f.error = error_dev_;
+  f.skip = static_cast<int*>(skip_.get());
+  f.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
+  f.max_blocks = fused_max_blocks_;
+  cuda::flagged_push_async(f, sends.data(), send_peer.data(), static_cast<int>(sends.size()),
+                           recvs.data(), recv_peer.data(), static_cast<int>(recvs.size()), stream);
+}
+
 void* NvlinkUlysses::empty_output(int64_t bytes) {
   FASTCOMMS_CHECK(bytes > 0, kInvalidArgument, prefix(), "empty_output needs bytes > 0, got ",
                   bytes);
@@ -176,7 +224,7 @@ uint64_t NvlinkUlysses::device_epoch() const {
 }
 
 int64_t NvlinkUlysses::memory_bytes() const {
-  int64_t total = pads_.bytes + window_.bytes;
+  int64_t total = pads_.bytes + window_.bytes + flagged_.bytes;
   for (const auto& w : user_windows_) total += w->bytes;
   return total;
 }
@@ -211,6 +259,23 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
                   "]");
 
   cuda::DeviceGuard guard(opt_.device);
+  if (engine == TransferEngine::kAuto || engine == TransferEngine::kSM) {
+    // The flagged path when every pair's chunk fits (decided on the global geometry, so every
+    // rank of a consistent call decides alike); not under the barrier paths' test faults.
+    const auto biggest = [](const std::vector<int64_t>& v) {
+      return v.empty() ? int64_t{0} : *std::max_element(v.begin(), v.end());
+    };
+    const int64_t chunk =
+        p.b * biggest(p.seq_splits) * biggest(p.head_splits) * p.d * p.element_size;
+    const bool faulted = faults_.skip_entry_barrier || faults_.delay_before_copy_out_ns ||
+                         faults_.delay_ce_ns || faults_.skip_ce_join || faults_.unfused ||
+                         faults_.skip_transfer;
+    if (flagged_max_ > 0 && chunk <= flagged_max_ && !faulted && opt_.size > 1 &&
+        2 * opt_.size - 1 <= 16 && (p.d * p.element_size) % 8 == 0) {
+      flagged_call(x, out, p, req, stream);
+      return;
+    }
+  }
   // Destination: a user window when `out` is one (zero copy), else the group's window.
   const Window* dest = nullptr;
   for (const auto& w : user_windows_) {

@@ -38,6 +38,11 @@ __device__ __forceinline__ uint64_t now_ns() {
   return t;
 }
 
+/// One past the device counter of completed calls.
+__device__ __forceinline__ uint64_t call_epoch_of(const uint64_t* epoch) {
+  return *reinterpret_cast<const volatile uint64_t*>(epoch) + 1;
+}
+
 /// The epoch of the call in flight: one past the device counter (see BarrierArgs::epoch).
 __device__ __forceinline__ uint64_t call_epoch(const BarrierArgs& a) {
   return a.epoch ? *reinterpret_cast<const volatile uint64_t*>(a.epoch) + 1 : a.value;

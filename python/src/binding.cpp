@@ -60,7 +60,12 @@ DType to_dtype(at::ScalarType t) {
 
 TensorView view(const at::Tensor& t) {
   TensorView v;
-  v.data = t.data_ptr();
+  // An empty tensor's data_ptr() is null; its storage still says where it lives (an empty
+  // empty_output() buffer must still be recognised as the window it is).
+  v.data = t.numel() == 0 && t.has_storage() && t.storage().data() != nullptr
+               ? static_cast<char*>(const_cast<void*>(t.storage().data())) +
+                     t.storage_offset() * static_cast<int64_t>(t.itemsize())
+               : t.data_ptr();
   v.dtype = to_dtype(t.scalar_type());
   v.shape.assign(t.sizes().begin(), t.sizes().end());
   v.strides.assign(t.strides().begin(), t.strides().end());

@@ -7,6 +7,7 @@
 // Prints one summary line per case; exits 77 (SKIPPED) without two GPUs.
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "fastcomms/backends/nvlink_ulysses.hpp"
@@ -126,6 +127,8 @@ int window_race(int rank, int P, int device, std::shared_ptr<Store> store, uint6
   return bad;
 }
 
+constexpr int64_t kAll = std::numeric_limits<int64_t>::max();  // clamped to the capacity
+
 int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
   NvlinkUlysses group(group_options(rank, P, device, store, "t"));
@@ -146,10 +149,13 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     const auto want = plan::reference_all_to_all_4d(g.mode, g.b, g.d, g.e, g.seq, g.heads, inputs);
     const auto s = in_shape(g, rank);
     const DType dt = dtype_for(g.e);
-    cuda::DeviceBuffer xin(std::max<size_t>(inputs[rank].size(), 1));
+    // Every fifth geometry moves x and a non-window out off 16-byte alignment by one element.
+    const size_t shift = gi % 5 == 4 ? static_cast<size_t>(g.e) : 0;
+    cuda::DeviceBuffer xin(inputs[rank].size() + 16);
+    auto* x_ptr = static_cast<std::byte*>(xin.get()) + shift;
     FASTCOMMS_CUDA_CHECK(
-        cudaMemcpy(xin.get(), inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
-    TensorView x = TensorView::contiguous(xin.get(), dt, {s[0], s[1], s[2], s[3]},
+        cudaMemcpy(x_ptr, inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
+    TensorView x = TensorView::contiguous(x_ptr, dt, {s[0], s[1], s[2], s[3]},
                                           Device{DeviceType::kCUDA, device});
     UlyssesArgs args;
     args.mode = g.mode;
@@ -160,13 +166,16 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     const auto os = group.output_shape(x, args);
     const size_t out_bytes = static_cast<size_t>(os[0] * os[1] * os[2] * os[3] * g.e);
     const bool zero_copy = gi % 4 == 1;  // crosses every engine (gi % 3)
-    cuda::DeviceBuffer own(std::max<size_t>(out_bytes, 1));
-    void* out_ptr = zero_copy ? user : own.get();
+    cuda::DeviceBuffer own(out_bytes + 16);
+    void* out_ptr = zero_copy ? user : static_cast<std::byte*>(own.get()) + shift;
     TensorView out = TensorView::contiguous(out_ptr, dt, {os[0], os[1], os[2], os[3]},
                                             Device{DeviceType::kCUDA, device});
     const TransferEngine engine = gi % 3 == 0   ? TransferEngine::kSM
                                   : gi % 3 == 1 ? TransferEngine::kCopyEngine
                                                 : TransferEngine::kHybrid;
+    // SM geometries alternate between the flagged path and the barrier (fused) path.
+    const bool flagged = (gi / 3) % 2 == 0;
+    group.set_flagged_max_bytes(flagged ? kAll : 0);
     for (unsigned char poison : {0xA5, 0x5A}) {
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(out_ptr, poison, out_bytes, stream.get()));
       group.all_to_all_4d(x, out, args, stream.get(), engine);
@@ -181,12 +190,13 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
         while (first < got.size() && got[first] == want[rank][first]) ++first;
         std::fprintf(stderr,
                      "rank %d: geometry %d MISMATCH (mode %d e %lld b %lld d %lld engine %s "
-                     "zero_copy %d poison %02x) first differing byte %zu of %zu\n",
+                     "zero_copy %d flagged allowed %d poison %02x) first differing byte %zu of "
+                     "%zu\n",
                      rank, gi, g.mode, (long long)g.e, (long long)g.b, (long long)g.d,
                      engine == TransferEngine::kSM       ? "sm"
                      : engine == TransferEngine::kHybrid ? "hybrid"
                                                          : "ce",
-                     zero_copy, poison, first, got.size());
+                     zero_copy, flagged, poison, first, got.size());
       }
       ++checked;
     }
@@ -214,6 +224,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(obuf.get(), 0xEE, obuf.size(), stream.get()));
       const TransferEngine engines[] = {TransferEngine::kSM, TransferEngine::kCopyEngine,
                                         TransferEngine::kHybrid, TransferEngine::kAuto};
+      group.set_flagged_max_bytes(round % 8 < 4 ? kAll : 0);
       group.all_to_all_4d(x, out, UlyssesArgs{}, stream.get(), engines[round % 4]);
       std::vector<std::byte> got(want[rank].size());
       FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(got.data(), obuf.get(), got.size(),
@@ -238,7 +249,12 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     cuda::DeviceBuffer xin(in_bytes);
     TensorView x = TensorView::contiguous(xin.get(), DType::kBFloat16, {1, s_local, heads, d}, dev);
     TensorView out = TensorView::contiguous(user, DType::kBFloat16, {1, s_local * P, 2, d}, dev);
-    for (TransferEngine engine : {TransferEngine::kSM, TransferEngine::kCopyEngine}) {
+    // SM flagged, SM fused (barriers), copy engines
+    const std::pair<TransferEngine, bool> runs[] = {{TransferEngine::kSM, true},
+                                                    {TransferEngine::kSM, false},
+                                                    {TransferEngine::kCopyEngine, false}};
+    for (const auto& [engine, flagged] : runs) {
+      group.set_flagged_max_bytes(flagged ? kAll : 0);
       FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
@@ -250,7 +266,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       const int replays = 5;
       for (int rep = 0; rep < replays; ++rep) {
         plan::RankBuffers inputs(P);
-        std::mt19937_64 drng(seed + 5000 + rep + 100 * static_cast<int>(engine));
+        std::mt19937_64 drng(seed + 5000 + rep + 100 * static_cast<int>(engine) + 7 * flagged);
         for (int r = 0; r < P; ++r) {
           inputs[r].resize(in_bytes);
           for (auto& byte : inputs[r]) byte = static_cast<std::byte>(drng());
@@ -281,9 +297,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
     }
   }
-  // A mismatched call: rank 0 believes in other head splits. Every rank must be told.
+  // A mismatched call: rank 0 believes in other head splits. Every rank must be told, on the
+  // flagged path and on the barrier path.
   int mismatch_flagged = 0;
-  {
+  for (const bool flagged : {true, false}) {
+    group.set_flagged_max_bytes(flagged ? kAll : 0);
     std::vector<int64_t> seq(P, 8), hs(P, 2);
     if (rank == 0) {
       hs[0] = 3;
@@ -301,20 +319,23 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
         TensorView::contiguous(obuf.get(), DType::kFloat32, {os[0], os[1], os[2], os[3]}, dev);
     group.all_to_all_4d(x, out, args, stream.get(), TransferEngine::kSM);
     FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    bool told = false;
     try {
       group.check_errors();
     } catch (const Error& e) {
-      mismatch_flagged = std::strstr(e.what(), "ranks disagree") != nullptr;
+      told = std::strstr(e.what(), "ranks disagree") != nullptr;
     }
-    if (!mismatch_flagged) {
+    mismatch_flagged += told;
+    if (!told) {
       ++failures;
-      std::fprintf(stderr, "rank %d: a mismatched call was not flagged\n", rank);
+      std::fprintf(stderr, "rank %d: a mismatched call was not flagged (flagged path %d)\n", rank,
+                   flagged);
     }
   }
   std::printf(
       "rank %d/%d (GPU %d): %d checks, %d graph replays checked, %d failures, mismatch "
       "flagged: %s, host epoch %llu, device epoch %llu, group memory %.1f MiB\n",
-      rank, P, device, checked, graph_checked, failures, mismatch_flagged ? "yes" : "NO",
+      rank, P, device, checked, graph_checked, failures, mismatch_flagged == 2 ? "yes" : "NO",
       static_cast<unsigned long long>(group.epoch()),
       static_cast<unsigned long long>(group.device_epoch()), group.memory_bytes() / 1048576.0);
   return failures == 0 ? 0 : 1;

@@ -161,8 +161,11 @@ def _window_worker(rank, size, path, errq):
             buf.fill_(-1.0)
             torch.cuda.synchronize()
             dist.barrier()  # every buffer is poisoned before any put of this round
+            # the source is made first: a pageable host-to-device copy behind the sleep would
+            # wait for it on the host, and the armed put would no longer come late
+            src = data(rank, round_)
             torch.cuda._sleep(100_000_000)  # ~50 ms: the put below comes late
-            win.put(data(rank, round_), peer, rank * n, False)
+            win.put(src, peer, rank * n, False)
             if armed:  # the fault: the signal does not wait for the put
                 with torch.cuda.stream(side):
                     win.signal(peer, False)

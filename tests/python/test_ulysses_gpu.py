@@ -275,7 +275,10 @@ def _overlap_worker(store, rank, world):
     seq, heads, b, d = [5] * world, [2] * world, 1, 64
     xa = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
     xs = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
-    g.all_to_all_4d_async(xa).wait()  # create the async group and its side stream first
+    # create both groups and size both windows first: a window that grows synchronizes the
+    # device, which would end the overlap before it began
+    g.all_to_all_4d_async(xa).wait()
+    g.all_to_all_4d(xs)
     torch.cuda.synchronize()
     g._astream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(g._astream):

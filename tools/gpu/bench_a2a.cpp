@@ -266,14 +266,34 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
       return median(samples);
     };
-    // Small messages: the fused kernel's grid (blocks) against its device time, graph-replayed.
-    std::vector<std::pair<int, double>> grid_us;
-    if (bytes <= (3u << 20)) {
-      for (int blocks : {2, 4, 8, 16, 32, 64, 0}) {
-        group.set_fused_max_blocks(blocks);
-        grid_us.emplace_back(blocks, graph_time(variants[3]));
+    // Eager device time per call of `fn` (median of 7 runs of 50 calls).
+    auto eager_time = [&](const std::function<void()>& fn) {
+      std::vector<double> samples;
+      for (int rep = 0; rep < 7; ++rep) {
+        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+        t0.record(st);
+        for (int it = 0; it < 50; ++it) fn();
+        t1.record(st);
+        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
+        float ms = 0;
+        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
+        samples.push_back(1000.0 * ms / 50);
       }
-      group.set_fused_max_blocks(0);
+      return median(samples);
+    };
+    // Small messages: the flagged path (NOTE [flagged push], sm0 takes it when every chunk fits)
+    // against the barrier path (the fused kernel), eager and graph-replayed, zero copy.
+    double small[4] = {0, 0, 0, 0};  // flagged eager, flagged graph, fused eager, fused graph
+    const int64_t flagged_max = group.flagged_max_bytes();
+    const bool small_run =
+        bytes <= (3u << 20) && flagged_max > 0 && bytes / P <= static_cast<size_t>(flagged_max);
+    if (small_run) {
+      for (int k = 0; k < 2; ++k) {
+        group.set_flagged_max_bytes(k == 0 ? flagged_max : 0);
+        small[2 * k] = eager_time(variants[3]);
+        small[2 * k + 1] = graph_time(variants[3]);
+      }
+      group.set_flagged_max_bytes(flagged_max);
     }
     if (bytes <= (64u << 20)) {
       graph_us = graph_time(variants[3]);
@@ -304,12 +324,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
-      if (!grid_us.empty()) {
-        std::printf("%-20s fused grid, graph-replayed sm0:", "");
-        for (const auto& [blocks, t] : grid_us)
-          std::printf(" %s %.1f us%s", blocks ? std::to_string(blocks).c_str() : "all SMs", t,
-                      blocks ? "" : "\n");
-      }
+      if (small_run)
+        std::printf(
+            "%-20s small path, sm0 per call: flagged %.1f us eager, %.1f us graph-replayed; "
+            "barriers (fused kernel) %.1f us eager, %.1f us graph-replayed\n",
+            "", small[0], small[1], small[2], small[3]);
       std::printf(
           "%-20s stages (SM, 3 kernels): barriers in+out %.1f us, transfer %.1f us, copy-out "
           "%.1f us; zero copy %.1f us, copying %.1f us\n",
@@ -343,7 +362,9 @@ int main() {
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
       "eager sm0 call; stages = the SM engine with three kernels per call (entry barrier, "
       "transfer, exit barrier) timed zero copy, copying, and with the transfer left out: the "
-      "differences give the transfer and the copy-out; fused grid = graph-replayed sm0 with the "
-      "fused kernel's grid capped at that many blocks (FASTCOMMS_FUSED_BLOCKS picks it)\n");
+      "differences give the transfer and the copy-out; sm and sm0 take the flagged path (no "
+      "barriers, "
+      "one kernel) where every per-peer chunk fits FASTCOMMS_FLAGGED_MAX_BYTES (256 KiB); small "
+      "path = sm0 with that path and with the barrier path (fused kernel)\n");
   return failed ? 1 : 0;
 }

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -90,6 +91,13 @@ class NvlinkUlysses {
   /// Caps the grid of the fused small-message kernel (0: one block per SM). A tuning knob for
   /// the benchmark; the default comes from FASTCOMMS_FUSED_BLOCKS (unset: 0).
   void set_fused_max_blocks(int blocks) { fused_max_blocks_ = blocks < 0 ? 0 : blocks; }
+  /// Largest per-peer chunk (bytes, over every pair of the call) that takes the flagged path
+  /// (NOTE [flagged push]: no barriers, one kernel); 0 turns it off. Clamped to the capacity
+  /// allocated at construction (FASTCOMMS_FLAGGED_MAX_BYTES, default 256 KiB).
+  void set_flagged_max_bytes(int64_t bytes) {
+    flagged_max_ = std::clamp<int64_t>(bytes, 0, flagged_cap_);
+  }
+  int64_t flagged_max_bytes() const { return flagged_max_; }
   /// Bytes of the grow-only window copying calls land in (a call whose largest output needs more
   /// grows it, collectively; not while its stream captures a CUDA graph).
   int64_t window_bytes() const { return window_.bytes; }
@@ -112,6 +120,8 @@ class NvlinkUlysses {
   };
   Window exchange(int64_t bytes, const std::string& tag);
   void ensure_window(int64_t bytes, cudaStream_t stream);
+  void flagged_call(const TensorView& x, const TensorView& out, const plan::UlyssesPlan& p,
+                    const plan::UlyssesRequest& req, cudaStream_t stream);
   std::string prefix() const;
   std::shared_ptr<const plan::UlyssesPlan> peer_plan(const plan::UlyssesPlan& mine,
                                                      plan::UlyssesRequest req, int q);
@@ -124,6 +134,11 @@ class NvlinkUlysses {
   cuda::PinnedBuffer error_;           // host-mapped int: BarrierError
   int* error_dev_ = nullptr;
   Window window_;  // grow-only destination for copying calls
+  // NOTE [flagged push]: [2 halves][size senders][1 + cap / 8 lines of 16 bytes]
+  Window flagged_;
+  cuda::DeviceBuffer flagged_table_;  // device array of P flag-buffer pointers
+  int64_t flagged_cap_ = 0;           // data bytes per slot
+  int64_t flagged_max_ = 0;           // current threshold (<= cap)
   std::vector<std::unique_ptr<Window>> user_windows_;
   // Copy-engine fan-out: one transfer is split over several streams so that several copy
   // engines work at once (a single cudaMemcpy uses one).

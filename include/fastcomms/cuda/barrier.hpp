@@ -80,4 +80,39 @@ struct CopyJob;
 void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
                       cudaStream_t stream);
 
+/// NOTE [flagged push]: small exchanges without barriers. Each 16-byte line a sender stores into
+/// a peer's flag buffer is {data lo 32 bits, flag, data hi 32 bits, flag}, written with one
+/// 16-byte store whose two 8-byte halves each arrive whole, so a receiver that reads both flags
+/// equal to the call's flag (the low 32 bits of the call's epoch) holds that line's data: no
+/// fence, no handshake, one one-way trip per call. The receiver moves the data into its output.
+/// Layout: buffer[half][sender][line]; a call of epoch e uses half e & 1, line 0 of each slot is
+/// a header carrying the geometry key (a differing key sets kBarrierMismatch and `skip`).
+/// Reuse: a sender writes half e & 1 of peer q during call e only after its call e - 1 read q's
+/// call-(e-1) header, which q wrote from its call e - 1 kernel, started after its call e - 2
+/// kernel (the last reader of that half) had finished in stream order. Every pair exchanges at
+/// least the header, so the chain holds for empty shards too. Stale lines carry older flags.
+struct FlaggedPushArgs {
+  uint64_t* epoch = nullptr;      ///< Device counter of completed calls (NOTE [device epoch]).
+  unsigned int* done = nullptr;   ///< Device counter of finished blocks (reset by the last).
+  const uint4* local = nullptr;   ///< This rank's flag buffer (peers write it).
+  uint4* const* peers = nullptr;  ///< Device array: peer q's flag buffer, mapped here.
+  int rank = 0;
+  int size = 1;
+  int64_t slot_lines = 0;   ///< Lines per (half, sender) slot, header included.
+  uint64_t key = 0;         ///< The call's geometry key.
+  int* error = nullptr;     ///< Host-visible BarrierError word.
+  int* skip = nullptr;      ///< Device word: set on an error; receivers stop waiting.
+  uint64_t timeout_ns = 0;  ///< A receiver gives up after this long (0: never).
+  int max_blocks = 0;       ///< Cap on the grid (0: one block per SM).
+};
+static_assert(std::is_trivially_copyable_v<FlaggedPushArgs>);
+
+/// One launch for a small exchange (NOTE [flagged push]). `sends[i]` is this rank's put to peer
+/// `send_peer[i]` (the local share, peer == rank, is copied straight into `out`); `recvs[i]` is
+/// peer `recv_peer[i]`'s put to this rank (its destination offsets address `out`). Every row
+/// width must be a multiple of 8 bytes and every put at most (slot_lines - 1) * 8 bytes.
+void flagged_push_async(const FlaggedPushArgs& args, const CopyJob* sends, const int* send_peer,
+                        int send_count, const CopyJob* recvs, const int* recv_peer, int recv_count,
+                        cudaStream_t stream);
+
 }  // namespace fastcomms::cuda
