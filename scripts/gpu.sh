@@ -28,7 +28,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu cli bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -40,7 +40,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log cli.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log
 }
@@ -137,6 +137,21 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
     result[pytest_gpu]="FAILED to build the extension (build-python.log)"
     tail -20 "$LOGS/configure-python.log" "$LOGS/build-python.log"
   fi
+fi
+
+if [ "${SKIP_PYTEST:-0}" != 1 ] && compgen -G "$BUILD/python/fastcomms/_C*.so" >/dev/null && enough; then
+  t0=$SECONDS
+  # The CLI on the GPUs: doctor, then bench over each GPU transport (checked bit for bit).
+  (
+    PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 60)" python3 -m fastcomms doctor &&
+      for be in nvlink nccl; do
+        PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 120)" \
+          python3 -m fastcomms bench --nproc 2 --backend "$be" --iters 5 || exit 1
+      done
+  ) >"$LOGS/cli.log" 2>&1
+  rc=$?
+  tail -30 "$LOGS/cli.log"
+  result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor; bench --backend nvlink and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && enough; then

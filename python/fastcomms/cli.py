@@ -262,7 +262,17 @@ def bench(args) -> int:
         ]
         for p in procs:
             p.start()
-        results = [q.get() for _ in procs]
+        results = []
+        # never wait on a rank that died: a failed rank puts nothing in the queue
+        while len(results) < len(procs):
+            if not q.empty():
+                results.append(q.get())
+            elif any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                break
+            else:
+                time.sleep(0.05)
         for p in procs:
             p.join()
     if any(p.exitcode for p in procs):

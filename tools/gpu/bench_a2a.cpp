@@ -364,7 +364,7 @@ int main() {
       "transfer, exit barrier) timed zero copy, copying, and with the transfer left out: the "
       "differences give the transfer and the copy-out; sm and sm0 take the flagged path (no "
       "barriers, "
-      "one kernel) where every per-peer chunk fits FASTCOMMS_FLAGGED_MAX_BYTES (256 KiB); small "
+      "one kernel) where every per-peer chunk fits FASTCOMMS_FLAGGED_MAX_BYTES (1 MiB); small "
       "path = sm0 with that path and with the barrier path (fused kernel)\n");
   return failed ? 1 : 0;
 }

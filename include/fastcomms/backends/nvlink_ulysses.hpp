@@ -93,7 +93,8 @@ class NvlinkUlysses {
   void set_fused_max_blocks(int blocks) { fused_max_blocks_ = blocks < 0 ? 0 : blocks; }
   /// Largest per-peer chunk (bytes, over every pair of the call) that takes the flagged path
   /// (NOTE [flagged push]: no barriers, one kernel); 0 turns it off. Clamped to the capacity
-  /// allocated at construction (FASTCOMMS_FLAGGED_MAX_BYTES, default 256 KiB).
+  /// allocated at construction (FASTCOMMS_FLAGGED_MAX_BYTES, default 1 MiB; the buffers take 4 x
+  /// size x that).
   void set_flagged_max_bytes(int64_t bytes) {
     flagged_max_ = std::clamp<int64_t>(bytes, 0, flagged_cap_);
   }
