@@ -344,7 +344,9 @@ class UlyssesGroup:
         x = self._check_x(x)
         if self._nvl is not None or (x.is_cuda and self._comm is not None):
             if self._astream is None:
-                self._astream = torch.cuda.Stream(device=x.device)
+                # high priority: the async call's small barrier kernels get the next free SM
+                # ahead of a compute kernel's remaining blocks (the overlap it exists for)
+                self._astream = torch.cuda.Stream(device=x.device, priority=-1)
             if self._nvl is not None and self._nvl_async is None:
                 self._nvl_async = self._new_nvlink("async")
             caller = torch.cuda.current_stream(x.device)
