@@ -21,21 +21,6 @@ struct FlaggedBatch {
 };
 static_assert(sizeof(FlaggedBatch) + sizeof(FlaggedPushArgs) <= 4000, "kernel parameter space");
 
-__device__ __forceinline__ void st_line(uint4* p, uint32_t lo, uint32_t hi, uint32_t flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(lo), "r"(flag),
-               "r"(hi), "r"(flag)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_line(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 __device__ __forceinline__ int64_t words_of(const plan::CopyDesc& c) {
   return c.width / 8 * c.height * c.depth;
 }

@@ -56,16 +56,17 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     flagged_cap_ = std::max<int64_t>(0, std::atoll(e)) / 8 * 8;
   else  // on 2xH200 the flagged path beat the barrier path at every per-peer chunk measured
     flagged_cap_ = int64_t{1} << 20;  // (up to 1.25 MiB, docs/benchmarks.md); 1 MiB stays inside
-  if (opt_.size > 1 && flagged_cap_ > 0) {
+  if (opt_.size == 1) flagged_cap_ = 0;
+  if (opt_.size > 1) {
+    // Exchanged even when off (16 bytes), so that ranks started with different settings fail
+    // here, on the sizes, instead of disagreeing at every call.
     const int64_t lines = 2 * int64_t{opt_.size} * (1 + flagged_cap_ / 8);
-    flagged_ = exchange(lines * 16, "flagged");
+    flagged_ = exchange(flagged_cap_ > 0 ? lines * 16 : 16, "flagged");
     FASTCOMMS_CUDA_CHECK(cudaMemset(flagged_.local.get(), 0, flagged_.bytes));
     flagged_table_ = cuda::DeviceBuffer(sizeof(void*) * opt_.size);
     FASTCOMMS_CUDA_CHECK(cudaMemcpy(flagged_table_.get(), flagged_.ptrs.data(),
                                     sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
     flagged_max_ = flagged_cap_;
-  } else {
-    flagged_cap_ = 0;
   }
   int fan = 4;
   if (const char* e = std::getenv("FASTCOMMS_CE_STREAMS")) fan = std::max(1, std::atoi(e));
@@ -306,6 +307,11 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   b.error = error_dev_;
   b.skip = static_cast<int*>(skip_.get());
   b.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
+  if (flagged_cap_ > 0) {  // NOTE [one call, two paths]
+    b.flag_peers = static_cast<uint4* const*>(flagged_table_.get());
+    b.flag_local = static_cast<const uint4*>(flagged_.local.get());
+    b.flag_slot_lines = 1 + flagged_cap_ / 8;
+  }
 
   int64_t max_chunk = 0;
   for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
@@ -358,6 +364,25 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
       ce_jobs = jobs;
     } else {
       sm_jobs = jobs;
+    }
+    // NOTE [local share on the copy engines]: in one SM kernel the warps take the jobs one after
+    // another, so the local share (a copy within this GPU) and the pushes over NVLink would run
+    // in turn, the link idle meanwhile. A large local share goes to the copy engines instead
+    // (zero SMs, side streams joined before the exit barrier) and overlaps the pushes.
+    static const bool local_ce = [] {
+      const char* e = std::getenv("FASTCOMMS_LOCAL_CE");
+      return e == nullptr || std::atoi(e) != 0;
+    }();
+    if (local_ce && engine != TransferEngine::kCopyEngine && ce_streams_.size() > 1 &&
+        p.puts[opt_.rank].bytes() >= (int64_t{4} << 20)) {
+      for (auto it = sm_jobs.begin(); it != sm_jobs.end();) {
+        if (it->dst == out.data) {
+          ce_jobs.push_back(*it);
+          it = sm_jobs.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
     if (faults_.skip_transfer) {
       ce_jobs.clear();

@@ -54,8 +54,20 @@ struct BarrierArgs {
   int* error = nullptr;     ///< Host-visible word for BarrierError (mapped pinned).
   int* skip = nullptr;      ///< Device word the transfer kernel checks.
   uint64_t timeout_ns = 0;  ///< Give up after this long (0: never).
+  /// NOTE [one call, two paths]: when the group has flag buffers (NOTE [flagged push]), the
+  /// entry barrier also writes this rank's header, keyed `key ^ kBarrierPathMark`, into every
+  /// peer's flag buffer, and every wait watches this rank's own flag buffer: a peer header of
+  /// this call with another key means that peer took the flagged path (or another geometry), so
+  /// the wait stops with kBarrierMismatch instead of running into the timeout. A flagged peer
+  /// sees the marked key in its header check and flags the mismatch too.
+  uint4* const* flag_peers = nullptr;  ///< Device array: peer q's flag buffer (null: none).
+  const uint4* flag_local = nullptr;   ///< This rank's flag buffer.
+  int64_t flag_slot_lines = 0;         ///< Lines per (half, sender) slot.
 };
 static_assert(std::is_trivially_copyable_v<BarrierArgs>);
+
+/// Distinguishes a barrier-path header from a flagged one (NOTE [one call, two paths]).
+inline constexpr uint64_t kBarrierPathMark = 0x5bd1e9955bd1e995ull;
 
 /// Enqueues the barrier on `stream`.
 void barrier_async(const BarrierArgs& args, cudaStream_t stream);
