@@ -365,25 +365,6 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     } else {
       sm_jobs = jobs;
     }
-    // NOTE [local share on the copy engines]: in one SM kernel the warps take the jobs one after
-    // another, so the local share (a copy within this GPU) and the pushes over NVLink would run
-    // in turn, the link idle meanwhile. A large local share goes to the copy engines instead
-    // (zero SMs, side streams joined before the exit barrier) and overlaps the pushes.
-    static const bool local_ce = [] {
-      const char* e = std::getenv("FASTCOMMS_LOCAL_CE");
-      return e == nullptr || std::atoi(e) != 0;
-    }();
-    if (local_ce && engine != TransferEngine::kCopyEngine && ce_streams_.size() > 1 &&
-        p.puts[opt_.rank].bytes() >= (int64_t{4} << 20)) {
-      for (auto it = sm_jobs.begin(); it != sm_jobs.end();) {
-        if (it->dst == out.data) {
-          ce_jobs.push_back(*it);
-          it = sm_jobs.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
     if (faults_.skip_transfer) {
       ce_jobs.clear();
       sm_jobs.clear();
