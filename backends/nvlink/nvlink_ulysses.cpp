@@ -268,10 +268,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     };
     const int64_t chunk =
         p.b * biggest(p.seq_splits) * biggest(p.head_splits) * p.d * p.element_size;
-    const bool faulted = faults_.skip_entry_barrier || faults_.delay_before_copy_out_ns ||
-                         faults_.delay_ce_ns || faults_.skip_ce_join || faults_.unfused ||
-                         faults_.skip_transfer;
-    if (flagged_max_ > 0 && chunk <= flagged_max_ && !faulted && opt_.size > 1 &&
+    if (flagged_max_ > 0 && chunk <= flagged_max_ && !faults_.any() && opt_.size > 1 &&
         2 * opt_.size - 1 <= 16 && (p.d * p.element_size) % 8 == 0) {
       flagged_call(x, out, p, req, stream);
       return;

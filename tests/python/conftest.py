@@ -26,6 +26,19 @@ def _hang_guard():
     )
 
 
+def init_rank(rank, size, path, backend="gloo", **kwargs):
+    """What every spawned rank does first: the TORCHCOMM_* variables, the FileStore at `path`, and
+    torch.distributed's default group on it under the prefix "torch". Returns the store."""
+    import torch.distributed as dist
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    store = dist.FileStore(path, size)
+    dist.init_process_group(
+        backend, store=dist.PrefixStore("torch", store), rank=rank, world_size=size, **kwargs
+    )
+    return store
+
+
 def spawn(target, size, *args, timeout=180):
     """Runs target(rank, size, store_path, errq, *args) on `size` spawned processes sharing one
     FileStore path; a rank reports its traceback through errq. Fails with every rank's traceback
@@ -59,11 +72,7 @@ def _worker(rank, world, path, errq, module, fn_name):
     import torch.distributed as dist
 
     try:
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(world)
-        store = dist.FileStore(path, world)
-        dist.init_process_group(
-            "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=world
-        )
+        store = init_rank(rank, world, path)
         comm = fastcomms.new_comm(
             "gloo",
             "cpu",

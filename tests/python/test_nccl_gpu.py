@@ -4,12 +4,11 @@ world 2 (one process per GPU), sync, async and graph-captured. Skipped (saying w
 GPUs."""
 
 import datetime
-import os
 import traceback
 
 import pytest
 import torch
-from conftest import _hang_guard, spawn
+from conftest import _hang_guard, init_rank, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -26,15 +25,7 @@ def _worker(rank, size, path, errq, backend):
 
         torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank)
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-        store = dist.FileStore(path, size)
-        dist.init_process_group(
-            "nccl",
-            store=dist.PrefixStore("torch", store),
-            rank=rank,
-            world_size=size,
-            device_id=dev,
-        )
+        store = init_rank(rank, size, path, "nccl", device_id=dev)
         comm = fastcomms.new_comm(
             backend,
             dev,
@@ -132,11 +123,7 @@ def _window_worker(rank, size, path, errq):
 
         dev = torch.device("cuda", rank)
         torch.cuda.set_device(dev)
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-        store = dist.FileStore(path, size)
-        dist.init_process_group(
-            "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
-        )
+        store = init_rank(rank, size, path)
         comm = fastcomms.new_comm(
             "nvlink",
             dev,

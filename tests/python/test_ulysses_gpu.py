@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import _hang_guard, spawn
+from conftest import _hang_guard, init_rank, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -94,11 +94,7 @@ def _run(rank, size, path, errq, fn_name):
     try:
         import torch.distributed as dist
 
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-        store = dist.FileStore(path, size)
-        dist.init_process_group(
-            "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
-        )
+        store = init_rank(rank, size, path)
         globals()[fn_name](dist.PrefixStore("fc", store), rank, size)
         dist.destroy_process_group()
     except BaseException:

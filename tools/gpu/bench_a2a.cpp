@@ -3,7 +3,7 @@
 // the collective path on NCCL (permute kernel + grouped ncclSend/ncclRecv + permute kernel, i.e.
 // permute + all_to_all_single + permute with fast permutes) and against the NCCL exchange alone,
 // in the same run; bf16, mode 0, 2 ranks, the shapes of DESIGN.md. Each variant: 5 warm-up
-// iterations, then `reps` timed batches of `iters` back-to-back calls (CUDA events), median of the
+// iterations, then 7 timed batches of `iters` back-to-back calls (CUDA events), median of the
 // per-call times. Every variant's output is checked bit for bit against the plan reference first.
 #include <nccl.h>
 
@@ -222,22 +222,26 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       group.check_errors();
       if (!want.empty() && got != want) ++bad;
     }
-    std::vector<double> us(variants.size());
-    const int iters = bytes < (16u << 20) ? 50 : 10, reps = 7;
-    for (size_t v = 0; v < variants.size(); ++v) {
-      for (int w = 0; w < 5; ++w) variants[v]();
+    // Eager device time per call of `fn`: median of 7 runs of `iters` back-to-back calls.
+    auto eager_time = [&](const std::function<void()>& fn, int iters) {
       std::vector<double> samples;
-      for (int rep = 0; rep < reps; ++rep) {
+      for (int rep = 0; rep < 7; ++rep) {
         FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
         t0.record(st);
-        for (int it = 0; it < iters; ++it) variants[v]();
+        for (int it = 0; it < iters; ++it) fn();
         t1.record(st);
         FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
         float ms = 0;
         FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
         samples.push_back(1000.0 * ms / iters);
       }
-      us[v] = median(samples);
+      return median(samples);
+    };
+    std::vector<double> us(variants.size());
+    const int iters = bytes < (16u << 20) ? 50 : 10;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      for (int w = 0; w < 5; ++w) variants[v]();
+      us[v] = eager_time(variants[v], iters);
     }
     // Graph replay (device time per call) and host cost per eager call, zero copy, SM engine.
     double graph_us = 0, host_us = 0;
@@ -251,35 +255,12 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       for (int i = 0; i < calls; ++i) fn();
       FASTCOMMS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
       FASTCOMMS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm-up
-      std::vector<double> samples;
-      for (int rep = 0; rep < 7; ++rep) {
-        t0.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st));
-        t1.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
-        float ms = 0;
-        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        samples.push_back(1000.0 * ms / calls);
-      }
+      const auto launch = [&] { FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, st)); };
+      launch();  // warm-up
+      const double per_launch = eager_time(launch, 1);
       FASTCOMMS_CUDA_CHECK(cudaGraphExecDestroy(exec));
       FASTCOMMS_CUDA_CHECK(cudaGraphDestroy(graph));
-      return median(samples);
-    };
-    // Eager device time per call of `fn` (median of 7 runs of 50 calls).
-    auto eager_time = [&](const std::function<void()>& fn) {
-      std::vector<double> samples;
-      for (int rep = 0; rep < 7; ++rep) {
-        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
-        t0.record(st);
-        for (int it = 0; it < 50; ++it) fn();
-        t1.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
-        float ms = 0;
-        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        samples.push_back(1000.0 * ms / 50);
-      }
-      return median(samples);
+      return per_launch / calls;
     };
     // Small messages: the flagged path (NOTE [flagged push], sm0 takes it when every chunk fits)
     // against the barrier path (the fused kernel), eager and graph-replayed, zero copy.
@@ -290,7 +271,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     if (small_run) {
       for (int k = 0; k < 2; ++k) {
         group.set_flagged_max_bytes(k == 0 ? flagged_max : 0);
-        small[2 * k] = eager_time(variants[3]);
+        small[2 * k] = eager_time(variants[3], 50);
         small[2 * k + 1] = graph_time(variants[3]);
       }
       group.set_flagged_max_bytes(flagged_max);

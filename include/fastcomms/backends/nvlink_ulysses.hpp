@@ -84,6 +84,11 @@ class NvlinkUlysses {
     bool skip_ce_join = false;   ///< Exit barrier not ordered after the copy engines (ce_ordering).
     bool unfused = false;        ///< Never take the fused one-kernel path (bench stages).
     bool skip_transfer = false;  ///< Barriers and copy-out only, no transfer (bench stages).
+    /// True when any fault is armed (they exercise the barrier path, so the flagged one is off).
+    bool any() const {
+      return skip_entry_barrier || delay_before_copy_out_ns || delay_ce_ns || skip_ce_join ||
+             unfused || skip_transfer;
+    }
   };
   /// Arms test faults on this rank.
   void set_debug_faults(const DebugFaults& f) { faults_ = f; }
