@@ -211,6 +211,11 @@ WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
       TensorView::contiguous(recv->data.get(), DType::kUInt8, {recv_total}, x.device),
       TensorView::contiguous(send->data.get(), DType::kUInt8, {send_total}, x.device), recv_bytes,
       send_bytes, o);
+  // The transport reads `send` and writes `recv` until the exchange completes, even when the
+  // caller drops the returned Work (NOTE [work keeps its buffers]); while it does, the pools
+  // see them in use and hand the next call fresh ones (NOTE [ulysses scratch reuse]).
+  inner->hold(send);
+  inner->hold(recv);
   auto work = std::make_shared<UnpackWork>(std::move(inner), p, send, recv, out.data, mine, prefix);
   if (!args.async_op) work->wait();
   return work;

@@ -59,6 +59,17 @@ DType to_dtype(at::ScalarType t) {
 }
 
 TensorView view(const at::Tensor& t) {
+  // A meta, sparse or other non-memory tensor has no bytes to move: refuse it here, once, before
+  // any pointer is read (data_ptr() of a meta tensor is null).
+  FASTCOMMS_CHECK(t.layout() == at::kStrided, kInvalidArgument,
+                  "fastcomms: tensors must be dense (strided layout), got a tensor of layout ",
+                  c10::toString(t.layout()), " with shape ", t.sizes());
+  FASTCOMMS_CHECK(t.is_cpu() || t.is_cuda(), kInvalidArgument,
+                  "fastcomms: tensors must live on cpu or cuda, got a ", t.device().str(),
+                  " tensor of shape ", t.sizes(),
+                  t.is_meta() ? " (meta tensors carry no data; use a FakeTensor mode or "
+                                "torch.compile to trace shapes)"
+                              : "");
   TensorView v;
   // An empty tensor's data_ptr() is null; its storage still says where it lives (an empty
   // empty_output() buffer must still be recognised as the window it is).
@@ -115,18 +126,21 @@ class PyStore : public Store {
   py::object store_;
 };
 
-// A Work that keeps the op's tensors alive until it is waited on and complete.
+// A Work from Python. The op's tensors are attached to the C++ Work itself (NOTE [work keeps its
+// buffers]), so they outlive the transfer even when Python drops this handle unwaited.
 struct PyWork {
   WorkPtr work;
-  std::vector<at::Tensor> keep;
   void wait() {
-    {
-      py::gil_scoped_release release;
-      work->wait();
-    }
-    if (work->status() == WorkStatus::kCompleted) keep.clear();
+    py::gil_scoped_release release;
+    work->wait();
   }
 };
+
+// Attaches `keep` to `w` (at::Tensor references; released wherever the Work dies, which torch
+// allows from any thread).
+void hold_tensors(const WorkPtr& w, std::vector<at::Tensor> keep) {
+  if (w && !keep.empty()) w->hold(std::make_shared<const std::vector<at::Tensor>>(std::move(keep)));
+}
 
 struct PyComm {
   std::shared_ptr<Communicator> comm;
@@ -168,7 +182,8 @@ struct PyComm {
       py::gil_scoped_release release;
       w = fn();
     }
-    return PyWork{std::move(w), std::move(keep)};
+    hold_tensors(w, std::move(keep));
+    return PyWork{std::move(w)};
   }
 };
 

@@ -175,7 +175,7 @@ TEST_F(Factory, RejectsOtherAbi) {
   ::setenv("FASTCOMMS_BACKEND_LIB_PATH_TOY", PLUGIN_BAD_ABI, 1);
   expect_error([&] { make("toy"); }, ErrorCode::kBackendError,
                std::string("backend 'toy': ") + PLUGIN_BAD_ABI +
-                   " was built for backend ABI version 999, this fastcomms has ABI version 1; "
+                   " was built for backend ABI version 1000, this fastcomms has ABI version 2; "
                    "rebuild the backend");
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace fastcomms {
 
@@ -27,9 +28,19 @@ enum class WorkStatus : int {
 const char* work_status_name(WorkStatus s) noexcept;
 
 /// A handle on an issued op. Thread-safe.
+///
+/// NOTE [work keeps its buffers]: an op's buffers must outlive the op, whatever the caller drops.
+/// Whoever drives an op (a backend's worker thread, a CUDA backend's watchdog) holds its Work
+/// until the transport is done with the buffers, so everything attached with hold() lives at
+/// least that long: a dropped async handle never frees memory under a transfer.
 class Work {
  public:
   virtual ~Work() = default;
+  /// Keeps `resource` alive as long as this Work (see NOTE [work keeps its buffers]).
+  void hold(std::shared_ptr<const void> resource) {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    held_.push_back(std::move(resource));
+  }
   /// Current status; never blocks.
   virtual WorkStatus status() const = 0;
   /// True once the op has finished, successfully or not.
@@ -40,6 +51,10 @@ class Work {
   /// Waits for the op (CPU backends block the host; CUDA backends make the caller's current
   /// stream wait). Rethrows the op's error, if any, every time it is called.
   virtual void wait() = 0;
+
+ private:
+  std::mutex held_mu_;
+  std::vector<std::shared_ptr<const void>> held_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

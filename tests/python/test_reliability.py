@@ -1,0 +1,176 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Reliability defects of issue 16, one reproduction each (ranks as processes, CPU over gloo):
+a dropped async handle must not free memory under the transfer (every op family), a dropped
+all_to_all_4d_async must not let the next call overwrite what the peer reads, and meta tensors
+get shapes or a clear error, never a crash."""
+
+import gc
+import random
+import time
+
+import pytest
+import torch
+from fastcomms import ReduceOp
+from fastcomms.ulysses import UlyssesGroup
+
+# Large enough that the transfer is still in flight when rank 0 drops its handle (rank 1 joins
+# late), and that the freed block comes back from malloc for the poison below.
+N = 3 << 17  # divisible by the world sizes 2 and 3
+
+
+def _poison_reuse(count=8):
+    """Allocates and writes blocks of the dropped tensors' size: if a transfer still used freed
+    memory, these writes land in it (and the peer or malloc notices)."""
+    junk = [torch.full((N,), -7.0) for _ in range(count)]
+    del junk
+
+
+def _shared_seed(comm):
+    """A fresh random seed, the same on every rank (rank 0's)."""
+    seed = torch.tensor([random.randrange(1 << 30)])
+    comm.broadcast(seed, 0, False)
+    return int(seed)
+
+
+def _issue_and_drop(comm, rank, size, fn):
+    """Rank 0 issues fn's async op and drops every reference at once; the others join 0.3 s
+    later. Returns what fn returns on ranks != 0 (their tensors to check)."""
+    if rank == 0:
+        fn(True)  # the work and the tensors are dropped here
+        gc.collect()
+        _poison_reuse()
+        return None
+    time.sleep(0.3)
+    return fn(False)
+
+
+def dropped_handles(comm, rank, size):
+    gen = torch.Generator().manual_seed(_shared_seed(comm))
+    data = [torch.randint(-100, 100, (N,), generator=gen).float() for _ in range(size)]
+
+    def all_reduce(async_op):
+        x = data[rank].clone()
+        comm.all_reduce(x, ReduceOp.SUM, async_op)
+        return x
+
+    got = _issue_and_drop(comm, rank, size, all_reduce)
+    if got is not None:
+        assert torch.equal(got, sum(data)), "all_reduce read freed memory on rank 0"
+
+    def broadcast(async_op):
+        x = data[rank].clone()
+        comm.broadcast(x, 0, async_op)
+        return x
+
+    got = _issue_and_drop(comm, rank, size, broadcast)
+    if got is not None:
+        assert torch.equal(got, data[0]), "broadcast sent freed memory from rank 0"
+
+    def all_to_all(async_op):
+        x = data[rank].clone()
+        out = torch.full_like(x, -1)
+        comm.all_to_all_single(out, x, async_op)
+        return out
+
+    got = _issue_and_drop(comm, rank, size, all_to_all)
+    if got is not None:
+        c = N // size
+        want = torch.cat([data[q][rank * c : (rank + 1) * c] for q in range(size)])
+        assert torch.equal(got, want), "all_to_all_single sent freed memory from rank 0"
+
+    def p2p(async_op):  # rank 0 sends to rank 1 with a dropped handle
+        if rank == 0:
+            comm.send(data[0].clone(), 1, async_op)
+            return None
+        if rank == 1:
+            x = torch.full((N,), -1.0)
+            comm.recv(x, 0, False)
+            return x
+        return None
+
+    got = _issue_and_drop(comm, rank, size, p2p)
+    if rank == 1:
+        assert torch.equal(got, data[0]), "send read freed memory on rank 0"
+
+    def batch(async_op):
+        b = comm.batch_op_create()
+        if rank == 0:
+            b.send(data[0].clone(), 1)
+        elif rank == 1:
+            x = torch.full((N,), -1.0)
+            b.recv(x, 0)
+        else:
+            return None
+        b.issue(async_op)
+        return x if rank == 1 else None
+
+    got = _issue_and_drop(comm, rank, size, batch)
+    if rank == 1:
+        assert torch.equal(got, data[0]), "a batched send read freed memory on rank 0"
+    comm.barrier(False)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_dropped_async_handles_keep_their_tensors(world, size):
+    world(dropped_handles, size)
+
+
+def dropped_ulysses(comm, rank, size):
+    g = UlyssesGroup(comm)
+    gen = torch.Generator().manual_seed(_shared_seed(comm))
+    shape = (1, 8, 4 * size, 256)
+    first = [torch.randn(shape, generator=gen) for _ in range(size)]
+    second = [torch.randn(shape, generator=gen) for _ in range(size)]
+
+    def want(inputs):  # mode 0 on this rank: every rank's sequence block of this rank's heads
+        h = shape[2] // size
+        return torch.cat([x[:, :, rank * h : (rank + 1) * h] for x in inputs], dim=1)
+
+    if rank == 0:
+        g.all_to_all_4d_async(first[0].clone())  # dropped: no wait, no reference
+        gc.collect()
+        got2 = g.all_to_all_4d_async(second[0].clone()).wait()
+    else:
+        time.sleep(0.3)  # rank 0's second call is issued before this rank's first
+        got1 = g.all_to_all_4d_async(first[rank].clone()).wait()
+        got2 = g.all_to_all_4d_async(second[rank].clone()).wait()
+        assert torch.equal(got1, want(first)), "the dropped call's bytes were overwritten"
+    assert torch.equal(got2, want(second))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_dropped_ulysses_async_result(world, size):
+    world(dropped_ulysses, size)
+
+
+def meta_tensors(comm, rank, size):
+    g = UlyssesGroup(comm)
+    x = torch.empty((2, 6, 4 * size, 8), device="meta")
+    y = g.all_to_all_4d(x, mode=0)
+    assert y.device.type == "meta" and y.shape == (2, 6 * size, 4, 8)
+    assert g.all_to_all_4d(y, mode=1).shape == x.shape
+    z = g.all_to_all_4d(
+        x, mode=0, seq_splits=[6] * size, head_splits=[4] * (size - 1) + [4]
+    )
+    assert z.shape == y.shape
+    cpu = torch.zeros((2, 6, 4 * size, 8))
+    with pytest.raises(ValueError, match="meta"):
+        g.all_to_all_4d(cpu, out=torch.empty((2, 6 * size, 4, 8), device="meta"))
+    with pytest.raises(ValueError, match="meta"):
+        g.all_to_all_4d(x, out=torch.empty((2, 6 * size, 4, 8)))
+    with pytest.raises(ValueError, match="meta"):
+        g.all_to_all_4d_async(x)
+    with pytest.raises(ValueError, match="meta"):
+        comm.all_reduce(torch.empty(4, device="meta"), ReduceOp.SUM, False)
+    with pytest.raises(ValueError, match="meta"):
+        comm.broadcast(torch.empty(4, device="meta"), 0, True)
+    # the communicator is still usable afterwards, on every rank
+    t = torch.ones(3)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    assert torch.equal(t, torch.full((3,), float(size)))
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_meta_tensors_get_shapes_or_a_clear_error(world, size):
+    world(meta_tensors, size)
+
