@@ -102,6 +102,9 @@ WorkPtr Backend::gather(const std::vector<TensorView>&, const TensorView&, int,
                         const OpContext& c) {
   unsupported(*this, c);
 }
+std::shared_ptr<Window> Backend::new_window(const OpContext& c) {
+  throw Error(ErrorCode::kUnsupported, c.prefix + "backend '" + name() + "' has no windows");
+}
 std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const BackendInit*) {
   throw Error(ErrorCode::kUnsupported,
               detail::cat("backend '", name(), "' does not implement split"));

@@ -34,11 +34,12 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // Every communicator gets its own key space in the store.
   init.options.store = std::make_shared<PrefixStore>("fastcomms/" + options.name, options.store);
   auto backend = create_backend(backend_name, init);
-  return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options));
+  return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
+                                        init.options.store);
 }
 
 Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
-                           CommOptions options)
+                           CommOptions options, std::shared_ptr<Store> key_space)
     : backend_(std::move(backend)),
       rank_(rank),
       size_(size),
@@ -46,6 +47,7 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
       options_(std::move(options)),
       hooks_(std::make_shared<Hooks>()) {
   if (options_.name.empty()) options_.name = "comm";
+  key_space_ = key_space ? std::move(key_space) : options_.store;
 }
 
 Communicator::~Communicator() = default;
@@ -78,6 +80,24 @@ void Communicator::abort() {
 void Communicator::finalize() {
   if (finalized_.exchange(true) || aborted_) return;
   backend_->finalize();
+}
+
+std::shared_ptr<Window> Communicator::new_window() {
+  const std::string where = detail::cat("[rank ", rank_, "/", size_, " ", name(), " new_window] ");
+  FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
+  FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
+  FASTCOMMS_CHECK(backend_->supports_window(), kUnsupported, where, "backend '", backend_->name(),
+                  "' has no windows (the nvlink backend has them)");
+  OpContext ctx;
+  ctx.op_id = next_op_id_.fetch_add(1);
+  ctx.timeout = options_.timeout;
+  ctx.prefix = where;
+  return backend_->new_window(ctx);
+}
+
+std::shared_ptr<UlyssesTransport> Communicator::ulysses_transport() {
+  if (aborted_ || finalized_) return nullptr;
+  return backend_->ulysses_transport();
 }
 
 void Communicator::check_usable(OpKind op) const {
@@ -471,7 +491,7 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
                   "' returned no communicator for a member of the split");
   return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
-                                        std::move(opts));
+                                        std::move(opts), init.options.store);
 }
 
 namespace {

@@ -1,52 +1,58 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-#include "fastcomms/backends/cuda_ulysses.hpp"
+// The Ulysses all-to-all on the collective path for CUDA tensors ("cuda_collective"): one pack
+// kernel driven by plan/'s descriptors (16-byte vectors where alignment allows, any element size
+// otherwise), one all_to_all_v_single on the communicator (NCCL), one unpack kernel; no separate
+// permute copies. Everything is enqueued on the caller's stream.
+#include <cuda_runtime_api.h>
 
 #include "fastcomms/cuda/copy.hpp"
+#include "fastcomms/cuda/runtime.hpp"
 #include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/transport.hpp"
 
 namespace fastcomms {
+namespace {
 
-CudaUlyssesCollective::CudaUlyssesCollective(std::shared_ptr<Communicator> comm)
-    : comm_(std::move(comm)) {
-  FASTCOMMS_CHECK(comm_ != nullptr, kInvalidArgument,
-                  "CudaUlyssesCollective: communicator is null");
-  FASTCOMMS_CHECK(comm_->device().type == DeviceType::kCUDA, kInvalidArgument, "[rank ",
-                  comm_->rank(), "/", comm_->size(), " ", comm_->name(),
-                  "] all_to_all_4d: the CUDA collective path needs a CUDA communicator, got ",
-                  comm_->device().str());
-  device_ = comm_->device().index;
-}
+class CudaCollectiveTransport final : public UlyssesTransport {
+ public:
+  explicit CudaCollectiveTransport(std::shared_ptr<Communicator> comm)
+      : UlyssesTransport(comm->rank(), comm->size(), comm->name()), comm_(std::move(comm)) {
+    FASTCOMMS_CHECK(comm_->device().type == DeviceType::kCUDA, kInvalidArgument, prefix(),
+                    "the CUDA collective path needs a CUDA communicator, got ",
+                    comm_->device().str());
+    device_ = comm_->device().index;
+  }
+  std::string kind() const override { return "cuda_collective"; }
+  UlyssesMemoryStats memory_stats() const override {
+    return {static_cast<int64_t>(send_.size() + recv_.size()), calls_};
+  }
 
-plan::UlyssesRequest CudaUlyssesCollective::request(const TensorView& x,
-                                                    const UlyssesArgs& args) const {
-  const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
-                                         comm_->name(), "] all_to_all_4d: ");
-  FASTCOMMS_CHECK(x.device == comm_->device(), kInvalidArgument, prefix, "x is on ", x.device.str(),
-                  ", the communicator serves ", comm_->device().str());
-  return ulysses_request(x, args, comm_->rank(), comm_->size(), comm_->name(),
-                         plan::Path::kCollective);
-}
+ protected:
+  plan::Path path() const override { return plan::Path::kCollective; }
+  void check_input(const TensorView& x) const override {
+    FASTCOMMS_CHECK(x.device == comm_->device(), kInvalidArgument, prefix(), "x is on ",
+                    x.device.str(), ", the communicator serves ", comm_->device().str());
+  }
+  WorkPtr run(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
+              const plan::UlyssesRequest& req, const std::shared_ptr<const plan::UlyssesPlan>& plan,
+              void* stream) override;
 
-std::array<int64_t, 4> CudaUlyssesCollective::output_shape(const TensorView& x,
-                                                           const UlyssesArgs& args) const {
-  return plan::ulysses_output_shape(request(x, args));
-}
+ private:
+  std::shared_ptr<Communicator> comm_;
+  int device_ = 0;
+  cuda::DeviceBuffer send_, recv_;
+  cuda::Event scratch_free_;  // recorded after the unpack that last read the scratch
+  bool scratch_used_ = false;
+  uint64_t calls_ = 0;
+};
 
-void CudaUlyssesCollective::all_to_all_4d(const TensorView& x, const TensorView& out,
-                                          const UlyssesArgs& args, cudaStream_t stream) {
-  const plan::UlyssesRequest req = request(x, args);
-  const std::string prefix = detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ",
-                                         comm_->name(), "] all_to_all_4d: ");
-  const auto plan_ptr = plans_.get(req);
+WorkPtr CudaCollectiveTransport::run(const TensorView& x, const TensorView& out, const UlyssesArgs&,
+                                     const plan::UlyssesRequest&,
+                                     const std::shared_ptr<const plan::UlyssesPlan>& plan_ptr,
+                                     void* stream_ptr) {
   const plan::UlyssesPlan& p = *plan_ptr;
-  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
-                  ", x has ", dtype_name(x.dtype));
-  FASTCOMMS_CHECK(out.device == x.device && out.is_contiguous(), kInvalidArgument, prefix,
-                  "out must be a contiguous tensor on ", x.device.str());
-  FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
-                  kInvalidArgument, prefix, "out has shape ", out.describe(), ", expected [",
-                  p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ", p.out_shape[3],
-                  "]");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  ++calls_;
   cuda::DeviceGuard guard(device_);
   const int64_t e = p.element_size;
   // NOTE [collective scratch reuse]: the scratch is grow-only; a call on another stream waits
@@ -79,6 +85,14 @@ void CudaUlyssesCollective::all_to_all_4d(const TensorView& x, const TensorView&
   cuda::copy_sm_async(unpack.data(), static_cast<int>(unpack.size()), 0, stream);
   scratch_free_.record(stream);
   scratch_used_ = true;
+  return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
 }
 
+const StaticTransportRegistration kRegistration("cuda_collective", [](const TransportInit& init) {
+  FASTCOMMS_CHECK(init.comm != nullptr, kInvalidArgument, "[", init.name,
+                  "] the CUDA collective Ulysses path needs a communicator");
+  return std::make_shared<CudaCollectiveTransport>(init.comm);
+});
+
+}  // namespace
 }  // namespace fastcomms

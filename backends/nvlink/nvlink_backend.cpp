@@ -17,7 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include <atomic>
+
+#include "backends/nvlink/nvlink_transport.hpp"
+#include "backends/nvlink/nvlink_window.hpp"
 #include "fastcomms/core/backend.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
@@ -45,14 +48,31 @@ class NvlinkBackend final : public Backend {
       inner.options.store = std::make_shared<PrefixStore>("inner_nccl", init.options.store);
       inner_ = create_backend("nccl", inner);
     }
-    NvlinkUlyssesOptions o;
-    o.rank = init.rank;
-    o.size = init.size;
-    o.device = init.device.index;
-    o.store = std::make_shared<PrefixStore>("p2p", init.options.store);
-    o.name = init.options.name;
-    o.timeout = init.options.timeout;
-    p2p_ = std::make_unique<NvlinkUlysses>(o);
+    TransportInit t;
+    t.rank = init.rank;
+    t.size = init.size;
+    t.device = init.device;
+    t.store = std::make_shared<PrefixStore>("p2p", init.options.store);
+    t.name = init.options.name;
+    t.timeout = init.options.timeout;
+    p2p_ = std::make_shared<NvlinkTransport>(t, /*owned=*/false);
+    window_init_ = t;
+    window_init_.store = std::make_shared<PrefixStore>("win", init.options.store);
+  }
+
+  // NOTE [the nvlink backend lends its engine]: Ulysses groups over this communicator use the
+  // engine all_to_all_single uses (and its async lane), so no second set of windows exists.
+  std::shared_ptr<UlyssesTransport> ulysses_transport() override { return p2p_; }
+  bool supports_window() const override { return true; }
+  std::shared_ptr<Window> new_window(const OpContext&) override {
+    NvlinkWindowOptions o;
+    o.rank = window_init_.rank;
+    o.size = window_init_.size;
+    o.device = window_init_.device.index;
+    o.store = window_init_.store;
+    o.name = detail::cat(window_init_.name, "/", windows_++);  // every rank counts alike
+    o.timeout = window_init_.timeout;
+    return std::make_shared<NvlinkWindow>(std::move(o));
   }
 
   std::string name() const override { return "nvlink"; }
@@ -71,9 +91,9 @@ class NvlinkBackend final : public Backend {
           TensorView::contiguous(output.data, DType::kUInt8, {1, size_, 1, chunk}, output.device);
       UlyssesArgs args;
       args.mode = 0;
-      p2p_->check_errors();  // a failure of an earlier call surfaces here, on every rank
-      p2p_->all_to_all_4d(x, out, args, static_cast<cudaStream_t>(ctx.stream),
-                          TransferEngine::kAuto);
+      // A failure of an earlier call surfaces in the call, on every rank.
+      p2p_->engine().all_to_all_4d(x, out, args, static_cast<cudaStream_t>(ctx.stream),
+                                   TransferEngine::kAuto);
       return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
     }
     return inner_->all_to_all_v_single(output, input, output_splits, input_splits, ctx);
@@ -149,12 +169,15 @@ class NvlinkBackend final : public Backend {
     // A captured call cannot grow the window: until an eager call has grown it, NCCL serves.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(ctx.stream), &capture));
-    return capture == cudaStreamCaptureStatusNone || p2p_->window_bytes() >= output.nbytes();
+    return capture == cudaStreamCaptureStatusNone ||
+           p2p_->engine().window_bytes() >= output.nbytes();
   }
 
   int size_;
   std::unique_ptr<Backend> inner_;
-  std::unique_ptr<NvlinkUlysses> p2p_;
+  std::shared_ptr<NvlinkTransport> p2p_;
+  TransportInit window_init_;
+  std::atomic<uint64_t> windows_{0};
 };
 
 const StaticBackendRegistration kRegistration("nvlink", [](const BackendInit& init) {

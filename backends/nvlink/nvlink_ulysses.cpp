@@ -1,7 +1,8 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "backends/nvlink/nvlink_ulysses.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -14,21 +15,45 @@ namespace {
 constexpr int kSlotEntry = 0, kSlotExit = 1;
 }  // namespace
 
-int64_t NvlinkUlysses::crossover_bytes() {
-  // Per-peer chunk size above which the copy engines move the data (see docs/benchmarks.md for
-  // the measurement this comes from; FASTCOMMS_CE_CROSSOVER overrides it).
-  static const int64_t v = [] {
-    if (const char* e = std::getenv("FASTCOMMS_CE_CROSSOVER")) return int64_t{std::atoll(e)};
-    // Measured on 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines alone at
-    // every size from 0.16 to 1107 MiB per rank; the hybrid (copy engines and SM kernel sharing
-    // the rows) beat the SM engine by 4-7% at 185 MiB per peer chunk and above and lost at 20 MiB
-    // and below. kAuto picks the hybrid from 64 MiB per peer chunk (inside that bracket; the
-    // sizes between were not measured), the SM kernel below.
-    return int64_t{64} << 20;
-  }();
+namespace {
+// A whole-string integer from the environment variable `name`, or `fallback` when unset.
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  FASTCOMMS_CHECK(end != nullptr && *end == 0 && v >= lo && v <= hi, kInvalidArgument, name,
+                  " must be an integer in [", lo, ", ", hi, "], got '", e, "'");
   return v;
 }
+}  // namespace
 
+const NvlinkTuning& NvlinkTuning::from_env() {
+  static const NvlinkTuning t = [] {
+    NvlinkTuning v;
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    if (const char* e = std::getenv("FASTCOMMS_ENGINE"); e != nullptr && *e != 0) {
+      const std::string s = e;
+      FASTCOMMS_CHECK(s == "auto" || s == "ce" || s == "sm" || s == "hybrid", kInvalidArgument,
+                      "FASTCOMMS_ENGINE must be auto, ce, sm or hybrid, got '", s, "'");
+      v.engine = s == "ce"       ? TransferEngine::kCopyEngine
+                 : s == "sm"     ? TransferEngine::kSM
+                 : s == "hybrid" ? TransferEngine::kHybrid
+                                 : TransferEngine::kAuto;
+    }
+    v.ce_crossover = env_int("FASTCOMMS_CE_CROSSOVER", v.ce_crossover, 0, kMax);
+    v.hybrid_ce_percent =
+        static_cast<int>(env_int("FASTCOMMS_HYBRID_CE_PERCENT", v.hybrid_ce_percent, 0, 100));
+    v.ce_streams = static_cast<int>(env_int("FASTCOMMS_CE_STREAMS", v.ce_streams, 1, 64));
+    v.flagged_max_bytes =
+        env_int("FASTCOMMS_FLAGGED_MAX_BYTES", v.flagged_max_bytes, 0, int64_t{1} << 30) / 8 * 8;
+    v.fused_max_bytes = env_int("FASTCOMMS_FUSED_MAX_BYTES", v.fused_max_bytes, 0, kMax);
+    v.fused_blocks =
+        static_cast<int>(env_int("FASTCOMMS_FUSED_BLOCKS", v.fused_blocks, 0, 1 << 20));
+    return v;
+  }();
+  return t;
+}
 std::string NvlinkUlysses::prefix() const {
   return detail::cat("[rank ", opt_.rank, "/", opt_.size, " ", opt_.name, "] all_to_all_4d: ");
 }
@@ -52,11 +77,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   FASTCOMMS_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), error_.get(), 0));
   // The flagged small-message buffers (NOTE [flagged push]), zeroed before peers may write.
-  if (const char* e = std::getenv("FASTCOMMS_FLAGGED_MAX_BYTES"))
-    flagged_cap_ = std::max<int64_t>(0, std::atoll(e)) / 8 * 8;
-  else  // on 2xH200 the flagged path beat the barrier path at every per-peer chunk measured
-    flagged_cap_ = int64_t{1} << 20;  // (up to 1.25 MiB, docs/benchmarks.md); 1 MiB stays inside
-  if (opt_.size == 1) flagged_cap_ = 0;
+  flagged_cap_ = opt_.size == 1 ? 0 : std::max<int64_t>(0, opt_.tuning.flagged_max_bytes) / 8 * 8;
   if (opt_.size > 1) {
     // Exchanged even when off (16 bytes), so that ranks started with different settings fail
     // here, on the sizes, instead of disagreeing at every call.
@@ -68,10 +89,8 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
                                     sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
     flagged_max_ = flagged_cap_;
   }
-  int fan = 4;
-  if (const char* e = std::getenv("FASTCOMMS_CE_STREAMS")) fan = std::max(1, std::atoi(e));
-  if (const char* e = std::getenv("FASTCOMMS_FUSED_BLOCKS")) set_fused_max_blocks(std::atoi(e));
-  for (int k = 0; k < fan; ++k) {
+  set_fused_max_blocks(opt_.tuning.fused_blocks);
+  for (int k = 0; k < std::max(1, opt_.tuning.ce_streams); ++k) {
     ce_streams_.emplace_back(false);
     ce_join_.emplace_back(false);
   }
@@ -239,59 +258,75 @@ std::array<int64_t, 4> NvlinkUlysses::output_shape(const TensorView& x,
 void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
                                   const UlyssesArgs& args, cudaStream_t stream,
                                   TransferEngine engine) {
-  check_errors();
   const std::string where = prefix();
   const plan::UlyssesRequest req =
       ulysses_request(x, args, opt_.rank, opt_.size, opt_.name, plan::Path::kPeerToPeer);
   FASTCOMMS_CHECK(x.device.type == DeviceType::kCUDA && x.device.index == opt_.device,
                   kInvalidArgument, where, "x is on ", x.device.str(),
                   ", the group serves cuda:", opt_.device);
-  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, where, "out has dtype ", dtype_name(out.dtype),
-                  ", x has ", dtype_name(x.dtype));
-  FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, where, "out is on ", out.device.str(),
-                  ", x on ", x.device.str());
-  FASTCOMMS_CHECK(out.is_contiguous(), kInvalidArgument, where, "out must be contiguous");
-
   const auto plan_ptr = plans_.get(req);
-  const plan::UlyssesPlan& p = *plan_ptr;
-  FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
-                  kInvalidArgument, where, "out has shape ", out.describe(), ", expected [",
-                  p.out_shape[0], ", ", p.out_shape[1], ", ", p.out_shape[2], ", ", p.out_shape[3],
-                  "]");
+  check_ulysses_out(x, out, *plan_ptr, where);
+  run(x, out, req, *plan_ptr, stream, engine);
+}
 
+void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::UlyssesRequest& req,
+                        const plan::UlyssesPlan& p, cudaStream_t stream, TransferEngine engine) {
+  check_errors();  // a device-side failure of an earlier call surfaces here, on every rank
   cuda::DeviceGuard guard(opt_.device);
-  if (engine == TransferEngine::kAuto || engine == TransferEngine::kSM) {
-    // The flagged path when every pair's chunk fits (decided on the global geometry, so every
-    // rank of a consistent call decides alike); not under the barrier paths' test faults.
-    const auto biggest = [](const std::vector<int64_t>& v) {
-      return v.empty() ? int64_t{0} : *std::max_element(v.begin(), v.end());
-    };
-    const int64_t chunk =
-        p.b * biggest(p.seq_splits) * biggest(p.head_splits) * p.d * p.element_size;
-    if (flagged_max_ > 0 && chunk <= flagged_max_ && !faults_.any() && opt_.size > 1 &&
-        2 * opt_.size - 1 <= 16 && (p.d * p.element_size) % 8 == 0) {
-      flagged_call(x, out, p, req, stream);
-      return;
-    }
+  if (flagged_eligible(p, engine)) {
+    flagged_call(x, out, p, req, stream);
+    return;
   }
-  // Destination: a user window when `out` is one (zero copy), else the group's window.
-  const Window* dest = nullptr;
-  for (const auto& w : user_windows_) {
-    if (w->local.get() == out.data) {
-      FASTCOMMS_CHECK(w->bytes >= p.max_out_bytes, kInvalidArgument, where,
-                      "the empty_output buffer holds ", w->bytes, " bytes, the call needs ",
-                      p.max_out_bytes, " on some rank");
-      dest = w.get();
-    }
-  }
-  if (dest == nullptr) {
-    ensure_window(p.max_out_bytes, stream);
-    dest = &window_;
-  }
+  const Window& dest = destination(out, p, stream);
+  // NOTE [copying path]: without a zero-copy `out`, peers write into this rank's window and a
+  // copy-out moves their regions into `out` after the exit barrier; this rank's own share goes
+  // straight into `out` (it never crosses a link, so it needs no window and no copy-out).
+  const bool copying = &dest == &window_;
   // Ranks must agree on zero copy or not: the key carries the choice.
-  const uint64_t call_key = p.geometry_key ^ (dest == &window_ ? 0 : 0x9e3779b97f4a7c15ull);
-
+  const uint64_t key = p.geometry_key ^ (copying ? 0 : 0x9e3779b97f4a7c15ull);
+  std::vector<cuda::CopyJob> jobs;
+  int64_t max_chunk = 0;
+  for (int q = 0; q < opt_.size; ++q) {
+    // Rotate the start so that ranks do not all hit peer 0 first.
+    const int peer = (opt_.rank + q) % opt_.size;
+    max_chunk = std::max(max_chunk, p.puts[peer].bytes());
+    if (p.puts[peer].empty()) continue;
+    void* target = copying && peer == opt_.rank ? out.data : dest.ptrs[peer];
+    jobs.push_back({x.data, target, p.puts[peer]});
+  }
   ++epoch_;
+  transfer(std::move(jobs), out, barrier_args(key), engine, max_chunk, stream);
+  if (copying && p.out_bytes > 0) copy_out(out, p, req, stream);
+}
+
+bool NvlinkUlysses::flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const {
+  if (engine != TransferEngine::kAuto && engine != TransferEngine::kSM) return false;
+  // Decided on the global geometry, so every rank of a consistent call decides alike; not under
+  // the barrier paths' test faults.
+  const auto biggest = [](const std::vector<int64_t>& v) {
+    return v.empty() ? int64_t{0} : *std::max_element(v.begin(), v.end());
+  };
+  const int64_t chunk = p.b * biggest(p.seq_splits) * biggest(p.head_splits) * p.d * p.element_size;
+  return flagged_max_ > 0 && chunk <= flagged_max_ && !faults_.any() && opt_.size > 1 &&
+         2 * opt_.size - 1 <= 16 && (p.d * p.element_size) % 8 == 0;
+}
+
+const NvlinkUlysses::Window& NvlinkUlysses::destination(const TensorView& out,
+                                                        const plan::UlyssesPlan& p,
+                                                        cudaStream_t stream) {
+  // A user window when `out` is one (zero copy), else the group's window.
+  for (const auto& w : user_windows_) {
+    if (w->local.get() != out.data) continue;
+    FASTCOMMS_CHECK(w->bytes >= p.max_out_bytes, kInvalidArgument, prefix(),
+                    "the empty_output buffer holds ", w->bytes, " bytes, the call needs ",
+                    p.max_out_bytes, " on some rank");
+    return *w;
+  }
+  ensure_window(p.max_out_bytes, stream);
+  return window_;
+}
+
+cuda::BarrierArgs NvlinkUlysses::barrier_args(uint64_t key) const {
   cuda::BarrierArgs b;
   b.local_pad = static_cast<uint64_t*>(pads_.local.get());
   b.peer_pads = static_cast<uint64_t* const*>(peer_pad_table_.get());
@@ -300,7 +335,7 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
   // NOTE [device epoch]: the epoch lives on the device (sync_ word 0); barriers publish one past
   // it and the call's last barrier stores it back, so a captured graph advances on each replay.
   b.epoch = static_cast<uint64_t*>(sync_.get());
-  b.key = call_key;
+  b.key = key;
   b.error = error_dev_;
   b.skip = static_cast<int*>(skip_.get());
   b.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
@@ -309,30 +344,17 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     b.flag_local = static_cast<const uint4*>(flagged_.local.get());
     b.flag_slot_lines = 1 + flagged_cap_ / 8;
   }
+  return b;
+}
 
-  int64_t max_chunk = 0;
-  for (const auto& c : p.puts) max_chunk = std::max(max_chunk, c.bytes());
+void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> jobs, const TensorView& out,
+                             cuda::BarrierArgs b, TransferEngine engine, int64_t max_chunk,
+                             cudaStream_t stream) {
   if (engine == TransferEngine::kAuto)
-    engine = max_chunk >= crossover_bytes() ? TransferEngine::kHybrid : TransferEngine::kSM;
-  const bool use_ce = engine == TransferEngine::kCopyEngine;
-  static const int64_t fused_max = [] {
-    const char* e = std::getenv("FASTCOMMS_FUSED_MAX_BYTES");
-    return e ? int64_t{std::atoll(e)} : int64_t{2} << 20;
-  }();
-  // NOTE [copying path]: without a zero-copy `out`, peers write into this rank's window and a
-  // copy-out moves their regions into `out` after the exit barrier; this rank's own share goes
-  // straight into `out` (it never crosses a link, so it needs no window and no copy-out).
-  const bool copying = dest == &window_;
-  std::vector<cuda::CopyJob> jobs;
-  for (int q = 0; q < opt_.size; ++q) {
-    // Rotate the start so that ranks do not all hit peer 0 first.
-    const int peer = (opt_.rank + q) % opt_.size;
-    if (p.puts[peer].empty()) continue;
-    void* target = copying && peer == opt_.rank ? out.data : dest->ptrs[peer];
-    jobs.push_back({x.data, target, p.puts[peer]});
-  }
-  if (engine == TransferEngine::kSM && max_chunk <= fused_max && !faults_.skip_entry_barrier &&
-      !faults_.unfused && !faults_.skip_transfer && static_cast<int>(jobs.size()) <= 16) {
+    engine = max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kHybrid : TransferEngine::kSM;
+  if (engine == TransferEngine::kSM && max_chunk <= opt_.tuning.fused_max_bytes &&
+      !faults_.skip_entry_barrier && !faults_.unfused && !faults_.skip_transfer &&
+      static_cast<int>(jobs.size()) <= 16) {
     // One launch: entry barrier, push, exit barrier (NOTE [fused push]).
     cuda::FusedPushArgs f;
     f.bar = b;
@@ -340,83 +362,82 @@ void NvlinkUlysses::all_to_all_4d(const TensorView& x, const TensorView& out,
     f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
     f.max_blocks = fused_max_blocks_;
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
+    return;
+  }
+  b.slot = kSlotEntry;
+  if (!faults_.skip_entry_barrier) cuda::barrier_async(b, stream);
+  // Pieces for the copy engines and jobs for the SM kernel, per the engine.
+  std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
+  if (engine == TransferEngine::kHybrid) {
+    const int ce_percent = opt_.tuning.hybrid_ce_percent;
+    for (const auto& j : jobs) {
+      const bool remote = j.dst != out.data;
+      const auto tenths = plan::split_desc(j.desc, 10);
+      const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
+      for (size_t i = 0; i < tenths.size(); ++i)
+        (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
+    }
+  } else if (engine == TransferEngine::kCopyEngine) {
+    ce_jobs = std::move(jobs);
   } else {
-    b.slot = kSlotEntry;
-    if (!faults_.skip_entry_barrier) cuda::barrier_async(b, stream);
-    // Pieces for the copy engines and jobs for the SM kernel, per the engine.
-    std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
-    if (engine == TransferEngine::kHybrid) {
-      static const int ce_percent = [] {
-        const char* e = std::getenv("FASTCOMMS_HYBRID_CE_PERCENT");
-        return e ? std::clamp(std::atoi(e), 0, 100) : 45;
-      }();
-      for (const auto& j : jobs) {
-        const bool remote = j.dst != out.data;
-        const auto tenths = plan::split_desc(j.desc, 10);
-        const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
-        for (size_t i = 0; i < tenths.size(); ++i)
-          (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
-      }
-    } else if (use_ce) {
-      ce_jobs = jobs;
+    sm_jobs = std::move(jobs);
+  }
+  if (faults_.skip_transfer) {
+    ce_jobs.clear();
+    sm_jobs.clear();
+  }
+  if (!ce_jobs.empty()) {
+    // Split every copy over the side streams (each picks a copy engine of its own).
+    const int fan = static_cast<int>(ce_streams_.size());
+    std::vector<cuda::CopyJob> pieces;
+    for (const auto& j : ce_jobs)
+      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
+        pieces.push_back({j.src, j.dst, d});
+    if (fan <= 1 || pieces.size() <= 1) {
+      for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
     } else {
-      sm_jobs = jobs;
-    }
-    if (faults_.skip_transfer) {
-      ce_jobs.clear();
-      sm_jobs.clear();
-    }
-    if (!ce_jobs.empty()) {
-      // Split every copy over the side streams (each picks a copy engine of its own).
-      const int fan = static_cast<int>(ce_streams_.size());
-      std::vector<cuda::CopyJob> pieces;
-      for (const auto& j : ce_jobs)
-        for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
-          pieces.push_back({j.src, j.dst, d});
-      if (fan <= 1 || pieces.size() <= 1) {
-        for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
-      } else {
-        ce_fork_.record(stream);
-        for (int k = 0; k < fan; ++k) {
-          ce_fork_.wait_on(ce_streams_[k].get());
-          if (faults_.delay_ce_ns > 0) cuda::spin_async(faults_.delay_ce_ns, ce_streams_[k].get());
-        }
-        for (size_t i = 0; i < pieces.size(); ++i)
-          cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
-        for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
+      ce_fork_.record(stream);
+      for (int k = 0; k < fan; ++k) {
+        ce_fork_.wait_on(ce_streams_[k].get());
+        if (faults_.delay_ce_ns > 0) cuda::spin_async(faults_.delay_ce_ns, ce_streams_[k].get());
       }
+      for (size_t i = 0; i < pieces.size(); ++i)
+        cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
+      for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
     }
-    if (!sm_jobs.empty()) {
-      cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
-                          static_cast<const int*>(skip_.get()));
-    }
-    // The exit barrier tells peers their payload has landed, so it waits for the copy engines
-    // (a copy is complete once the stream that issued it reaches the join).
-    if (!ce_jobs.empty() && ce_streams_.size() > 1 && !faults_.skip_ce_join) {
-      for (auto& ev : ce_join_) ev.wait_on(stream);
-    }
-    b.slot = kSlotExit;
-    b.advance = true;
-    cuda::barrier_async(b, stream);
   }
-  if (copying && p.out_bytes > 0 && faults_.delay_before_copy_out_ns > 0)
+  if (!sm_jobs.empty()) {
+    cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
+                        static_cast<const int*>(skip_.get()));
+  }
+  // The exit barrier tells peers their payload has landed, so it waits for the copy engines
+  // (a copy is complete once the stream that issued it reaches the join).
+  if (!ce_jobs.empty() && ce_streams_.size() > 1 && !faults_.skip_ce_join) {
+    for (auto& ev : ce_join_) ev.wait_on(stream);
+  }
+  b.slot = kSlotExit;
+  b.advance = true;
+  cuda::barrier_async(b, stream);
+}
+
+void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,
+                             const plan::UlyssesRequest& req, cudaStream_t stream) {
+  if (faults_.delay_before_copy_out_ns > 0)
     cuda::spin_async(faults_.delay_before_copy_out_ns, stream);
-  if (copying && p.out_bytes > 0) {
-    // The regions peer q wrote are q's puts to this rank, read back in place from the window.
-    std::vector<cuda::CopyJob> out_jobs;
-    for (int q = 0; q < opt_.size; ++q) {
-      if (q == opt_.rank) continue;
-      const auto theirs = peer_plan(p, req, q);
-      const plan::CopyDesc& in = theirs->puts[opt_.rank];
-      if (in.empty()) continue;
-      plan::CopyDesc c = in;
-      c.src_offset = in.dst_offset;
-      c.src_pitch = in.dst_pitch;
-      c.src_slice_pitch = in.dst_slice_pitch;
-      out_jobs.push_back({window_.local.get(), out.data, c});
-    }
-    cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
+  // The regions peer q wrote are q's puts to this rank, read back in place from the window.
+  std::vector<cuda::CopyJob> out_jobs;
+  for (int q = 0; q < opt_.size; ++q) {
+    if (q == opt_.rank) continue;
+    const auto theirs = peer_plan(p, req, q);
+    const plan::CopyDesc& in = theirs->puts[opt_.rank];
+    if (in.empty()) continue;
+    plan::CopyDesc c = in;
+    c.src_offset = in.dst_offset;
+    c.src_pitch = in.dst_pitch;
+    c.src_slice_pitch = in.dst_slice_pitch;
+    out_jobs.push_back({window_.local.get(), out.data, c});
   }
+  cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
 }
 
 }  // namespace fastcomms

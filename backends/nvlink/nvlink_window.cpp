@@ -1,7 +1,7 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 // Windows over NVLink: registered buffers mapped into every peer through CUDA IPC, puts on the
-// copy engines, signals on a pad per rank (include/fastcomms/backends/nvlink_window.hpp).
-#include "fastcomms/backends/nvlink_window.hpp"
+// copy engines, signals on a pad per rank (backends/nvlink/nvlink_window.hpp).
+#include "backends/nvlink/nvlink_window.hpp"
 
 #include <cstring>
 #include <map>
@@ -187,8 +187,8 @@ void* NvlinkWindow::remote(int q) const {
   return ptrs_[q];
 }
 
-void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset,
-                       cudaStream_t stream) {
+void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset, void* s) {
+  cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("put", "dst_rank", dst);
   FASTCOMMS_CHECK(registered(), kInvalidArgument, prefix("put"), "no buffer is registered");
   FASTCOMMS_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, kInvalidArgument,
@@ -202,14 +202,16 @@ void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset,
                                        stream));
 }
 
-void NvlinkWindow::signal(int peer, cudaStream_t stream) {
+void NvlinkWindow::signal(int peer, void* s) {
+  cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("signal", "peer_rank", peer);
   check_errors();
   cuda::DeviceGuard guard(opt_.device);
   cuda::signal_async(peer_pads_[peer] + opt_.rank, ++sent_[peer], stream);
 }
 
-void NvlinkWindow::wait_signal(int peer, cudaStream_t stream) {
+void NvlinkWindow::wait_signal(int peer, void* s) {
+  cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("wait_signal", "peer_rank", peer);
   check_errors();
   cuda::DeviceGuard guard(opt_.device);

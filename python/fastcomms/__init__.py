@@ -190,35 +190,19 @@ class _DoneWork:
         return WorkStatus.COMPLETED
 
 
-_window_names = itertools.count()
-
-
 class TorchCommWindow:
-    """A one-sided window (torchcomms' TorchCommWindow) on the nvlink backend: every rank
+    """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink): every
+    rank
     registers a CUDA tensor of the same size (collective), peers' tensors are mapped here through
     CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a peer's puts
     before this rank's later work; all are enqueued on the caller's current stream (their
     TorchWork is complete at once: the stream orders them). Not for CUDA graph capture."""
 
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
-        where = f"[rank {comm.get_rank()}/{comm.get_size()} {comm.get_name()} new_window]"
-        if comm.get_backend() != "nvlink":
-            raise UnsupportedError(
-                f"{where} windows need the nvlink backend; backend '{comm.get_backend()}' has none"
-            )
-        if not hasattr(_C, "NvlinkWindow") or comm._store is None:
-            raise UnsupportedError(f"{where} this build or communicator cannot map windows")
-        from .ulysses import PrefixedStore
-
         self._comm = comm
         self._rank, self._size = comm.get_rank(), comm.get_size()
         self.device = comm.get_device()
-        store = PrefixedStore(
-            f"fastcomms_window/{comm.get_name()}/{next(_window_names)}", comm._store
-        )
-        self._w = _C.NvlinkWindow(
-            self._rank, self._size, self.device.index, store, "window", comm._c.timeout()
-        )
+        self._w = comm._c.new_window()  # collective; the backend says if it has windows
         self._tensor = None
         if tensor is not None:
             self.tensor_register(tensor)
@@ -267,17 +251,17 @@ class TorchCommWindow:
                 f"{self._where('put')} elements [{offset}, {offset + tensor.numel()}) do not fit "
                 f"the window of {reg.numel()}"
             )
-        self._w.put(tensor, int(dst_rank), offset * reg.element_size(), self.device.index)
+        self._w.put(tensor, int(dst_rank), offset * reg.element_size())
         return _DoneWork()
 
     def signal(self, peer_rank, async_op=False):
         """Tells ``peer_rank`` that this rank's earlier puts (in stream order) are complete."""
-        self._w.signal(int(peer_rank), self.device.index)
+        self._w.signal(int(peer_rank))
         return _DoneWork()
 
     def wait_signal(self, peer_rank, async_op=False):
         """Makes later work on the current stream wait for ``peer_rank``'s next signal."""
-        self._w.wait_signal(int(peer_rank), self.device.index)
+        self._w.wait_signal(int(peer_rank))
         return _DoneWork()
 
     def map_remote_tensor(self, rank) -> torch.Tensor:
@@ -367,7 +351,6 @@ class TorchComm:
     def __init__(self, c: _C.Comm, device: torch.device) -> None:
         self._c = c
         self._device = device
-        self._store = None  # the rendezvous store (UlyssesGroup's NVLink setup uses it)
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -519,17 +502,17 @@ class TorchComm:
         sub = self._c.split(list(ranks), name, _ms(timeout), hints)
         if sub is None:
             return None
-        comm = TorchComm(sub, self._device)
-        if self._store is not None:  # its own key space: the name and the members
-            from .ulysses import PrefixedStore
-
-            comm._store = PrefixedStore(
-                f"split/{name}/{'_'.join(map(str, sorted(ranks)))}", self._store
-            )
-        return comm
+        return TorchComm(sub, self._device)
 
     def new_window(self, tensor=None) -> TorchCommWindow:
         return TorchCommWindow(self, tensor)
+
+    def ulysses_transport(self, transport="auto", *, require_nvlink=False):
+        """Collective: the Ulysses transport this communicator gives a
+        ``fastcomms.ulysses.UlyssesGroup``, as ``(transport, kind, reason)``: the backend's own
+        engine where it lends one (nvlink), else NVLink peer-to-peer or the collective path as
+        ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
+        return self._c.select_transport(str(transport), bool(require_nvlink))
 
     def register_pre_hook(self, fn) -> RemovableHandle:
         return RemovableHandle(self._c.register_pre_hook(fn))
@@ -598,5 +581,4 @@ def new_comm(
         ),
         device,
     )
-    comm._store = store
     return comm

@@ -58,7 +58,7 @@ def doctor(_args) -> int:
                     print(f"  {a}-{b}       {'NVLink' if v else 'no NVLink'}")
     from . import _C
 
-    if n == 0 or not hasattr(_C, "NvlinkGroup"):
+    if n == 0 or not _C.has_transport("nvlink"):
         why = "no CUDA device" if n == 0 else "this build has no CUDA layer"
         print(f"transport   CPU tensors: the collective path over gloo ({why})")
     elif n == 1:

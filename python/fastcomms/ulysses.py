@@ -11,44 +11,23 @@ layout is computed with torch ops around ``all_to_all_single``.
 from __future__ import annotations
 
 import datetime
-import itertools
 import math
 import os
+import shutil
 import socket
+import tempfile
 
 import torch
 
-from . import _C, TorchComm, UnsupportedError
+from . import _C, TorchComm
 
 __all__ = ["UlyssesGroup", "UlyssesWork", "all_to_all_4d"]
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 
 
-def _splits(group_size, rank, x, mode, seq_splits, head_splits):
-    if (seq_splits is None) != (head_splits is None):
-        raise ValueError(
-            f"[rank {rank}/{group_size}] all_to_all_4d: seq_splits and head_splits must be given "
-            f"together, got {'seq_splits' if seq_splits is not None else 'head_splits'} only"
-        )
-    if seq_splits is not None:
-        return list(seq_splits), list(head_splits)
-    b, s, n, d = x.shape
-    if mode == 0:
-        if n % group_size:
-            raise ValueError(
-                f"[rank {rank}/{group_size}] all_to_all_4d: mode 0 scatters heads: x.size(2)={n} "
-                f"is not divisible by world_size={group_size}; pass seq_splits and head_splits "
-                "for uneven shards"
-            )
-        return [s] * group_size, [n // group_size] * group_size
-    if s % group_size:
-        raise ValueError(
-            f"[rank {rank}/{group_size}] all_to_all_4d: mode 1 scatters the sequence: "
-            f"x.size(1)={s} is not divisible by world_size={group_size}; pass seq_splits and "
-            "head_splits for uneven shards"
-        )
-    return [s // group_size] * group_size, [n] * group_size
+def _where(rank, size):
+    return f"[rank {rank}/{size}] all_to_all_4d:"
 
 
 class _AllToAll4d(torch.autograd.Function):
@@ -69,204 +48,52 @@ class _AllToAll4d(torch.autograd.Function):
         return ctx.group._exchange(x_t.contiguous(), ctx.mode, seq, heads, None)
 
 
-class PrefixedStore:
-    """A key space inside any store with torch.distributed.Store's methods."""
-
-    def __init__(self, prefix, store):
-        self._p, self._s = prefix + "/", store
-
-    def set(self, key, value):
-        return self._s.set(self._p + key, value)
-
-    def get(self, key):
-        return self._s.get(self._p + key)
-
-    def add(self, key, delta):
-        return self._s.add(self._p + key, delta)
-
-    def check(self, keys):
-        return self._s.check([self._p + k for k in keys])
-
-    def wait(self, keys, *args):
-        return self._s.wait([self._p + k for k in keys], *args)
-
-    def delete_key(self, key):
-        return self._s.delete_key(self._p + key)
+def nvlink_decision(who, probe):
+    """(usable, why) from every rank's "host|device" entry and a probe
+    ``probe(devices) -> (matrix or None, why)``: usable when there is one host and every pair of
+    distinct GPUs is NVLink-joined (ranks sharing a GPU count as joined); the probe's "unknown" is
+    never taken for yes. The decision itself lives in the Ulysses layer (C++)."""
+    return _C.nvlink_decision(list(who), probe)
 
 
-def nvlink_decision(who, nvlink_matrix):
-    """(usable, why) from every rank's "host|device" entry and an NVML query
-    ``nvlink_matrix(devices) -> (matrix or None, why)``: usable when there is one host and every
-    pair of distinct GPUs is NVLink-joined (ranks sharing a GPU count as joined); NVML's
-    "unknown" is never taken for yes. Every rank computes it from the same entries."""
-    pairs = [w.rsplit("|", 1) for w in who]
-    hosts = {h for h, _ in pairs}
-    if len(hosts) != 1:
-        return False, f"the ranks span {len(hosts)} hosts"
-    devices = sorted({int(d) for _, d in pairs})
-    if len(devices) == 1:
-        return True, f"all {len(who)} ranks share GPU {devices[0]} of one host"
-    matrix, why = nvlink_matrix(devices)
-    if matrix is None:
-        return False, f"NVML cannot say whether GPUs {devices} are NVLink-joined ({why})"
-    missing = [(a, b) for a in devices for b in devices if a < b and not matrix.get((a, b), False)]
-    if missing:
-        return False, f"GPU pairs {missing} are not NVLink-joined"
-    return True, f"GPUs {devices} of one host, every pair NVLink-joined (NVML)"
+class _DoneWork:
+    def wait(self):
+        pass
+
+    def is_completed(self):
+        return True
 
 
-class UlyssesGroup:
-    """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, or None: the default).
+class _TorchTransport:
+    """The collective path over a torch.distributed ProcessGroup: permute, all_to_all_single with
+    the split sizes the geometry implies (the Ulysses layer computes it), permute. The same
+    methods as the C++ transports, so UlyssesGroup holds one transport object either way."""
 
-    CUDA tensors take the NVLink peer-to-peer transport when ``transport`` allows it and every
-    rank of the group sits on one host with every pair of its GPUs NVLink-joined (NVML's answer;
-    "unknown" is never taken for yes); otherwise the collective path of the group's backend.
-    Constructing a group on CUDA is collective (the ranks exchange host and device through the
-    store, so all of them take the same decision). ``self.transport`` says what was chosen and
-    ``self.transport_reason`` why.
-    """
+    kind = "collective"
 
-    _count = itertools.count()  # per-process group names: ranks create groups in the same order
+    def __init__(self, pg, rank, size):
+        self._pg, self._rank, self._size, self._calls = pg, rank, size, 0
 
-    def __init__(self, group=None, device=None, *, require_nvlink=False, transport="auto"):
-        if transport not in ("auto", "nvlink", "collective"):
-            raise ValueError(
-                f"UlyssesGroup: transport must be auto, nvlink or collective, got {transport!r}"
-            )
-        if require_nvlink and transport == "collective":
-            raise ValueError("UlyssesGroup: require_nvlink=True contradicts transport='collective'")
-        self.group = group
-        self._comm = group if isinstance(group, TorchComm) else None
-        self._pg = None
-        if self._comm is None:
-            import torch.distributed as dist
+    def _geometry(self, shape, itemsize, mode, seq, heads):
+        return _C.ulysses_geometry(list(shape), itemsize, mode, seq, heads, self._rank, self._size)
 
-            self._pg = group or dist.group.WORLD
-            self._rank = dist.get_rank(self._pg)
-            self._size = dist.get_world_size(self._pg)
-        else:
-            self._rank, self._size = self._comm.get_rank(), self._comm.get_size()
-        self.device = self._resolve_device(device)
-        self._nvl = None  # the NVLink group of sync calls
-        self._nvl_async = None  # a second one for async calls: its own windows and barriers
-        self._ring = []  # lent async outputs: [tensor or None] * _RING
-        self._ring_next = 0
-        self._astream = None
-        self._name = f"fastcomms_ulysses/{next(UlyssesGroup._count)}"
-        self.transport, self.transport_reason = "collective", "transport='collective' was asked"
-        if transport != "collective":
-            ok, why = self._nvlink_usable()
-            if ok:
-                self._nvl = self._new_nvlink("sync")
-                self.transport, self.transport_reason = "nvlink", why
-            elif transport == "nvlink" or require_nvlink:
-                raise RuntimeError(
-                    f"[rank {self._rank}/{self._size}] UlyssesGroup: the NVLink transport is not "
-                    f"available: {why}"
-                )
-            else:
-                self.transport_reason = why
+    def output_shape(self, shape, itemsize, mode, seq, heads):
+        return self._geometry(shape, itemsize, mode, seq, heads)[0]
 
-    # -- transport selection -----------------------------------------------------------------------
-    def _resolve_device(self, device):
-        if device is not None:
-            device = torch.device(device)
-        elif self._comm is not None:
-            device = self._comm.get_device()
-        else:
-            import torch.distributed as dist
+    def max_out_bytes(self, shape, itemsize, mode, seq, heads):
+        return self._geometry(shape, itemsize, mode, seq, heads)[3]
 
-            backend = str(dist.get_backend(self._pg)).lower()
-            cuda = "nccl" in backend and torch.cuda.is_available()
-            device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
-        if device is not None and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
-
-    def _store(self):
+    def all_to_all_4d(self, x, out, mode, seq_splits, head_splits, async_op):
         import torch.distributed as dist
 
-        if self._comm is not None:
-            base = getattr(self._comm, "_store", None)
-        else:
-            base = dist.distributed_c10d._get_default_store()
-            if self._pg is not dist.group.WORLD:  # a subgroup: its ranks' own key space
-                ranks = dist.get_process_group_ranks(self._pg)
-                base = PrefixedStore("g" + "_".join(map(str, ranks)), base)
-        return None if base is None else PrefixedStore(self._name, base)
-
-    def _nvlink_usable(self):
-        """(usable, why), the same on every rank: decided from what every rank published."""
-        if self.device is None or self.device.type != "cuda":
-            return False, f"the group's device is {self.device or 'cpu'}, not a CUDA device"
-        if not hasattr(_C, "NvlinkGroup"):
-            return False, "this build of fastcomms has no CUDA layer"
-        store = self._store()
-        if store is None:
-            return False, "the communicator has no store to exchange IPC handles through"
-        self._store_obj = store
-        store.set(f"who/{self._rank}", f"{socket.gethostname()}|{self.device.index}")
-        keys = [f"who/{r}" for r in range(self._size)]
-        store.wait(keys)
-        who = [store.get(k).decode() for k in keys]
-        return nvlink_decision(who, _C.nvlink_matrix)
-
-    def _new_nvlink(self, role):
-        timeout = self._comm._c.timeout() if self._comm is not None else _DEFAULT_TIMEOUT
-        return _C.NvlinkGroup(
-            self._rank,
-            self._size,
-            self.device.index,
-            self._store_obj,
-            role,
-            timeout,
+        shape, seq, heads, _ = self._geometry(
+            x.shape, x.element_size(), mode, seq_splits, head_splits
         )
-
-    # -- the raw exchange (no autograd) ---------------------------------------------------------
-    def _check_x(self, x):
-        if x.dim() != 4:
+        if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
             raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d: x must be 4-D (b, s, h, d), got "
-                f"{tuple(x.shape)}"
+                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
+                f"expected {tuple(shape)} {x.dtype}"
             )
-        if self._nvl is not None and x.device != self.device:
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d: x is on {x.device}, the group "
-                f"on {self.device}"
-            )
-        return x.contiguous()
-
-    def _nvlink_call(self, nvl, x, mode, seq_splits, head_splits, out):
-        if out is None:  # a given out is validated by the call itself
-            shape = nvl.output_shape(x, mode, seq_splits, head_splits)
-            out = torch.empty(shape, dtype=x.dtype, device=x.device)
-        nvl.all_to_all_4d(x, out, mode, seq_splits, head_splits, _ENGINES[_engine()])
-        return out
-
-    def _exchange(self, x, mode, seq_splits, head_splits, out):
-        x = self._check_x(x)
-        if self._nvl is not None:
-            return self._nvlink_call(self._nvl, x, mode, seq_splits, head_splits, out)
-        if self._comm is not None:
-            c = self._comm._c
-            shape = c.ulysses_output_shape(x, mode, seq_splits, head_splits)
-            if out is None:
-                out = torch.empty(shape, dtype=x.dtype, device=x.device)
-            if x.is_cuda:
-                if not c.ulysses_cuda_all_to_all_4d(x, out, mode, seq_splits, head_splits):
-                    raise UnsupportedError(
-                        f"[rank {self._rank}/{self._size}] all_to_all_4d: this build has no CUDA "
-                        "collective path (built without NCCL)"
-                    )
-                return out
-            c.ulysses_all_to_all_4d(x, out, mode, seq_splits, head_splits, False).wait()
-            return out
-        return self._exchange_torch(x, mode, seq_splits, head_splits, out)
-
-    def _exchange_torch(self, x, mode, seq_splits, head_splits, out):
-        import torch.distributed as dist
-
-        seq, heads = _splits(self._size, self._rank, x, mode, seq_splits, head_splits)
         b, _, _, d = x.shape
         r = self._rank
         if mode == 0:  # (b, s_r, N, d) -> chunks (h_q, s_r, b, d)
@@ -281,24 +108,177 @@ class UlyssesGroup:
         dist.all_to_all_single(recv, send.reshape(-1), out_sizes, in_sizes, group=self._pg)
         parts = recv.split(out_sizes)
         if mode == 0:
-            res = torch.cat(
-                [
-                    p.view(heads[r], s, b, d).permute(2, 1, 0, 3)
-                    for p, s in zip(parts, seq, strict=False)
-                ],
-                dim=1,
+            views = [
+                p.view(heads[r], s, b, d).permute(2, 1, 0, 3)
+                for p, s in zip(parts, seq, strict=True)
+            ]
+            out.copy_(torch.cat(views, dim=1))
+        else:
+            views = [
+                p.view(seq[r], h, b, d).permute(2, 0, 1, 3)
+                for p, h in zip(parts, heads, strict=True)
+            ]
+            out.copy_(torch.cat(views, dim=2))
+        self._calls += 1
+        return _DoneWork()
+
+    def empty_output(self, shape, nbytes, like):
+        return None
+
+    def async_lane(self):
+        return self
+
+    def memory_stats(self):
+        return 0, self._calls
+
+    def check_errors(self):
+        pass
+
+    def tune(self, knob, value):
+        raise ValueError(f"the collective transport has no knob {knob!r}")
+
+    def destroy(self):
+        pass
+
+
+class UlyssesGroup:
+    """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, a 1-D DeviceMesh, or None:
+    the default group).
+
+    The group holds one transport of the Ulysses layer: NVLink peer-to-peer when ``transport``
+    allows it and every rank of the group sits on one host with every pair of its GPUs
+    NVLink-joined (NVML's answer; "unknown" is never taken for yes), else the collective path of
+    the group's backend. Over an "nvlink" communicator the backend lends its own engine.
+    Constructing a group on CUDA is collective. ``self.transport`` says what was chosen and
+    ``self.transport_reason`` why. Calls from one thread at a time, in the same order on every
+    rank.
+    """
+
+    def __init__(
+        self,
+        group=None,
+        device=None,
+        *,
+        require_nvlink=False,
+        transport="auto",
+        process_group=None,
+    ):
+        if process_group is not None:
+            if group is not None and group is not process_group:
+                raise ValueError("UlyssesGroup: pass the group once (group= or process_group=)")
+            group = process_group
+        if hasattr(group, "get_group") and hasattr(group, "mesh"):  # a 1-D DeviceMesh
+            if group.ndim != 1:
+                raise ValueError(
+                    f"UlyssesGroup: a DeviceMesh must be 1-D (slice it, mesh['sp']), got "
+                    f"{group.ndim} dimensions"
+                )
+            group = group.get_group()
+        self.group = group
+        self._ring = []  # lent async outputs
+        self._ring_next = 0
+        self._astream = None
+        self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
+        self._store_dir = None
+        if isinstance(group, TorchComm):
+            self._rank, self._size = group.get_rank(), group.get_size()
+            self.device = self._resolve_device(device, group.get_device())
+            self._t, kind, self.transport_reason = group.ulysses_transport(
+                transport, require_nvlink=require_nvlink
             )
         else:
-            res = torch.cat(
-                [
-                    p.view(seq[r], h, b, d).permute(2, 0, 1, 3)
-                    for p, h in zip(parts, heads, strict=False)
-                ],
-                dim=2,
+            self._t, kind, self.transport_reason = self._over_process_group(
+                group, device, transport, require_nvlink
             )
+        self.transport = "nvlink" if kind == "nvlink" else "collective"
+
+    # -- transport selection -----------------------------------------------------------------------
+    @staticmethod
+    def _resolve_device(device, default):
+        device = torch.device(device) if device is not None else default
+        if device is not None and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    def _over_process_group(self, group, device, transport, require_nvlink):
+        import torch.distributed as dist
+
+        pg = group or dist.group.WORLD
+        self._rank, self._size = dist.get_rank(pg), dist.get_world_size(pg)
+        backend = str(dist.get_backend(pg)).lower()
+        cuda = "nccl" in backend and torch.cuda.is_available()
+        default = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+        self.device = self._resolve_device(device, default)
+        index = self.device.index if self.device is not None and self.device.type == "cuda" else -1
+        who, store = [], None
+        if transport != "collective" and index >= 0:
+            # Every rank's host and GPU (the decision's input), then a store on this host for the
+            # NVLink setup when there is one host (the only case NVLink can serve).
+            who = [None] * self._size
+            dist.all_gather_object(who, f"{socket.gethostname()}|{index}", group=pg)
+            if len({w.rsplit("|", 1)[0] for w in who}) == 1:
+                path = [tempfile.mkdtemp(prefix="fastcomms_ulysses_") if self._rank == 0 else None]
+                dist.broadcast_object_list(path, src=dist.get_global_rank(pg, 0), group=pg)
+                self._store_dir = path[0]
+                store = dist.FileStore(os.path.join(path[0], "store"), self._size)
+        t, kind, why = _C.select_transport(
+            self._rank,
+            self._size,
+            index,
+            store,
+            "ulysses",
+            _DEFAULT_TIMEOUT,
+            transport,
+            bool(require_nvlink),
+            who,
+        )
+        return (t if t is not None else _TorchTransport(pg, self._rank, self._size)), kind, why
+
+    # -- the raw exchange (no autograd) ---------------------------------------------------------
+    def _live(self):
+        if self._t is None:
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] UlyssesGroup: the group was destroyed"
+            )
+        return self._t
+
+    def _check_x(self, x):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{_where(self._rank, self._size)} x must be a 4-D tensor (b, s, h, d), got {got}"
+            )
+        return x.contiguous()
+
+    def _shape(self, t, x, mode, seq, heads):
+        return tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads))
+
+    def _meta(self, x, mode, seq, heads, out):
+        """Shapes only: a meta x gives a meta result of the output's shape (nothing moves)."""
+        shape = self._shape(self._live(), x, mode, seq, heads)
         if out is None:
-            return res.contiguous()
-        out.copy_(res)
+            return torch.empty(shape, dtype=x.dtype, device="meta")
+        if out.device.type != "meta":
+            raise ValueError(
+                f"{_where(self._rank, self._size)} x is a meta tensor (no data) but out is on "
+                f"{out.device}; pass both on meta for shapes, or both with data"
+            )
+        if tuple(out.shape) != shape or out.dtype != x.dtype:
+            raise ValueError(
+                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
+                f"expected {shape} {x.dtype}"
+            )
+        return out
+
+    def _exchange(self, x, mode, seq_splits, head_splits, out):
+        x = self._check_x(x)
+        if x.device.type == "meta":
+            return self._meta(x, mode, seq_splits, head_splits, out)
+        t = self._live()
+        if out is None:
+            shape = self._shape(t, x, mode, seq_splits, head_splits)
+            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        t.all_to_all_4d(x, out, mode, seq_splits, head_splits, False).wait()
         return out
 
     # -- public API ------------------------------------------------------------------------------
@@ -336,67 +316,57 @@ class UlyssesGroup:
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True returns a buffer "
                 "of the group's ring; out= cannot be given with it"
             )
-        if lend and self._nvl is None:
+        if lend and self.transport != "nvlink":
             raise ValueError(
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True needs the NVLink "
                 f"transport; this group uses {self.transport} ({self.transport_reason})"
             )
         x = self._check_x(x)
-        if self._nvl is not None or (x.is_cuda and self._comm is not None):
-            if self._astream is None:
-                # high priority: the async call's small barrier kernels get the next free SM
-                # ahead of a compute kernel's remaining blocks (the overlap it exists for)
-                self._astream = torch.cuda.Stream(device=x.device, priority=-1)
-            if self._nvl is not None and self._nvl_async is None:
-                self._nvl_async = self._new_nvlink("async")
-            caller = torch.cuda.current_stream(x.device)
-            if self._nvl is not None:
-                shape = self._nvl_async.output_shape(x, mode, seq, heads)
-                if lend:
-                    out = self._lent(x, shape, mode, seq, heads)
-            else:
-                shape = self._comm._c.ulysses_output_shape(x, mode, seq, heads)
+        if x.device.type == "meta":
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x is a meta tensor (no "
+                "data to move); use all_to_all_4d for shapes"
+            )
+        t = self._live()
+        if not x.is_cuda:  # CPU: the transport's own async path
             if out is None:
-                out = torch.empty(shape, dtype=x.dtype, device=x.device)
-            s = self._astream
-            s.wait_stream(caller)
-            x.record_stream(s)
-            out.record_stream(s)
-            with torch.cuda.stream(s):
-                if self._nvl is not None:
-                    self._nvlink_call(self._nvl_async, x, mode, seq, heads, out)
-                else:
-                    self._exchange(x, mode, seq, heads, out)
-                done = torch.cuda.Event()
-                done.record(s)
-            return UlyssesWork(out, event=done)
-        if self._comm is not None:  # CPU: the core's async collective path
-            c = self._comm._c
-            if out is None:
-                shape = c.ulysses_output_shape(x, mode, seq, heads)
-                out = torch.empty(shape, dtype=x.dtype, device=x.device)
-            return UlyssesWork(out, work=c.ulysses_all_to_all_4d(x, out, mode, seq, heads, True))
-        return UlyssesWork(self._exchange_torch(x, mode, seq, heads, out))
+                out = torch.empty(self._shape(t, x, mode, seq, heads), dtype=x.dtype)
+            return UlyssesWork(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True))
+        if self._lane is None:
+            self._lane = t.async_lane()
+        if self._astream is None:
+            # high priority: the async call's small barrier kernels get the next free SM
+            # ahead of a compute kernel's remaining blocks (the overlap it exists for)
+            self._astream = torch.cuda.Stream(device=x.device, priority=-1)
+        lane = self._lane
+        shape = self._shape(lane, x, mode, seq, heads)
+        if lend:
+            out = self._lent(lane, x, shape, mode, seq, heads)
+        elif out is None:
+            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        s = self._astream
+        s.wait_stream(torch.cuda.current_stream(x.device))
+        x.record_stream(s)
+        out.record_stream(s)
+        with torch.cuda.stream(s):
+            lane.all_to_all_4d(x, out, mode, seq, heads, False)
+            done = torch.cuda.Event()
+            done.record(s)
+        return UlyssesWork(out, event=done)
 
     LEND_RING = 2
 
-    def _lent(self, x, shape, mode, seq, heads):
+    def _lent(self, lane, x, shape, mode, seq, heads):
         if not self._ring:
             self._ring = [None] * self.LEND_RING
-        need = self._max_out_bytes(x, mode, seq, heads)
+        need = max(16, lane.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads))
         k = self._ring_next
         self._ring_next = (k + 1) % self.LEND_RING
         buf = self._ring[k]
         if buf is None or buf.numel() < need:  # grow-only; every rank grows at the same call
-            buf = self._nvl_async.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
+            buf = lane.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
             self._ring[k] = buf
         return buf.view(x.dtype)[: math.prod(shape)].view(shape)
-
-    def _max_out_bytes(self, x, mode, seq, heads):
-        seq, heads = _splits(self._size, self._rank, x, mode, seq, heads)
-        b, _, _, d = x.shape
-        per = [sum(seq) * h for h in heads] if mode == 0 else [s * sum(heads) for s in seq]
-        return max(16, max(per) * b * d * x.element_size())
 
     def _args(self, mode, seq_splits, head_splits):
         if mode not in (0, 1):
@@ -412,63 +382,62 @@ class UlyssesGroup:
         is passed as ``out=`` (zero copy); collective there (every rank calls it, in the same
         order). Elsewhere an ordinary tensor."""
         seq, heads = self._args(mode, seq_splits, head_splits)
-        if self._nvl is not None:
-            shape = self._nvl.output_shape(x, mode, seq, heads)
-            need = self._max_out_bytes(x, mode, seq, heads)
-            return self._nvl.empty_output(list(shape), need, x)
-        if self._comm is not None:
-            shape = self._comm._c.ulysses_output_shape(x, mode, seq, heads)
-        else:
-            seq, heads = _splits(self._size, self._rank, x, mode, seq, heads)
-            b, _, _, d = x.shape
-            shape = (
-                (b, sum(seq), heads[self._rank], d)
-                if mode == 0
-                else (b, seq[self._rank], sum(heads), d)
-            )
+        t = self._live()
+        shape = self._shape(t, x, mode, seq, heads)
+        if x.device.type != "meta":
+            need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads))
+            buf = t.empty_output(list(shape), need, x)
+            if buf is not None:
+                return buf
         return torch.empty(shape, dtype=x.dtype, device=x.device)
 
     def memory_stats(self):
-        """What the group holds: device bytes of the NVLink windows, signal pads and buffers
-        (sync and async groups), the lent ring's bytes, and the calls issued."""
-        nvl = self._nvl.memory_bytes() if self._nvl is not None else 0
-        nva = self._nvl_async.memory_bytes() if self._nvl_async is not None else 0
+        """What the group holds: device bytes of the transport's windows, signal pads and
+        buffers (sync and async lanes), the lent ring's bytes, and the calls issued."""
+        sync = self._t.memory_stats() if self._t is not None else (0, 0)
+        lane = self._lane
+        asyn = lane.memory_stats() if lane is not None and lane is not self._t else (0, 0)
         return {
             "transport": self.transport,
-            "device_bytes": nvl + nva,
-            "sync_bytes": nvl,
-            "async_bytes": nva,
+            "device_bytes": sync[0] + asyn[0],
+            "sync_bytes": sync[0],
+            "async_bytes": asyn[0],
             "lend_ring_bytes": sum(b.numel() for b in self._ring if b is not None),
-            "calls": (self._nvl.epoch() if self._nvl is not None else 0)
-            + (self._nvl_async.epoch() if self._nvl_async is not None else 0),
+            "calls": sync[1] + asyn[1],
         }
+
+    def _tune(self, knob, value):
+        """Developer benchmarks: sets a transport knob for later calls (NVLink: "engine" = auto,
+        ce, sm or hybrid; FASTCOMMS_ENGINE sets it for the whole process at start)."""
+        for t in (self._live(), self._lane):
+            if t is not None:
+                t.tune(knob, value)
 
     def check_errors(self):
         """Raises if a device-side barrier of an earlier call failed (a peer disagreed on the
         call, or a barrier timed out). Calls check on their own; this is for the last one."""
-        for g in (self._nvl, self._nvl_async):
-            if g is not None:
-                g.check_errors()
+        self._live().check_errors()
 
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
-        rank). Buffers from empty_output() stay valid while referenced."""
-        for g in (self._nvl, self._nvl_async):
-            if g is not None:
-                g.destroy()
-        self._nvl = self._nvl_async = None
+        rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
+        if self._lane is not None and self._lane is not self._t:
+            self._lane.destroy()
+        if self._t is not None:
+            self._t.destroy()
+        self._t = self._lane = None
         self._ring = []
         self.transport = "destroyed"
+        if self._store_dir is not None and self._rank == 0:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._store_dir = None
 
+    def __enter__(self):
+        return self
 
-_ENGINES = {"auto": 0, "ce": 1, "sm": 2, "hybrid": 3}
-
-
-def _engine() -> str:
-    e = os.environ.get("FASTCOMMS_ENGINE", "auto")
-    if e not in _ENGINES:
-        raise ValueError(f"FASTCOMMS_ENGINE must be one of {sorted(_ENGINES)}, got {e!r}")
-    return e
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
 
 
 class UlyssesWork:
@@ -508,21 +477,8 @@ def _group_handle(group) -> int:
     return _group_ids[key]
 
 
-def _out_shape(g: UlyssesGroup, shape, mode, seq_splits, head_splits):
-    if (seq_splits is None) != (head_splits is None):
-        raise ValueError(
-            f"[rank {g._rank}/{g._size}] all_to_all_4d: seq_splits and head_splits must be given "
-            "together"
-        )
-    b, s, n, d = shape
-    if seq_splits is None:
-        seq = [s] * g._size if mode == 0 else [s // g._size] * g._size
-        heads = [n // g._size] * g._size if mode == 0 else [n] * g._size
-    else:
-        seq, heads = list(seq_splits), list(head_splits)
-    if mode == 0:
-        return (b, sum(seq), heads[g._rank], d)
-    return (b, seq[g._rank], sum(heads), d)
+def _out_shape(g: UlyssesGroup, x, mode, seq_splits, head_splits):
+    return g._shape(g._live(), x, mode, seq_splits, head_splits)
 
 
 @torch.library.custom_op("fastcomms::ulysses_all_to_all_4d", mutates_args=())
@@ -539,7 +495,7 @@ def _ulysses_op(
 @_ulysses_op.register_fake
 def _(x, handle, mode, seq_splits, head_splits):
     g = _groups[handle]
-    return x.new_empty(_out_shape(g, x.shape, mode, seq_splits, head_splits))
+    return x.new_empty(_out_shape(g, x, mode, seq_splits, head_splits))
 
 
 def _setup_context(ctx, inputs, output):

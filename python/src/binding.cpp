@@ -10,17 +10,11 @@
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
-#include "fastcomms/core/ulysses.hpp"
+#include "fastcomms/core/window.hpp"
 #include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/transport.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
-
-#include "fastcomms/backends/nvlink_ulysses.hpp"
-#include "fastcomms/backends/nvlink_window.hpp"
-#include "fastcomms/cuda/nvml.hpp"
-#endif
-#ifdef FASTCOMMS_WITH_NCCL
-#include "fastcomms/backends/cuda_ulysses.hpp"
 #endif
 
 namespace py = pybind11;
@@ -91,6 +85,15 @@ std::vector<TensorView> views(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// The caller's current torch stream on `d` (a cudaStream_t), or null for CPU.
+void* current_stream(const Device& d) {
+#ifdef FASTCOMMS_WITH_CUDA
+  if (d.type == DeviceType::kCUDA) return c10::cuda::getCurrentCUDAStream(d.index).stream();
+#endif
+  (void)d;
+  return nullptr;
+}
+
 // A torch.distributed.Store (any Python object with its methods) as a fastcomms Store.
 class PyStore : public Store {
  public:
@@ -126,37 +129,65 @@ class PyStore : public Store {
   py::object store_;
 };
 
-// A Work from Python. The op's tensors are attached to the C++ Work itself (NOTE [work keeps its
-// buffers]), so they outlive the transfer even when Python drops this handle unwaited.
+// NOTE [python tensors outlive their op]: an op's tensors stay referenced until the op is
+// complete, whatever Python drops. They are released on a Python thread only: a tensor whose
+// Python object died while C++ still held it is released through the interpreter (with the GIL),
+// which a backend's worker thread must never need (a communicator's destructor joins that thread
+// with the GIL held). So a dropped, unfinished PyWork parks its tensors here, and calls from
+// Python release the finished ones. Internal buffers ride on the C++ Work instead (NOTE [work
+// keeps its buffers]). Never destroyed: nothing is released after the interpreter is gone.
+struct Parked {
+  WorkPtr work;
+  std::vector<at::Tensor> keep;
+};
+std::vector<Parked>& parked() {
+  static auto* v = new std::vector<Parked>;  // guarded by the GIL
+  return *v;
+}
+
+bool capturing() {
+#ifdef FASTCOMMS_WITH_CUDA
+  // Querying an event while a stream of this thread captures a CUDA graph would invalidate it.
+  for (int d = 0; d < c10::cuda::device_count(); ++d) {
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(d).stream(), &s) == cudaSuccess &&
+        s != cudaStreamCaptureStatusNone)
+      return true;
+  }
+#endif
+  return false;
+}
+
+// Releases the tensors of parked ops that have finished (GIL held).
+void release_parked() {
+  auto& v = parked();
+  if (v.empty() || capturing()) return;
+  std::erase_if(v, [](const Parked& p) { return p.work->is_completed(); });
+}
+
+// A Work from Python, with the tensors its op uses.
 struct PyWork {
   WorkPtr work;
+  std::vector<at::Tensor> keep;
+  PyWork(WorkPtr w, std::vector<at::Tensor> k) : work(std::move(w)), keep(std::move(k)) {}
+  PyWork(PyWork&&) = default;
+  PyWork& operator=(PyWork&&) = default;
+  ~PyWork() {
+    if (work && !keep.empty() && !work->is_completed())
+      parked().push_back({std::move(work), std::move(keep)});
+  }
   void wait() {
-    py::gil_scoped_release release;
-    work->wait();
+    {
+      py::gil_scoped_release release;
+      work->wait();
+    }
+    if (work->is_completed()) keep.clear();
+    release_parked();
   }
 };
 
-// Attaches `keep` to `w` (at::Tensor references; released wherever the Work dies, which torch
-// allows from any thread).
-void hold_tensors(const WorkPtr& w, std::vector<at::Tensor> keep) {
-  if (w && !keep.empty()) w->hold(std::make_shared<const std::vector<at::Tensor>>(std::move(keep)));
-}
-
 struct PyComm {
   std::shared_ptr<Communicator> comm;
-  std::shared_ptr<UlyssesGroup> ulysses;  // created on first use: plan cache and staging
-#ifdef FASTCOMMS_WITH_NCCL
-  std::shared_ptr<CudaUlyssesCollective> cuda_ulysses;  // the CUDA collective path, on first use
-  CudaUlyssesCollective& cuda_group() {
-    if (!cuda_ulysses) cuda_ulysses = std::make_shared<CudaUlyssesCollective>(comm);
-    return *cuda_ulysses;
-  }
-#endif
-
-  UlyssesGroup& group() {
-    if (!ulysses) ulysses = std::make_shared<UlyssesGroup>(comm);
-    return *ulysses;
-  }
 
   CallOptions opts(bool async_op, std::optional<std::chrono::milliseconds> timeout,
                    std::optional<Hints> hints) const {
@@ -168,13 +199,7 @@ struct PyComm {
     return o;
   }
   // CUDA backends order an op on the caller's current torch stream (NOTE [nccl backend streams]).
-  void* stream() const {
-#ifdef FASTCOMMS_WITH_CUDA
-    if (comm->device().type == DeviceType::kCUDA)
-      return c10::cuda::getCurrentCUDAStream(comm->device().index).stream();
-#endif
-    return nullptr;
-  }
+  void* stream() const { return current_stream(comm->device()); }
   template <typename Fn>
   PyWork run(std::vector<at::Tensor> keep, Fn&& fn) {
     WorkPtr w;
@@ -182,49 +207,47 @@ struct PyComm {
       py::gil_scoped_release release;
       w = fn();
     }
-    hold_tensors(w, std::move(keep));
-    return PyWork{std::move(w)};
+    release_parked();
+    return PyWork(std::move(w), std::move(keep));
   }
 };
 
 ReduceOp to_op(RedOpType t, double factor) { return ReduceOp{t, factor}; }
 
 UlyssesArgs ulysses_args(int mode, std::optional<std::vector<int64_t>> seq,
-                         std::optional<std::vector<int64_t>> heads) {
+                         std::optional<std::vector<int64_t>> heads, bool async_op = false) {
   UlyssesArgs a;
   a.mode = mode;
   a.seq_splits = std::move(seq);
   a.head_splits = std::move(heads);
+  a.async_op = async_op;
   return a;
 }
 
-#ifdef FASTCOMMS_WITH_CUDA
-// The setup of an NVLink group or window (both option structs have these fields).
-template <typename Options>
-Options p2p_options(int rank, int size, int device, py::object store, const std::string& name,
-                    std::chrono::milliseconds timeout) {
-  Options o;
-  o.rank = rank;
-  o.size = size;
-  o.device = device;
-  o.store = std::make_shared<PyStore>(std::move(store));
-  o.name = name;
-  o.timeout = timeout;
-  return o;
+std::array<int64_t, 4> shape4(const std::vector<int64_t>& shape) {
+  FASTCOMMS_CHECK(shape.size() == 4, kInvalidArgument,
+                  "all_to_all_4d: x must be 4-D (b, s, h, d), got ", shape.size(), " dims");
+  return {shape[0], shape[1], shape[2], shape[3]};
 }
 
-// The NVLink peer-to-peer group (backends/nvlink) from Python. Calls are enqueued on the caller's
-// current torch stream; empty_output() buffers are tensors that keep the group alive, so a buffer
-// never outlives its mapping.
-struct PyNvlink {
-  std::shared_ptr<NvlinkUlysses> g;
-  int device = 0;
-  NvlinkUlysses& get() {
-    FASTCOMMS_CHECK(g != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
-    return *g;
+// A Ulysses transport from Python (fastcomms.ulysses holds one per lane). CUDA calls are
+// enqueued on the caller's current torch stream; empty_output() tensors keep their buffer's
+// backing alive on their own.
+struct PyTransport {
+  UlyssesTransportPtr t;
+  Device device;
+  UlyssesTransport& get() const {
+    FASTCOMMS_CHECK(t != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
+    return *t;
   }
 };
-#endif
+
+// A window from Python (fastcomms.TorchCommWindow); ops enqueue on the caller's current torch
+// stream; map_remote tensors keep the window alive.
+struct PyWindow {
+  std::shared_ptr<Window> w;
+  Device device;
+};
 
 }  // namespace
 
@@ -285,123 +308,121 @@ PYBIND11_MODULE(_C, m) {
       .def("status", [](const PyWork& w) { return w.work->status(); });
 
   m.def("is_backend_built", &is_backend_registered);
-  // NVML's answer pair by pair, or (None, why) when it cannot answer (never a guess).
-  m.def("nvlink_matrix", [](const std::vector<int>& devices) -> py::tuple {
-#ifdef FASTCOMMS_WITH_CUDA
-    std::string why;
-    auto m = cuda::nvlink_matrix(devices, &why);
-    if (!m) return py::make_tuple(py::none(), why);
-    py::dict d;
-    for (const auto& [k, v] : *m) d[py::make_tuple(k.first, k.second)] = v;
-    return py::make_tuple(d, "");
-#else
-    (void)devices;
-    return py::make_tuple(py::none(), "this build has no CUDA layer");
-#endif
-  });
   m.def("built_backends", &registered_backends);
+  // NVML's answer pair by pair, or (None, why) when it cannot answer (never a guess).
+  m.def("nvlink_matrix", [](const std::vector<int>& devices) {
+    py::gil_scoped_release release;
+    return nvlink_matrix(devices);
+  });
+  m.def("nvlink_decision", &nvlink_decision, py::arg("who"), py::arg("probe"));
+  m.def("has_transport", &has_transport);
+  // The geometry of a call from shapes alone (fake tensors, the torch.distributed path):
+  // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
+  m.def("ulysses_geometry", [](const std::vector<int64_t>& shape, int64_t element_size, int mode,
+                               std::optional<std::vector<int64_t>> seq,
+                               std::optional<std::vector<int64_t>> heads, int rank, int size) {
+    const auto p = plan::make_ulysses_plan(
+        ulysses_request(shape4(shape), element_size, ulysses_args(mode, seq, heads), rank, size,
+                        "ulysses", plan::Path::kCollective));
+    return py::make_tuple(std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
+                          p.seq_splits, p.head_splits, p.max_out_bytes);
+  });
 
-#ifdef FASTCOMMS_WITH_CUDA
-  py::class_<PyNvlink>(m, "NvlinkGroup")
-      .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
-                       std::chrono::milliseconds timeout) {
-             auto o = p2p_options<NvlinkUlyssesOptions>(rank, size, device, std::move(store), name,
-                                                        timeout);
-             py::gil_scoped_release release;
-             return PyNvlink{std::make_shared<NvlinkUlysses>(std::move(o)), device};
-           }),
-           py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("store"), py::arg("name"),
-           py::arg("timeout"))
+  py::class_<PyTransport>(m, "UlyssesTransport")
+      .def_property_readonly("kind", [](const PyTransport& t) { return t.get().kind(); })
       .def("output_shape",
-           [](PyNvlink& n, at::Tensor x, int mode, std::optional<std::vector<int64_t>> seq,
+           [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
+              int mode, std::optional<std::vector<int64_t>> seq,
               std::optional<std::vector<int64_t>> heads) {
-             const auto s = n.get().output_shape(view(x), ulysses_args(mode, seq, heads));
-             return std::vector<int64_t>(s.begin(), s.end());
+             const auto o =
+                 t.get().output_shape(shape4(shape), element_size, ulysses_args(mode, seq, heads));
+             return std::vector<int64_t>(o.begin(), o.end());
+           })
+      .def("max_out_bytes",
+           [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
+              int mode, std::optional<std::vector<int64_t>> seq,
+              std::optional<std::vector<int64_t>> heads) {
+             return t.get().max_out_bytes(shape4(shape), element_size,
+                                          ulysses_args(mode, seq, heads));
            })
       .def("all_to_all_4d",
-           [](PyNvlink& n, at::Tensor x, at::Tensor out, int mode,
+           [](const PyTransport& t, at::Tensor x, at::Tensor out, int mode,
               std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
-              int engine) {
-             FASTCOMMS_CHECK(engine >= 0 && engine <= 3, kInvalidArgument,
-                             "UlyssesGroup: engine must be 0 (auto), 1 (copy engine), 2 (SM) or "
-                             "3 (hybrid), got ",
-                             engine);
-             cudaStream_t s = c10::cuda::getCurrentCUDAStream(n.device).stream();
-             py::gil_scoped_release release;
-             n.get().all_to_all_4d(view(x), view(out), ulysses_args(mode, seq, heads), s,
-                                   static_cast<TransferEngine>(engine));
-           })
-      .def("empty_output",
-           [](PyNvlink& n, std::vector<int64_t> shape, int64_t bytes, at::Tensor like) {
-             const auto st = like.scalar_type();
-             void* p = nullptr;
+              bool async_op) {
+             UlyssesTransport& tr = t.get();
+             const TensorView xv = view(x), ov = view(out);
+             void* stream = current_stream(xv.device);
+             WorkPtr w;
              {
                py::gil_scoped_release release;
-               p = n.get().empty_output(bytes);
+               w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, async_op), stream);
              }
-             auto keep = n.g;  // the mapping lives as long as any tensor on it
+             release_parked();
+             return PyWork(std::move(w), {x, out});
+           })
+      .def("empty_output",
+           [](const PyTransport& t, std::vector<int64_t> shape, int64_t bytes,
+              at::Tensor like) -> std::optional<at::Tensor> {
+             std::shared_ptr<void> buf;
+             {
+               py::gil_scoped_release release;
+               buf = t.get().empty_output(bytes);
+             }
+             if (!buf) return std::nullopt;
              return torch::from_blob(
-                 p, shape, [keep](void*) {},
-                 at::TensorOptions().dtype(st).device(at::kCUDA, n.device));
+                 buf.get(), shape, [buf](void*) {},
+                 at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
            })
-      .def("check_errors", [](PyNvlink& n) { n.get().check_errors(); })
-      .def("memory_bytes", [](PyNvlink& n) { return n.g ? n.g->memory_bytes() : int64_t{0}; })
-      .def("epoch", [](PyNvlink& n) { return n.g ? n.g->epoch() : uint64_t{0}; })
-      .def("device_epoch",
-           [](PyNvlink& n) {
+      .def("async_lane",
+           [](const PyTransport& t) {
              py::gil_scoped_release release;
-             return n.get().device_epoch();
+             return PyTransport{t.get().async_lane(), t.device};
            })
-      .def("destroy", [](PyNvlink& n) {
+      .def("memory_stats",
+           [](const PyTransport& t) {
+             const UlyssesMemoryStats s = t.t ? t.t->memory_stats() : UlyssesMemoryStats{};
+             return py::make_tuple(s.device_bytes, s.calls);
+           })
+      .def("check_errors", [](const PyTransport& t) { t.get().check_errors(); })
+      .def("tune", [](const PyTransport& t, const std::string& knob,
+                      const std::string& value) { t.get().tune(knob, value); })
+      .def("destroy", [](PyTransport& t) {
+        if (!t.t) return;
         py::gil_scoped_release release;
-        n.g.reset();
+        t.t->destroy();
+        t.t.reset();
       });
 
-  // Windows (fastcomms.TorchCommWindow): ops enqueue on the caller's current torch stream;
-  // map_remote tensors keep the window alive.
-  py::class_<NvlinkWindow, std::shared_ptr<NvlinkWindow>>(m, "NvlinkWindow")
-      .def(py::init([](int rank, int size, int device, py::object store, const std::string& name,
-                       std::chrono::milliseconds timeout) {
-        auto o =
-            p2p_options<NvlinkWindowOptions>(rank, size, device, std::move(store), name, timeout);
-        py::gil_scoped_release release;
-        return std::make_shared<NvlinkWindow>(std::move(o));
-      }))
+  py::class_<PyWindow>(m, "Window")
       .def("register_buffer",
-           [](NvlinkWindow& w, at::Tensor t) {
+           [](PyWindow& w, at::Tensor t) {
              void* p = t.data_ptr();
              const int64_t bytes = t.numel() * t.element_size();
              py::gil_scoped_release release;
-             w.register_buffer(p, bytes);
+             w.w->register_buffer(p, bytes);
            })
       .def("deregister",
-           [](NvlinkWindow& w) {
+           [](PyWindow& w) {
              py::gil_scoped_release release;
-             w.deregister();
+             w.w->deregister();
            })
-      .def("bytes", &NvlinkWindow::bytes)
+      .def("bytes", [](const PyWindow& w) { return w.w->bytes(); })
       .def("put",
-           [](NvlinkWindow& w, at::Tensor src, int dst, int64_t offset_bytes, int device) {
-             cudaStream_t s = c10::cuda::getCurrentCUDAStream(device).stream();
-             w.put(src.data_ptr(), src.numel() * src.element_size(), dst, offset_bytes, s);
+           [](PyWindow& w, at::Tensor src, int dst, int64_t offset_bytes) {
+             w.w->put(src.data_ptr(), src.numel() * src.element_size(), dst, offset_bytes,
+                      current_stream(w.device));
            })
-      .def("signal",
-           [](NvlinkWindow& w, int peer, int device) {
-             w.signal(peer, c10::cuda::getCurrentCUDAStream(device).stream());
-           })
+      .def("signal", [](PyWindow& w, int peer) { w.w->signal(peer, current_stream(w.device)); })
       .def("wait_signal",
-           [](NvlinkWindow& w, int peer, int device) {
-             w.wait_signal(peer, c10::cuda::getCurrentCUDAStream(device).stream());
-           })
-      .def("check_errors", &NvlinkWindow::check_errors)
-      .def("remote",
-           [](std::shared_ptr<NvlinkWindow> w, int q, std::vector<int64_t> shape, at::Tensor like) {
-             void* p = w->remote(q);
-             return torch::from_blob(
-                 p, shape, [w](void*) {},
-                 at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
-           });
-#endif
+           [](PyWindow& w, int peer) { w.w->wait_signal(peer, current_stream(w.device)); })
+      .def("check_errors", [](PyWindow& w) { w.w->check_errors(); })
+      .def("remote", [](PyWindow& w, int q, std::vector<int64_t> shape, at::Tensor like) {
+        void* p = w.w->remote(q);
+        auto keep = w.w;
+        return torch::from_blob(
+            p, shape, [keep](void*) {},
+            at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
+      });
 
   using Ms = std::optional<std::chrono::milliseconds>;
   using H = std::optional<Hints>;
@@ -599,42 +620,56 @@ PYBIND11_MODULE(_C, m) {
              }));
              return py::cpp_function([h] { h->remove(); });
            })
-      .def("ulysses_output_shape",
-           [](PyComm& c, at::Tensor x, int mode, std::optional<std::vector<int64_t>> seq,
-              std::optional<std::vector<int64_t>> heads) {
-             UlyssesArgs a;
-             a.mode = mode;
-             a.seq_splits = seq;
-             a.head_splits = heads;
-             const auto s = c.group().output_shape(view(x), a);
-             return std::vector<int64_t>(s.begin(), s.end());
+      .def("new_window",
+           [](PyComm& c) {
+             std::shared_ptr<Window> w;
+             {
+               py::gil_scoped_release release;
+               w = c.comm->new_window();
+             }
+             return PyWindow{std::move(w), c.comm->device()};
            })
-      .def("ulysses_all_to_all_4d",
-           [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
-              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
-              bool a) {
-             UlyssesGroup& g = c.group();
-             UlyssesArgs args;
-             args.mode = mode;
-             args.seq_splits = seq;
-             args.head_splits = heads;
-             args.async_op = a;
-             return c.run({x, out}, [&] { return g.all_to_all_4d(view(x), view(out), args); });
-           })
-      // The CUDA collective path (pack kernel, all_to_all_v_single, unpack kernel), enqueued on
-      // the caller's current stream; None when this build has no NCCL.
-      .def("ulysses_cuda_all_to_all_4d",
-           [](PyComm& c, at::Tensor x, at::Tensor out, int mode,
-              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads) {
-#ifdef FASTCOMMS_WITH_NCCL
-             auto& g = c.cuda_group();
-             cudaStream_t s = static_cast<cudaStream_t>(c.stream());
-             py::gil_scoped_release release;
-             g.all_to_all_4d(view(x), view(out), ulysses_args(mode, seq, heads), s);
-             return true;
-#else
-             (void)c, (void)x, (void)out, (void)mode, (void)seq, (void)heads;
-             return false;
-#endif
-           });
+      .def("select_transport", [](PyComm& c, const std::string& transport, bool require_nvlink) {
+        TransportInit init;
+        init.rank = c.comm->rank();
+        init.size = c.comm->size();
+        init.device = c.comm->device();
+        const std::string key = fastcomms::detail::cat("ulysses/", c.comm->next_key_id());
+        init.store = std::make_shared<PrefixStore>(key, c.comm->key_space());
+        init.name = c.comm->name();
+        init.timeout = c.comm->options().timeout;
+        init.comm = c.comm;
+        TransportChoice choice;
+        {
+          py::gil_scoped_release release;
+          choice = select_transport(init, transport, require_nvlink);
+        }
+        return py::make_tuple(PyTransport{choice.transport, init.device}, choice.kind,
+                              choice.reason);
+      });
+
+  // A Ulysses transport for a group that is not a fastcomms communicator (a torch.distributed
+  // ProcessGroup): the caller gathered every rank's "host|device" (`who`) and passes a store
+  // the ranks share. The transport is None when the collective path is chosen (the caller runs
+  // it with torch ops).
+  m.def("select_transport",
+        [](int rank, int size, int device_index, py::object store, const std::string& name,
+           std::chrono::milliseconds timeout, const std::string& transport, bool require_nvlink,
+           std::vector<std::string> who) {
+          TransportInit init;
+          init.rank = rank;
+          init.size = size;
+          init.device = device_index >= 0 ? Device{DeviceType::kCUDA, device_index} : Device{};
+          if (!store.is_none()) init.store = std::make_shared<PyStore>(std::move(store));
+          init.name = name;
+          init.timeout = timeout;
+          TransportChoice choice;
+          {
+            py::gil_scoped_release release;
+            choice = select_transport(init, transport, require_nvlink, std::move(who));
+          }
+          return py::make_tuple(
+              choice.transport ? py::cast(PyTransport{choice.transport, init.device}) : py::none(),
+              choice.kind, choice.reason);
+        });
 }

@@ -12,11 +12,11 @@
 #include <random>
 
 #include "../common/values.hpp"
-#include "fastcomms/backends/cuda_ulysses.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/cuda/runtime.hpp"
 #include "fastcomms/plan/reference.hpp"
-#include "gpu_world.hpp"
+#include "fastcomms/ulysses/transport.hpp"
+#include "tests/common/gpu_world.hpp"
 
 using namespace fastcomms;
 
@@ -356,7 +356,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   // The Ulysses collective path on CUDA: random geometries (even and uneven, empty shards, both
   // modes, element sizes 1/2/4/8, any d) against the plan's host reference.
   {
-    CudaUlyssesCollective ulysses(std::shared_ptr<Communicator>(comm.get(), [](Communicator*) {}));
+    TransportInit ti;
+    ti.rank = rank;
+    ti.size = P;
+    ti.device = comm->device();
+    ti.comm = std::shared_ptr<Communicator>(comm.get(), [](Communicator*) {});
+    auto transport = make_transport("collective", ti);  // a CUDA communicator: cuda_collective
+    EXPECT(transport->kind() == "cuda_collective", "collective on CUDA took ", transport->kind());
+    UlyssesTransport& ulysses = *transport;
     std::mt19937_64 rng(4242);  // same sequence on both ranks
     auto pick = [&](int64_t lo, int64_t hi) {
       return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
@@ -412,7 +419,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       TensorView out = TensorView::contiguous(obuf.get(), dt, {os[0], os[1], os[2], os[3]}, dev);
       for (unsigned char poison : {0xA5, 0x5A}) {
         FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(obuf.get(), poison, obuf.size(), st));
-        ulysses.all_to_all_4d(x, out, args, st);
+        ulysses.all_to_all_4d(x, out, args, st);  // enqueued on st
         std::vector<std::byte> got(want[rank].size());
         FASTCOMMS_CUDA_CHECK(
             cudaMemcpyAsync(got.data(), obuf.get(), got.size(), cudaMemcpyDeviceToHost, st));

@@ -11,10 +11,10 @@
 #include <limits>
 #include <random>
 
-#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "backends/nvlink/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/nvml.hpp"
 #include "fastcomms/plan/reference.hpp"
-#include "gpu_world.hpp"
+#include "tests/common/gpu_world.hpp"
 
 using namespace fastcomms;
 

@@ -5,8 +5,8 @@
 
 #include <random>
 
-#include "fastcomms/core/ulysses.hpp"
 #include "fastcomms/plan/reference.hpp"
+#include "fastcomms/ulysses/transport.hpp"
 #include "harness.hpp"
 
 namespace fastcomms::test {
@@ -78,7 +78,8 @@ TEST(UlyssesGloo, RandomGeometriesBitExact) {
     const auto geos = random_geometries(P, 30, rng);
     std::atomic<int> ok{0};
     run_threads(P, [&](Communicator& comm) {
-      UlyssesGroup group(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+      auto group =
+          make_collective_transport(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
       const int r = comm.rank();
       for (size_t gi = 0; gi < geos.size(); ++gi) {
         const Geometry& g = geos[gi];
@@ -92,9 +93,9 @@ TEST(UlyssesGloo, RandomGeometriesBitExact) {
           args.seq_splits = g.seq;
           args.head_splits = g.heads;
         }
-        const auto os = group.output_shape(x, args);
+        const auto os = group->output_shape(x, args);
         HostTensor out(g.dt, std::vector<int64_t>(os.begin(), os.end()));
-        auto w = group.all_to_all_4d(x, out.view(), args);
+        auto w = group->all_to_all_4d(x, out.view(), args, nullptr);
         w->wait();
         ASSERT_EQ(out.bytes.size(), g.want[r].size());
         ASSERT_EQ(std::memcmp(out.bytes.data(), g.want[r].data(), out.bytes.size()), 0)
@@ -112,17 +113,18 @@ TEST(UlyssesGloo, RandomGeometriesBitExact) {
 TEST(UlyssesGloo, MismatchedCallsRaiseOnEveryRank) {
   std::atomic<int> raised{0};
   run_threads(3, [&](Communicator& comm) {
-    UlyssesGroup group(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    auto group =
+        make_collective_transport(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
     const int r = comm.rank();
     // Rank 2 believes in different head splits than ranks 0 and 1.
     HostTensor x(DType::kFloat32, std::vector<int64_t>{1, 2 + r, 6, 4});
     UlyssesArgs args;
     args.seq_splits = std::vector<int64_t>{2, 3, 4};
     args.head_splits = r == 2 ? std::vector<int64_t>{1, 2, 3} : std::vector<int64_t>{2, 2, 2};
-    const auto os = group.output_shape(x.view(), args);
+    const auto os = group->output_shape(x.view(), args);
     HostTensor out(DType::kFloat32, std::vector<int64_t>(os.begin(), os.end()));
     try {
-      group.all_to_all_4d(x.view(), out.view(), args);
+      group->all_to_all_4d(x.view(), out.view(), args, nullptr);
       ADD_FAILURE() << "rank " << r << " accepted a mismatched call";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -134,10 +136,10 @@ TEST(UlyssesGloo, MismatchedCallsRaiseOnEveryRank) {
     // Same splits, different dtype on rank 1.
     HostTensor y(r == 1 ? DType::kInt32 : DType::kFloat32, std::vector<int64_t>{1, 2 + r, 6, 4});
     args.head_splits = std::vector<int64_t>{2, 2, 2};
-    const auto ys = group.output_shape(y.view(), args);
+    const auto ys = group->output_shape(y.view(), args);
     HostTensor yout(y.dt, std::vector<int64_t>(ys.begin(), ys.end()));
     try {
-      group.all_to_all_4d(y.view(), yout.view(), args);
+      group->all_to_all_4d(y.view(), yout.view(), args, nullptr);
       ADD_FAILURE() << "rank " << r << " accepted a dtype mismatch";
     } catch (const Error& e) {
       const std::string want = r == 1 ? "rank 0 has dtype float32, this rank has int32"
@@ -150,7 +152,8 @@ TEST(UlyssesGloo, MismatchedCallsRaiseOnEveryRank) {
 
 TEST(UlyssesGloo, ValidationMessages) {
   run_threads(2, [&](Communicator& comm) {
-    UlyssesGroup group(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    auto group =
+        make_collective_transport(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
     const std::string p = "[rank " + std::to_string(comm.rank()) + "/2 " + comm.name() + "] ";
     HostTensor x(DType::kFloat32, std::vector<int64_t>{1, 4, 6, 8});
     UlyssesArgs args;
@@ -158,14 +161,14 @@ TEST(UlyssesGloo, ValidationMessages) {
     args.head_splits = std::vector<int64_t>{3, 2};
     HostTensor out(DType::kFloat32, std::vector<int64_t>{1, 8, 3, 8});
     try {
-      group.all_to_all_4d(x.view(), out.view(), args);
+      group->all_to_all_4d(x.view(), out.view(), args, nullptr);
       ADD_FAILURE();
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), p + "all_to_all_4d: head_splits sums to 5, x.size(2) is 6");
     }
     HostTensor x3(DType::kFloat32, std::vector<int64_t>{4, 6, 8});
     try {
-      group.all_to_all_4d(x3.view(), out.view(), UlyssesArgs{});
+      group->all_to_all_4d(x3.view(), out.view(), UlyssesArgs{}, nullptr);
       ADD_FAILURE();
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()),
@@ -173,7 +176,7 @@ TEST(UlyssesGloo, ValidationMessages) {
     }
     HostTensor wrong(DType::kFloat32, std::vector<int64_t>{1, 8, 2, 8});
     try {
-      group.all_to_all_4d(x.view(), wrong.view(), UlyssesArgs{});
+      group->all_to_all_4d(x.view(), wrong.view(), UlyssesArgs{}, nullptr);
       ADD_FAILURE();
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), p + "all_to_all_4d: out has shape float32[1, 8, 2, 8] cpu, "

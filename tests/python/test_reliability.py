@@ -149,9 +149,7 @@ def meta_tensors(comm, rank, size):
     y = g.all_to_all_4d(x, mode=0)
     assert y.device.type == "meta" and y.shape == (2, 6 * size, 4, 8)
     assert g.all_to_all_4d(y, mode=1).shape == x.shape
-    z = g.all_to_all_4d(
-        x, mode=0, seq_splits=[6] * size, head_splits=[4] * (size - 1) + [4]
-    )
+    z = g.all_to_all_4d(x, mode=0, seq_splits=[6] * size, head_splits=[4] * (size - 1) + [4])
     assert z.shape == y.shape
     cpu = torch.zeros((2, 6, 4 * size, 8))
     with pytest.raises(ValueError, match="meta"):
@@ -173,4 +171,3 @@ def meta_tensors(comm, rank, size):
 @pytest.mark.parametrize("size", [1, 2])
 def test_meta_tensors_get_shapes_or_a_clear_error(world, size):
     world(meta_tensors, size)
-

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 needs_cuda_build = pytest.mark.skipif(
-    not hasattr(__import__("fastcomms")._C, "NvlinkGroup"),
+    not __import__("fastcomms")._C.has_transport("nvlink"),
     reason="the extension was built without CUDA",
 )
 

@@ -12,10 +12,10 @@
 #include <random>
 #include <string>
 
-#include "../../tests/gpu/gpu_world.hpp"
-#include "fastcomms/backends/nvlink_ulysses.hpp"
+#include "backends/nvlink/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/plan/reference.hpp"
+#include "tests/common/gpu_world.hpp"
 
 using namespace fastcomms;
 

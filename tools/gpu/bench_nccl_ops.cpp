@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../../tests/gpu/gpu_world.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/cuda/runtime.hpp"
+#include "tests/common/gpu_world.hpp"
 
 using namespace fastcomms;
 

@@ -16,9 +16,12 @@
 #include "fastcomms/core/options.hpp"
 #include "fastcomms/core/reduce_op.hpp"
 #include "fastcomms/core/tensor.hpp"
+#include "fastcomms/core/window.hpp"
 #include "fastcomms/core/work.hpp"
 
 namespace fastcomms {
+
+class UlyssesTransport;  // fastcomms/ulysses/transport.hpp (the layer above core)
 
 /// Every op of the communicator API, for capabilities() and messages.
 enum class OpKind : int {
@@ -128,6 +131,14 @@ class Backend {
   /// over the parent, as ncclCommSplit is); `init` is null on a rank that is not in `ranks`, which
   /// then gets null back. Members pass the same `ranks`.
   virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init);
+  /// Whether new_window() works.
+  virtual bool supports_window() const { return false; }
+  /// Collective: a window of this backend (default: throws kUnsupported).
+  virtual std::shared_ptr<Window> new_window(const OpContext& ctx);
+  /// The Ulysses transport this backend lends to Ulysses groups over its communicator (its own
+  /// engine and windows, so a group builds none beside them), or null: the group then chooses
+  /// one itself (fastcomms/ulysses/transport.hpp, select_transport).
+  virtual std::shared_ptr<UlyssesTransport> ulysses_transport() { return nullptr; }
   /// Unblocks every waiter with an Aborted error; the backend is unusable afterwards.
   virtual void abort() {}
   /// Collective, orderly shutdown.

@@ -58,9 +58,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// factory.hpp). `options.store` must be set.
   static std::shared_ptr<Communicator> create(const std::string& backend_name, int rank, int size,
                                               Device device, CommOptions options);
-  /// Wraps an existing backend.
+  /// Wraps an existing backend. `key_space` is this communicator's own namespace in the store
+  /// (null: options.store).
   Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
-               CommOptions options);
+               CommOptions options, std::shared_ptr<Store> key_space = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -72,6 +73,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string backend_name() const { return backend_->name(); }
   std::string backend_version() const { return backend_->version(); }
   const CommOptions& options() const { return options_; }
+  /// This communicator's own namespace in the store (the one its backend rendezvoused in), for
+  /// the layers above that set up over it (Ulysses transports).
+  const std::shared_ptr<Store>& key_space() const { return key_space_; }
+  /// A number for the next object set up over key_space(): every rank counts alike as long as
+  /// it creates such objects in the same order.
+  uint64_t next_key_id() { return next_key_id_.fetch_add(1); }
   Backend& backend() { return *backend_; }
   /// Changes the default timeout of later ops.
   void set_timeout(std::chrono::milliseconds t);
@@ -82,6 +89,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void abort();
   /// Orderly, collective shutdown; later ops raise.
   void finalize();
+  /// Collective: a window of the backend (kUnsupported when it has none).
+  std::shared_ptr<Window> new_window();
+  /// The Ulysses transport the backend lends, or null (see Backend::ulysses_transport).
+  std::shared_ptr<UlyssesTransport> ulysses_transport();
   /// "[rank r/n name op] " for messages.
   std::string prefix(OpKind op) const;
 
@@ -149,6 +160,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> finalized_{false};
   std::atomic<uint64_t> split_counter_{0};
+  std::shared_ptr<Store> key_space_;
+  std::atomic<uint64_t> next_key_id_{0};
   std::shared_ptr<Hooks> hooks_;
 };
 

@@ -2,6 +2,8 @@
 #pragma once
 
 /// @file
+/// (Private to backends/nvlink; callers reach it through the Ulysses layer's "nvlink" transport,
+/// the GPU tests and the developer benchmark include it directly.)
 /// The peer-to-peer Ulysses all-to-all over NVLink: every rank writes its contribution straight
 /// into each peer's window (CUDA IPC memory mapped into every peer), in the final layout, between
 /// two device-side epoch barriers. No NCCL: the setup needs only the store, so several ranks may
@@ -19,9 +21,11 @@
 
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/tensor.hpp"
-#include "fastcomms/core/ulysses.hpp"
+#include "fastcomms/cuda/barrier.hpp"
+#include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/cuda/runtime.hpp"
 #include "fastcomms/plan/ulysses_plan.hpp"
+#include "fastcomms/ulysses/transport.hpp"
 
 namespace fastcomms {
 
@@ -34,14 +38,40 @@ enum class TransferEngine {
                 ///< (FASTCOMMS_HYBRID_CE_PERCENT, default 45), the SM kernel the rest.
 };
 
+/// Every tuning knob of the engine, in one place. from_env() reads README's run-time settings
+/// once per process (a malformed value throws there, not on a call path).
+struct NvlinkTuning {
+  /// FASTCOMMS_ENGINE=auto|ce|sm|hybrid: the engine of transport calls.
+  TransferEngine engine = TransferEngine::kAuto;
+  /// FASTCOMMS_CE_CROSSOVER: per-peer chunk bytes from which kAuto takes the hybrid. Measured on
+  /// 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines alone at every size from
+  /// 0.16 to 1107 MiB per rank; the hybrid beat the SM engine by 4-7% at 185 MiB per peer chunk
+  /// and above and lost at 20 MiB and below; 64 MiB sits inside that bracket.
+  int64_t ce_crossover = int64_t{64} << 20;
+  /// FASTCOMMS_HYBRID_CE_PERCENT: the copy engines' share of every remote chunk's rows.
+  int hybrid_ce_percent = 45;
+  /// FASTCOMMS_CE_STREAMS: copy-engine streams a transfer is spread over.
+  int ce_streams = 4;
+  /// FASTCOMMS_FLAGGED_MAX_BYTES: capacity (and initial threshold) of the flagged path per peer
+  /// chunk; on 2xH200 it beat the barrier path at every chunk measured (up to 1.25 MiB).
+  int64_t flagged_max_bytes = int64_t{1} << 20;
+  /// FASTCOMMS_FUSED_MAX_BYTES: largest per-peer chunk of the one-kernel barrier path.
+  int64_t fused_max_bytes = int64_t{2} << 20;
+  /// FASTCOMMS_FUSED_BLOCKS: grid cap of the fused and flagged kernels (0: one block per SM).
+  int fused_blocks = 0;
+  /// The process's settings (parsed on first use).
+  static const NvlinkTuning& from_env();
+};
+
 /// Setup of a group.
 struct NvlinkUlyssesOptions {
   int rank = 0;
   int size = 1;
-  int device = 0;                              ///< This rank's CUDA ordinal.
-  std::shared_ptr<Store> store;                ///< Rendezvous (IPC handles travel through it).
-  std::string name = "ulysses";                ///< Key namespace in the store.
-  std::chrono::milliseconds timeout{600'000};  ///< Store waits and device barrier waits.
+  int device = 0;                                  ///< This rank's CUDA ordinal.
+  std::shared_ptr<Store> store;                    ///< Rendezvous (IPC handles travel through it).
+  std::string name = "ulysses";                    ///< Key namespace in the store.
+  std::chrono::milliseconds timeout{600'000};      ///< Store waits and device barrier waits.
+  NvlinkTuning tuning = NvlinkTuning::from_env();  ///< Engine knobs.
 };
 
 /// One group of ranks doing Ulysses all-to-alls over NVLink.
@@ -63,6 +93,9 @@ class NvlinkUlysses {
   /// next call or by check_errors().
   void all_to_all_4d(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
                      cudaStream_t stream, TransferEngine engine = TransferEngine::kAuto);
+  /// The same with the call already validated (x on this device, `out` checked against `p`).
+  void run(const TensorView& x, const TensorView& out, const plan::UlyssesRequest& req,
+           const plan::UlyssesPlan& p, cudaStream_t stream, TransferEngine engine);
 
   /// Collective: a device buffer of `bytes` mapped into every peer; passing it (as a tensor of
   /// the right shape) as `out` skips the copy-out. Released by destroy() or the destructor.
@@ -114,8 +147,10 @@ class NvlinkUlysses {
   /// Calls completed on the device (NOTE [device epoch]; replays of a captured call count each
   /// time). Synchronizes the device.
   uint64_t device_epoch() const;
-  /// The SM / hybrid crossover of kAuto in bytes per peer chunk (FASTCOMMS_CE_CROSSOVER).
-  static int64_t crossover_bytes();
+  /// The engine knobs this group runs with.
+  const NvlinkTuning& tuning() const { return opt_.tuning; }
+  /// This group's setup.
+  const NvlinkUlyssesOptions& options() const { return opt_; }
 
  private:
   struct Window {
@@ -126,6 +161,15 @@ class NvlinkUlysses {
   };
   Window exchange(int64_t bytes, const std::string& tag);
   void ensure_window(int64_t bytes, cudaStream_t stream);
+  // The steps of run(): the path choice, the destination, the barrier arguments, the transfer
+  // between the barriers, and the copy-out of a copying call.
+  bool flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const;
+  const Window& destination(const TensorView& out, const plan::UlyssesPlan& p, cudaStream_t stream);
+  cuda::BarrierArgs barrier_args(uint64_t key) const;
+  void transfer(std::vector<cuda::CopyJob> jobs, const TensorView& out, cuda::BarrierArgs b,
+                TransferEngine engine, int64_t max_chunk, cudaStream_t stream);
+  void copy_out(const TensorView& out, const plan::UlyssesPlan& p, const plan::UlyssesRequest& req,
+                cudaStream_t stream);
   void flagged_call(const TensorView& x, const TensorView& out, const plan::UlyssesPlan& p,
                     const plan::UlyssesRequest& req, cudaStream_t stream);
   std::string prefix() const;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fastcomms/core/store.hpp"
+#include "fastcomms/core/window.hpp"
 #include "fastcomms/cuda/runtime.hpp"
 
 namespace fastcomms {
@@ -32,34 +33,34 @@ struct NvlinkWindowOptions {
 };
 
 /// A window: one registered buffer per rank, mapped into every peer.
-class NvlinkWindow {
+class NvlinkWindow final : public Window {
  public:
   /// Collective: allocates and exchanges the signal pads.
   explicit NvlinkWindow(NvlinkWindowOptions options);
-  ~NvlinkWindow();
+  ~NvlinkWindow() override;
   NvlinkWindow(const NvlinkWindow&) = delete;
   NvlinkWindow& operator=(const NvlinkWindow&) = delete;
 
   /// Collective: registers `bytes` at `ptr` (device memory of this rank's device, any offset
   /// inside a cudaMalloc'd allocation) as this rank's buffer. Every rank registers the same size.
-  void register_buffer(void* ptr, int64_t bytes);
+  void register_buffer(void* ptr, int64_t bytes) override;
   /// Collective: drops the registration (waits for this device's work first).
-  void deregister();
+  void deregister() override;
   /// Whether a buffer is registered.
   bool registered() const { return bytes_ > 0; }
   /// Bytes of the registered buffer (the same on every rank).
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const override { return bytes_; }
   /// Rank q's buffer as a pointer on this device (this rank's own buffer for q == rank).
-  void* remote(int q) const;
+  void* remote(int q) const override;
 
   /// Enqueues a copy of `bytes` from `src` into rank `dst`'s buffer at `offset` bytes.
-  void put(const void* src, int64_t bytes, int dst, int64_t offset, cudaStream_t stream);
+  void put(const void* src, int64_t bytes, int dst, int64_t offset, void* stream) override;
   /// Enqueues a signal to `peer` ordered after everything enqueued before it on `stream`.
-  void signal(int peer, cudaStream_t stream);
+  void signal(int peer, void* stream) override;
   /// Enqueues a wait for the next signal from `peer`; later work on `stream` sees its puts.
-  void wait_signal(int peer, cudaStream_t stream);
+  void wait_signal(int peer, void* stream) override;
   /// Throws if a device-side wait timed out (reads pinned memory; no sync).
-  void check_errors();
+  void check_errors() override;
 
  private:
   std::string prefix(const char* op) const;

@@ -1,15 +1,14 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-#include "fastcomms/core/ulysses.hpp"
-
+// The collective path of the Ulysses all-to-all on CPU tensors: pack with plan/'s descriptors
+// (memcpy), one all_to_all_v_single on the communicator, unpack.
 #include <array>
 #include <cstring>
 
 #include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/transport.hpp"
 
 namespace fastcomms {
 namespace {
-
-constexpr const char* kOp = "all_to_all_4d";
 
 // NOTE [ulysses chunk header]: every chunk of the collective path starts with a header
 // holding the sender's view of the call (geometry key, mode, b, d, element size, dtype). The
@@ -20,6 +19,12 @@ constexpr int kHeaderWords = 6;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
 using Header = std::array<int64_t, kHeaderWords>;
 constexpr const char* kHeaderFields[kHeaderWords] = {"", "mode", "b", "d", "element size", "dtype"};
+
+// A grow-only host staging buffer (uninitialized).
+struct UlyssesScratch {
+  std::unique_ptr<std::byte[]> data;
+  int64_t size = 0;
+};
 
 // Finishes the collective path on the caller's thread: waits for the exchange, checks the
 // headers, then unpacks.
@@ -99,12 +104,36 @@ class UnpackWork : public Work {
   std::exception_ptr error_;
 };
 
-}  // namespace
+class CollectiveTransport final : public UlyssesTransport {
+ public:
+  explicit CollectiveTransport(std::shared_ptr<Communicator> comm)
+      : UlyssesTransport(comm->rank(), comm->size(), comm->name()), comm_(std::move(comm)) {}
+  std::string kind() const override { return "collective"; }
 
-std::shared_ptr<UlyssesScratch> UlyssesGroup::scratch(std::shared_ptr<UlyssesScratch>& pool,
-                                                      int64_t bytes) {
-  // NOTE [ulysses scratch reuse]: a buffer is reused only when no in-flight async call still
-  // holds it (use_count 1: the pool alone); otherwise a fresh one replaces it in the pool.
+ protected:
+  plan::Path path() const override { return plan::Path::kCollective; }
+  void check_input(const TensorView& x) const override {
+    FASTCOMMS_CHECK(x.device.type == DeviceType::kCPU, kUnsupported, prefix(),
+                    "the CPU collective path packs CPU tensors; ", x.device.str(),
+                    " tensors go through a CUDA transport");
+  }
+  WorkPtr run(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
+              const plan::UlyssesRequest& req, const std::shared_ptr<const plan::UlyssesPlan>& plan,
+              void* stream) override;
+
+ private:
+  std::shared_ptr<UlyssesScratch> scratch(std::shared_ptr<UlyssesScratch>& pool, int64_t bytes);
+
+  std::shared_ptr<Communicator> comm_;
+  std::mutex mu_;
+  std::shared_ptr<UlyssesScratch> send_pool_, recv_pool_;
+};
+
+std::shared_ptr<UlyssesScratch> CollectiveTransport::scratch(std::shared_ptr<UlyssesScratch>& pool,
+                                                             int64_t bytes) {
+  // NOTE [ulysses scratch reuse]: a buffer is reused only when no in-flight call still holds it
+  // (use_count 1: the pool alone; an exchange's Work holds its buffers, NOTE [work keeps its
+  // buffers]); otherwise a fresh one replaces it in the pool.
   std::lock_guard<std::mutex> lock(mu_);
   if (!pool || pool.use_count() > 1 || pool->size < bytes) {
     auto fresh = std::make_shared<UlyssesScratch>();
@@ -115,79 +144,10 @@ std::shared_ptr<UlyssesScratch> UlyssesGroup::scratch(std::shared_ptr<UlyssesScr
   return pool;
 }
 
-UlyssesGroup::UlyssesGroup(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {
-  FASTCOMMS_CHECK(comm_ != nullptr, kInvalidArgument, "UlyssesGroup: communicator is null");
-}
-
-plan::UlyssesRequest ulysses_request(const TensorView& x, const UlyssesArgs& args, int rank,
-                                     int size, const std::string& comm_name, plan::Path path) {
-  const std::string prefix =
-      detail::cat("[rank ", rank, "/", size, " ", comm_name, "] ", kOp, ": ");
-  FASTCOMMS_CHECK(x.shape.size() == 4, kInvalidArgument, prefix, "x must be 4-D (b, s, h, d), got ",
-                  x.describe());
-  FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous, got ",
-                  x.describe(), " with non-dense strides");
-  plan::UlyssesRequest req;
-  req.world_size = size;
-  req.rank = rank;
-  req.mode = args.mode;
-  for (int i = 0; i < 4; ++i) req.shape[i] = x.shape[i];
-  req.element_size = static_cast<int64_t>(x.element_size());
-  req.seq_splits = args.seq_splits;
-  req.head_splits = args.head_splits;
-  req.path = path;
-  req.op_name = kOp;
-  req.comm_name = comm_name;
-  return req;
-}
-
-std::shared_ptr<const plan::UlyssesPlan> UlyssesPlanCache::get(const plan::UlyssesRequest& req) {
-  Key key{req.world_size,
-          req.rank,
-          req.mode,
-          static_cast<int>(req.path),
-          req.shape,
-          req.element_size,
-          req.seq_splits.value_or(std::vector<int64_t>{}),
-          req.head_splits.value_or(std::vector<int64_t>{}),
-          req.seq_splits.has_value()};
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
-  auto p = std::make_shared<const plan::UlyssesPlan>(plan::make_ulysses_plan(req));
-  if (plans_.size() > 256) plans_.clear();  // bounded: shapes rarely vary that much
-  plans_.emplace(std::move(key), p);
-  return p;
-}
-
-plan::UlyssesRequest UlyssesGroup::request(const TensorView& x, const UlyssesArgs& args) const {
-  return ulysses_request(x, args, comm_->rank(), comm_->size(), comm_->name(),
-                         plan::Path::kCollective);
-}
-
-std::array<int64_t, 4> UlyssesGroup::output_shape(const TensorView& x,
-                                                  const UlyssesArgs& args) const {
-  return plan::ulysses_output_shape(request(x, args));
-}
-
-WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
-                                    const UlyssesArgs& args) {
-  const plan::UlyssesRequest req = request(x, args);
-  const std::string prefix =
-      detail::cat("[rank ", comm_->rank(), "/", comm_->size(), " ", comm_->name(), "] ", kOp, ": ");
-  auto p = plans_.get(req);
-  FASTCOMMS_CHECK(out.dtype == x.dtype, kTypeError, prefix, "out has dtype ", dtype_name(out.dtype),
-                  ", x has ", dtype_name(x.dtype));
-  FASTCOMMS_CHECK(out.device == x.device, kInvalidArgument, prefix, "out is on ", out.device.str(),
-                  ", x on ", x.device.str());
-  FASTCOMMS_CHECK(out.is_contiguous(), kInvalidArgument, prefix, "out must be contiguous");
-  FASTCOMMS_CHECK(out.shape == std::vector<int64_t>(p->out_shape.begin(), p->out_shape.end()),
-                  kInvalidArgument, prefix, "out has shape ", out.describe(), ", expected [",
-                  p->out_shape[0], ", ", p->out_shape[1], ", ", p->out_shape[2], ", ",
-                  p->out_shape[3], "]");
-  FASTCOMMS_CHECK(x.device.type == DeviceType::kCPU, kUnsupported, prefix,
-                  "the C++ collective path packs CPU tensors; ", x.device.str(),
-                  " tensors go through the CUDA transport");
+WorkPtr CollectiveTransport::run(const TensorView& x, const TensorView& out,
+                                 const UlyssesArgs& args, const plan::UlyssesRequest&,
+                                 const std::shared_ptr<const plan::UlyssesPlan>& p, void*) {
+  const std::string prefix = this->prefix();
   const int64_t e = p->element_size;
   const int P = p->world_size;
   const Header mine = {static_cast<int64_t>(p->geometry_key), p->mode, p->b, p->d, e,
@@ -219,6 +179,13 @@ WorkPtr UlyssesGroup::all_to_all_4d(const TensorView& x, const TensorView& out,
   auto work = std::make_shared<UnpackWork>(std::move(inner), p, send, recv, out.data, mine, prefix);
   if (!args.async_op) work->wait();
   return work;
+}
+
+}  // namespace
+
+UlyssesTransportPtr make_collective_transport(std::shared_ptr<Communicator> comm) {
+  FASTCOMMS_CHECK(comm != nullptr, kInvalidArgument, "all_to_all_4d: communicator is null");
+  return std::make_shared<CollectiveTransport>(std::move(comm));
 }
 
 }  // namespace fastcomms

@@ -1,0 +1,131 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// The "nvlink" Ulysses transport: the peer-to-peer engine (NvlinkUlysses) behind the Ulysses
+// layer's interface, and the NVML probe the layer's transport choice asks.
+#include "backends/nvlink/nvlink_transport.hpp"
+
+#include "fastcomms/core/store.hpp"
+#include "fastcomms/cuda/nvml.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms {
+
+NvlinkTransport::NvlinkTransport(const TransportInit& init, bool owned)
+    : UlyssesTransport(init.rank, init.size, init.name), init_(init), owned_(owned) {
+  FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
+                  kInvalidArgument, prefix(), "the NVLink transport serves a CUDA device, got ",
+                  init.device.str());
+  FASTCOMMS_CHECK(init.store != nullptr, kInvalidArgument, prefix(),
+                  "the NVLink transport needs a store to exchange IPC handles");
+  NvlinkUlyssesOptions o;
+  o.rank = init.rank;
+  o.size = init.size;
+  o.device = init.device.index;
+  o.store = init.store;
+  o.name = init.name;
+  o.timeout = init.timeout;
+  engine_ = std::make_shared<NvlinkUlysses>(std::move(o));
+}
+
+NvlinkUlysses& NvlinkTransport::engine() const {
+  FASTCOMMS_CHECK(engine_ != nullptr, kInvalidArgument, prefix(), "the group was destroyed");
+  return *engine_;
+}
+
+void NvlinkTransport::check_input(const TensorView& x) const {
+  FASTCOMMS_CHECK(x.device.type == DeviceType::kCUDA && x.device.index == init_.device.index,
+                  kInvalidArgument, prefix(), "x is on ", x.device.str(), ", the group serves ",
+                  init_.device.str());
+  (void)engine();
+}
+
+WorkPtr NvlinkTransport::run(const TensorView& x, const TensorView& out, const UlyssesArgs&,
+                             const plan::UlyssesRequest& req,
+                             const std::shared_ptr<const plan::UlyssesPlan>& plan, void* stream) {
+  NvlinkUlysses& e = engine();
+  e.run(x, out, req, *plan, static_cast<cudaStream_t>(stream),
+        engine_override_.value_or(e.tuning().engine));
+  return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
+}
+
+std::shared_ptr<void> NvlinkTransport::empty_output(int64_t bytes) {
+  void* p = engine().empty_output(bytes);
+  return std::shared_ptr<void>(engine_, p);  // the mapping lives as long as the buffer is held
+}
+
+std::shared_ptr<UlyssesTransport> NvlinkTransport::async_lane() {
+  // NOTE [async lane]: calls on another stream get their own windows, pads and epochs, so a
+  // sync call and an async call in flight together never share a barrier slot. Created on the
+  // first async call, which every rank issues in the same order.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!async_) {
+    TransportInit init = init_;
+    init.name = init_.name + "/async";
+    init.store = std::make_shared<PrefixStore>("async", init_.store);
+    async_ = std::make_shared<NvlinkTransport>(init, true);
+    async_->engine_override_ = engine_override_;
+  }
+  return async_;
+}
+
+UlyssesMemoryStats NvlinkTransport::memory_stats() const {
+  UlyssesMemoryStats s;
+  if (engine_) s = {engine_->memory_bytes(), engine_->epoch()};
+  return s;
+}
+
+void NvlinkTransport::check_errors() {
+  engine().check_errors();
+  std::shared_ptr<NvlinkTransport> a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = async_;
+  }
+  if (a) a->check_errors();
+}
+
+void NvlinkTransport::destroy() {
+  if (!owned_) return;  // the communicator's engine stays with the communicator
+  std::shared_ptr<NvlinkTransport> a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = std::move(async_);
+  }
+  if (a) a->destroy();
+  engine_.reset();
+}
+
+void NvlinkTransport::tune(const std::string& knob, const std::string& value) {
+  FASTCOMMS_CHECK(knob == "engine", kInvalidArgument, prefix(), "the nvlink transport has no knob '",
+                  knob, "' (it has: engine)");
+  FASTCOMMS_CHECK(value == "auto" || value == "ce" || value == "sm" || value == "hybrid",
+                  kInvalidArgument, prefix(), "engine must be auto, ce, sm or hybrid, got '", value,
+                  "'");
+  engine_override_ = value == "ce"       ? TransferEngine::kCopyEngine
+                     : value == "sm"     ? TransferEngine::kSM
+                     : value == "hybrid" ? TransferEngine::kHybrid
+                                         : TransferEngine::kAuto;
+  std::shared_ptr<NvlinkTransport> a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = async_;
+  }
+  if (a) a->tune(knob, value);
+}
+
+namespace {
+
+const StaticTransportRegistration kRegistration("nvlink", [](const TransportInit& init) {
+  return std::make_shared<NvlinkTransport>(init, true);
+});
+
+const bool kProbe = [] {
+  register_nvlink_probe([](const std::vector<int>& devices) {
+    std::string why;
+    auto m = cuda::nvlink_matrix(devices, &why);
+    return std::make_pair(std::move(m), why);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace fastcomms

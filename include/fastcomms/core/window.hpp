@@ -1,0 +1,39 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// One-sided windows (torchcomms' TorchCommWindow) as a backend hands them out: a buffer every
+/// rank registers, mapped into every peer, with signals to order puts. Backends that have them
+/// say so (Backend::supports_window) and make them (Backend::new_window).
+
+#include <cstdint>
+#include <memory>
+
+namespace fastcomms {
+
+/// A window of one communicator. Not thread-safe: one thread issues a window's ops, in the same
+/// order on every rank for the collective ones. CUDA backends enqueue on `stream` (a
+/// cudaStream_t; null: the default stream) and never block the host.
+class Window {
+ public:
+  virtual ~Window() = default;
+  /// Collective: registers `bytes` at `ptr` (this rank's device memory) as this rank's buffer;
+  /// every rank registers the same size.
+  virtual void register_buffer(void* ptr, int64_t bytes) = 0;
+  /// Collective: drops the registration.
+  virtual void deregister() = 0;
+  /// Bytes of the registered buffer (0: none).
+  virtual int64_t bytes() const = 0;
+  /// Rank q's buffer as a pointer this rank's device can use.
+  virtual void* remote(int q) const = 0;
+  /// Copies `bytes` from `src` into rank `dst`'s buffer at `offset` bytes.
+  virtual void put(const void* src, int64_t bytes, int dst, int64_t offset, void* stream) = 0;
+  /// A signal to `peer`, ordered after everything issued before it on `stream`.
+  virtual void signal(int peer, void* stream) = 0;
+  /// Waits for the next signal from `peer`; later work on `stream` sees its puts.
+  virtual void wait_signal(int peer, void* stream) = 0;
+  /// Throws if a device-side wait failed or timed out.
+  virtual void check_errors() = 0;
+};
+
+}  // namespace fastcomms
