@@ -57,8 +57,7 @@ plan::UlyssesRequest ulysses_request(const TensorView& x, const UlyssesArgs& arg
   FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, prefix, "x must be contiguous, got ",
                   x.describe(), " with non-dense strides");
   return ulysses_request({x.shape[0], x.shape[1], x.shape[2], x.shape[3]},
-                         static_cast<int64_t>(x.element_size()), args, rank, size, comm_name,
-                         path);
+                         static_cast<int64_t>(x.element_size()), args, rank, size, comm_name, path);
 }
 
 std::shared_ptr<const plan::UlyssesPlan> UlyssesPlanCache::get(const plan::UlyssesRequest& req) {
@@ -109,8 +108,8 @@ std::array<int64_t, 4> UlyssesTransport::output_shape(const std::array<int64_t, 
                                                       const UlyssesArgs& args) const {
   // Shapes follow the collective path's rules: the peer-to-peer path's alignment is a property
   // of the buffers, checked when a call runs.
-  return plan::ulysses_output_shape(ulysses_request(shape, element_size, args, rank_, size_, name_,
-                                                    plan::Path::kCollective));
+  return plan::ulysses_output_shape(
+      ulysses_request(shape, element_size, args, rank_, size_, name_, plan::Path::kCollective));
 }
 
 std::array<int64_t, 4> UlyssesTransport::output_shape(const TensorView& x,
@@ -149,9 +148,9 @@ void UlyssesTransport::check_errors() {}
 void UlyssesTransport::destroy() {}
 
 void UlyssesTransport::tune(const std::string& knob, const std::string& value) {
-  throw Error(ErrorCode::kInvalidArgument, detail::cat(prefix(), "the ", kind(),
-                                                       " transport has no knob '", knob,
-                                                       "' (value '", value, "')"));
+  throw Error(ErrorCode::kInvalidArgument,
+              detail::cat(prefix(), "the ", kind(), " transport has no knob '", knob, "' (value '",
+                          value, "')"));
 }
 
 // -- registry ------------------------------------------------------------------------------------
@@ -235,8 +234,9 @@ std::pair<bool, std::string> nvlink_decision(const std::vector<std::string>& who
   };
   if (devs.size() == 1)
     return {true, detail::cat("all ", who.size(), " ranks share GPU ", devs[0], " of one host")};
-  auto [matrix, why] = probe ? probe(devs) : std::make_pair(std::optional<NvlinkMatrix>{},
-                                                            std::string("no NVML probe"));
+  auto [matrix, why] =
+      probe ? probe(devs)
+            : std::make_pair(std::optional<NvlinkMatrix>{}, std::string("no NVML probe"));
   if (!matrix)
     return {false, detail::cat("NVML cannot say whether GPUs ", list(devs), " are NVLink-joined (",
                                why, ")")};
@@ -284,8 +284,8 @@ TransportChoice select_transport(const TransportInit& init, const std::string& t
     }
   }
   if (init.device.type != DeviceType::kCUDA)
-    return refuse_or(detail::cat("the group's device is ", init.device.str(),
-                                 ", not a CUDA device"));
+    return refuse_or(
+        detail::cat("the group's device is ", init.device.str(), ", not a CUDA device"));
   if (!has_transport("nvlink")) return refuse_or("this build has no CUDA layer");
   if (!who) {
     FASTCOMMS_CHECK(init.store != nullptr, kInvalidArgument, where,
@@ -301,7 +301,8 @@ TransportChoice select_transport(const TransportInit& init, const std::string& t
       who->emplace_back(v.begin(), v.end());
     }
   }
-  auto [ok, why] = nvlink_decision(*who, [](const std::vector<int>& d) { return nvlink_matrix(d); });
+  auto [ok, why] =
+      nvlink_decision(*who, [](const std::vector<int>& d) { return nvlink_matrix(d); });
   if (!ok) return refuse_or(why);
   TransportChoice c;
   c.transport = make_transport("nvlink", init);

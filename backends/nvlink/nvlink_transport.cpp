@@ -11,9 +11,8 @@ namespace fastcomms {
 
 NvlinkTransport::NvlinkTransport(const TransportInit& init, bool owned)
     : UlyssesTransport(init.rank, init.size, init.name), init_(init), owned_(owned) {
-  FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
-                  kInvalidArgument, prefix(), "the NVLink transport serves a CUDA device, got ",
-                  init.device.str());
+  FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0, kInvalidArgument,
+                  prefix(), "the NVLink transport serves a CUDA device, got ", init.device.str());
   FASTCOMMS_CHECK(init.store != nullptr, kInvalidArgument, prefix(),
                   "the NVLink transport needs a store to exchange IPC handles");
   NvlinkUlyssesOptions o;
@@ -95,8 +94,8 @@ void NvlinkTransport::destroy() {
 }
 
 void NvlinkTransport::tune(const std::string& knob, const std::string& value) {
-  FASTCOMMS_CHECK(knob == "engine", kInvalidArgument, prefix(), "the nvlink transport has no knob '",
-                  knob, "' (it has: engine)");
+  FASTCOMMS_CHECK(knob == "engine", kInvalidArgument, prefix(),
+                  "the nvlink transport has no knob '", knob, "' (it has: engine)");
   FASTCOMMS_CHECK(value == "auto" || value == "ce" || value == "sm" || value == "hybrid",
                   kInvalidArgument, prefix(), "engine must be auto, ce, sm or hybrid, got '", value,
                   "'");

@@ -33,8 +33,8 @@ class NvlinkTransport final : public UlyssesTransport {
   plan::Path path() const override { return plan::Path::kPeerToPeer; }
   void check_input(const TensorView& x) const override;
   WorkPtr run(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
-              const plan::UlyssesRequest& req,
-              const std::shared_ptr<const plan::UlyssesPlan>& plan, void* stream) override;
+              const plan::UlyssesRequest& req, const std::shared_ptr<const plan::UlyssesPlan>& plan,
+              void* stream) override;
 
  private:
   TransportInit init_;

@@ -57,8 +57,8 @@ def _reference(ref, x, mode, seq, heads):
     no float8 type, so float8 tensors move as their bytes (the exchange only moves bytes)."""
     x = x.detach().cpu()
     if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return ref._exchange_torch(x.view(torch.uint8), mode, seq, heads, None).view(x.dtype)
-    return ref._exchange_torch(x, mode, seq, heads, None)
+        return ref._exchange(x.view(torch.uint8), mode, seq, heads, None).view(x.dtype)
+    return ref._exchange(x, mode, seq, heads, None)
 
 
 def _geometry(rng, world, mode, uneven):
@@ -173,7 +173,7 @@ def _nvlink_worker(store, rank, world):
     y = g.all_to_all_4d(x)
     gy = torch.randn(y.shape, generator=gen).to(dev)
     (gx,) = torch.autograd.grad(y, x, gy)
-    assert _same_bytes(gx, ref._exchange_torch(gy.cpu(), 1, seq, heads, None)), "backward"
+    assert _same_bytes(gx, ref._exchange(gy.cpu(), 1, seq, heads, None)), "backward"
     # CUDA graph: a captured call replays bit-exact on fresh data
     x = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
     out = g.empty_output(x)
