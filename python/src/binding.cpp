@@ -172,17 +172,14 @@ struct PyWork {
   PyWork(WorkPtr w, std::vector<at::Tensor> k) : work(std::move(w)), keep(std::move(k)) {}
   PyWork(PyWork&&) = default;
   PyWork& operator=(PyWork&&) = default;
+  // No status query here: this may run while a stream captures a CUDA graph, where querying
+  // an event would invalidate the capture; release_parked() checks later, outside captures.
   ~PyWork() {
-    if (work && !keep.empty() && !work->is_completed())
-      parked().push_back({std::move(work), std::move(keep)});
+    if (work && !keep.empty()) parked().push_back({std::move(work), std::move(keep)});
   }
   void wait() {
-    {
-      py::gil_scoped_release release;
-      work->wait();
-    }
-    if (work->is_completed()) keep.clear();
-    release_parked();
+    py::gil_scoped_release release;
+    work->wait();
   }
 };
 
