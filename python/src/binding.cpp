@@ -366,9 +366,13 @@ PYBIND11_MODULE(_C, m) {
                buf = t.get().empty_output(bytes);
              }
              if (!buf) return std::nullopt;
-             return torch::from_blob(
-                 buf.get(), shape, [buf](void*) {},
-                 at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
+             // The buffer lives on the transport's device (`like` gives the dtype only).
+             FASTCOMMS_CHECK(t.device.type == DeviceType::kCUDA, kInternal,
+                             "empty_output: a buffer from a transport without a CUDA device");
+             return torch::from_blob(buf.get(), shape, [buf](void*) {},
+                                     at::TensorOptions()
+                                         .dtype(like.scalar_type())
+                                         .device(at::kCUDA, t.device.index));
            })
       .def("async_lane",
            [](const PyTransport& t) {
