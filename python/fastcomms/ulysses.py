@@ -13,9 +13,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import shutil
 import socket
 import tempfile
+import uuid
 
 import torch
 
@@ -179,7 +179,6 @@ class UlyssesGroup:
         self._ring_next = 0
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
-        self._store_dir = None
         if isinstance(group, TorchComm):
             self._rank, self._size = group.get_rank(), group.get_size()
             self.device = self._resolve_device(device, group.get_device())
@@ -217,10 +216,12 @@ class UlyssesGroup:
             who = [None] * self._size
             dist.all_gather_object(who, f"{socket.gethostname()}|{index}", group=pg)
             if len({w.rsplit("|", 1)[0] for w in who}) == 1:
-                path = [tempfile.mkdtemp(prefix="fastcomms_ulysses_") if self._rank == 0 else None]
+                # A fresh file name; FileStore deletes the file when the last rank lets go of it
+                # (removing it earlier would leave a peer's FileStore retrying to open it).
+                fresh = os.path.join(tempfile.gettempdir(), f"fastcomms_ulysses_{uuid.uuid4().hex}")
+                path = [fresh if self._rank == 0 else None]
                 dist.broadcast_object_list(path, src=dist.get_global_rank(pg, 0), group=pg)
-                self._store_dir = path[0]
-                store = dist.FileStore(os.path.join(path[0], "store"), self._size)
+                store = dist.FileStore(path[0], self._size)
         t, kind, why = _C.select_transport(
             self._rank,
             self._size,
@@ -428,9 +429,6 @@ class UlyssesGroup:
         self._t = self._lane = None
         self._ring = []
         self.transport = "destroyed"
-        if self._store_dir is not None and self._rank == 0:
-            shutil.rmtree(self._store_dir, ignore_errors=True)
-        self._store_dir = None
 
     def __enter__(self):
         return self

@@ -369,10 +369,9 @@ PYBIND11_MODULE(_C, m) {
              // The buffer lives on the transport's device (`like` gives the dtype only).
              FASTCOMMS_CHECK(t.device.type == DeviceType::kCUDA, kInternal,
                              "empty_output: a buffer from a transport without a CUDA device");
-             return torch::from_blob(buf.get(), shape, [buf](void*) {},
-                                     at::TensorOptions()
-                                         .dtype(like.scalar_type())
-                                         .device(at::kCUDA, t.device.index));
+             return torch::from_blob(
+                 buf.get(), shape, [buf](void*) {},
+                 at::TensorOptions().dtype(like.scalar_type()).device(at::kCUDA, t.device.index));
            })
       .def("async_lane",
            [](const PyTransport& t) {
