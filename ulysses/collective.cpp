@@ -48,6 +48,10 @@ class UnpackWork : public Work {
     return s == WorkStatus::kCompleted && !unpacked_ ? WorkStatus::kInProgress : s;
   }
 
+  // x was packed at issue and `out` is written only by wait(): once the exchange is over, the
+  // caller's tensors are free (the internal buffers ride on the inner Work).
+  bool tensors_released() const override { return inner_->is_completed(); }
+
   void wait() override {
     inner_->wait();
     std::lock_guard<std::mutex> lock(mu_);

@@ -22,6 +22,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -156,6 +158,20 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
 
 GlooImpl::GlooImpl(const BackendInit& init)
     : rank_(init.rank), size_(init.size), send_seq_(init.size, 0), recv_seq_(init.size, 0) {
+  // NOTE [gloo and SIGPIPE]: Gloo's TCP pairs write with writev, so a write to a peer that died
+  // raises SIGPIPE, whose default action kills this process (seen: Gloo.PeerThatDiesFailsFast
+  // died of SIGPIPE now and then). A dead peer must be an error on the waiting call, never a
+  // process exit: where SIGPIPE still has its default action, it is ignored (Python does the
+  // same at start-up, so Python processes see no change); a handler the application installed
+  // is left alone.
+  static const bool sigpipe_ignored = [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO))
+      std::signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)sigpipe_ignored;
   const std::string where =
       detail::cat("[rank ", rank_, "/", size_, " ", init.options.name, " new_comm] gloo: ");
   FASTCOMMS_CHECK(init.device.type == DeviceType::kCPU, kInvalidArgument, where,

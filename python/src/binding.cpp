@@ -162,7 +162,7 @@ bool capturing() {
 void release_parked() {
   auto& v = parked();
   if (v.empty() || capturing()) return;
-  std::erase_if(v, [](const Parked& p) { return p.work->is_completed(); });
+  std::erase_if(v, [](const Parked& p) { return p.work->tensors_released(); });
 }
 
 // A Work from Python, with the tensors its op uses.

@@ -13,10 +13,36 @@
 #include <vector>
 
 #include "fastcomms/core/store.hpp"
+#include "tests/common/ulysses_body.hpp"
 
 namespace fastcomms::gpu_test {
 
 constexpr int kSkip = 77;
+
+/// Device memory of `device` for the shared Ulysses body; work is enqueued on `stream`.
+inline test::BodyMemory device_memory(int device, cudaStream_t stream) {
+  const auto check = [](cudaError_t e) {
+    if (e != cudaSuccess) throw Error(ErrorCode::kCudaError, cudaGetErrorString(e));
+  };
+  test::BodyMemory m;
+  m.device = Device{DeviceType::kCUDA, device};
+  m.stream = stream;
+  m.alloc = [check](size_t n) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, n));
+    return p;
+  };
+  m.release = [](void* p) { (void)cudaFree(p); };
+  m.upload = [check](void* d, const void* s, size_t n) {
+    check(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice));
+  };
+  m.download = [check](void* d, const void* s, size_t n) {
+    check(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost));
+  };
+  m.fill = [check, stream](void* p, int v, size_t n) { check(cudaMemsetAsync(p, v, n, stream)); };
+  m.sync = [check, stream] { check(cudaStreamSynchronize(stream)); };
+  return m;
+}
 
 /// Device count in a child process, so the parent never initializes CUDA before forking.
 inline int device_count_forked(std::string* why) {

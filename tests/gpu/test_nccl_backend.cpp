@@ -17,6 +17,7 @@
 #include "fastcomms/plan/reference.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 #include "tests/common/gpu_world.hpp"
+#include "tests/common/ulysses_body.hpp"
 
 using namespace fastcomms;
 
@@ -353,8 +354,9 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     if (solo) EXPECT(solo->size() == 1 && solo->rank() == 0, "solo shape");
     checks += 2;
   }
-  // The Ulysses collective path on CUDA: random geometries (even and uneven, empty shards, both
-  // modes, element sizes 1/2/4/8, any d) against the plan's host reference.
+  // The Ulysses collective path on CUDA: the shared transport body (tests/common/
+  // ulysses_body.hpp: random geometries, uneven and empty shards, element sizes 1/2/4/8, any d,
+  // poisoned outputs) against the plan's host reference, through the Ulysses layer.
   {
     TransportInit ti;
     ti.rank = rank;
@@ -363,73 +365,12 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     ti.comm = std::shared_ptr<Communicator>(comm.get(), [](Communicator*) {});
     auto transport = make_transport("collective", ti);  // a CUDA communicator: cuda_collective
     EXPECT(transport->kind() == "cuda_collective", "collective on CUDA took ", transport->kind());
-    UlyssesTransport& ulysses = *transport;
-    std::mt19937_64 rng(4242);  // same sequence on both ranks
-    auto pick = [&](int64_t lo, int64_t hi) {
-      return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-    };
-    int ul_checked = 0;
-    for (int gi = 0; gi < 40; ++gi) {
-      const int mode = static_cast<int>(pick(0, 1));
-      const int64_t e = int64_t{1} << pick(0, 3), b = pick(1, 3), d = pick(1, 40);
-      const bool splits = pick(0, 2) != 0;
-      std::vector<int64_t> seq(P), heads(P);
-      for (int r = 0; r < P; ++r) {
-        seq[r] = splits ? pick(0, 30) : 0;
-        heads[r] = splits ? pick(0, 5) : 0;
-      }
-      if (!splits) {
-        seq.assign(P, pick(1, 30));
-        heads.assign(P, pick(1, 5));
-      }
-      seq[pick(0, P - 1)] += 1;
-      heads[pick(0, P - 1)] += 1;
-      if (!splits) {
-        seq.assign(P, seq[0] + 1);
-        heads.assign(P, heads[0] + 1);
-      }
-      int64_t S = 0, N = 0;
-      for (int r = 0; r < P; ++r) S += seq[r], N += heads[r];
-      plan::RankBuffers inputs(P);
-      for (int r = 0; r < P; ++r) {
-        const int64_t n = mode == 0 ? b * seq[r] * N * d : b * S * heads[r] * d;
-        inputs[r].resize(static_cast<size_t>(n * e));
-        for (auto& byte : inputs[r]) byte = static_cast<std::byte>(rng());
-      }
-      const auto want = plan::reference_all_to_all_4d(mode, b, d, e, seq, heads, inputs);
-      const DType dt = e == 1   ? DType::kUInt8
-                       : e == 2 ? DType::kFloat16
-                       : e == 4 ? DType::kInt32
-                                : DType::kInt64;
-      const Device dev{DeviceType::kCUDA, device};
-      cuda::DeviceBuffer xin(std::max<size_t>(1, inputs[rank].size())),
-          obuf(std::max<size_t>(1, want[rank].size()));
-      FASTCOMMS_CUDA_CHECK(
-          cudaMemcpy(xin.get(), inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
-      const std::vector<int64_t> xs = mode == 0 ? std::vector<int64_t>{b, seq[rank], N, d}
-                                                : std::vector<int64_t>{b, S, heads[rank], d};
-      TensorView x = TensorView::contiguous(xin.get(), dt, xs, dev);
-      UlyssesArgs args;
-      args.mode = mode;
-      if (splits) {
-        args.seq_splits = seq;
-        args.head_splits = heads;
-      }
-      const auto os = ulysses.output_shape(x, args);
-      TensorView out = TensorView::contiguous(obuf.get(), dt, {os[0], os[1], os[2], os[3]}, dev);
-      for (unsigned char poison : {0xA5, 0x5A}) {
-        FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(obuf.get(), poison, obuf.size(), st));
-        ulysses.all_to_all_4d(x, out, args, st);  // enqueued on st
-        std::vector<std::byte> got(want[rank].size());
-        FASTCOMMS_CUDA_CHECK(
-            cudaMemcpyAsync(got.data(), obuf.get(), got.size(), cudaMemcpyDeviceToHost, st));
-        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
-        EXPECT(got == want[rank], "ulysses collective geometry ", gi, " mode ", mode, " e ", e,
-               " d ", d, " poison ", int(poison));
-        ++ul_checked;
-      }
-    }
-    checks += ul_checked;
+    std::mt19937_64 rng(4242);  // same cases on both ranks
+    const auto cases = test::random_cases(P, 40, rng, /*align16=*/false);
+    const int bad = test::run_ulysses_body(*transport, cases, rank,
+                                           gpu_test::device_memory(device, st), "cuda_collective");
+    EXPECT(bad == 0, "cuda_collective transport body: ", bad, " failed checks");
+    checks += static_cast<int>(cases.size()) * 2;
   }
   // CUDA graph: a captured sync all_reduce replays bit-exact.
   {

@@ -471,6 +471,35 @@ int main() {
     failed_worlds += failed != 0;
   }
   failed_worlds += probe_failed != 0;
+  // The shared transport body through the Ulysses layer's "nvlink" transport (the path
+  // UlyssesGroup takes), worlds 2 and 3 (ranks share GPUs beyond the device count).
+  int body_failed = 0;
+  for (int P : {2, 3}) {
+    body_failed +=
+        gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          FASTCOMMS_CUDA_CHECK(cudaSetDevice(dev));
+          TransportInit ti;
+          ti.rank = r;
+          ti.size = size;
+          ti.device = Device{DeviceType::kCUDA, dev};
+          ti.store = store;
+          ti.name = "body";
+          ti.timeout = std::chrono::seconds(60);
+          auto t = make_transport("nvlink", ti);
+          std::mt19937_64 rng(seed + 1000 + size);  // same cases on every rank
+          const auto cases = test::random_cases(size, 30, rng, /*align16=*/true);
+          cuda::Stream stream;
+          const int bad = test::run_ulysses_body(
+              *t, cases, r, gpu_test::device_memory(dev, stream.get()), "nvlink transport");
+          t->check_errors();
+          t->destroy();
+          std::printf("transport body world %d rank %d: %zu cases, %d failed checks\n", size, r,
+                      cases.size(), bad);
+          return bad;
+        });
+  }
+  std::printf("transport body: %s\n", body_failed ? "FAILED" : "passed");
+  failed_worlds += body_failed != 0;
   // window_race and ce_ordering, each with its armed control (world 2).
   failed_worlds +=
       armed_pair("window_race", ndev, 6, [&](int r, int size, int dev, auto store, bool armed) {
@@ -480,6 +509,6 @@ int main() {
       armed_pair("ce_ordering", ndev, 3, [&](int r, int size, int dev, auto store, bool armed) {
         return ce_ordering(r, size, dev, store, seed + 7, armed);
       });
-  std::printf("%d passed, %d failed\n", 6 - failed_worlds, failed_worlds);
+  std::printf("%d passed, %d failed\n", 7 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

@@ -51,6 +51,10 @@ class Work {
   /// Waits for the op (CPU backends block the host; CUDA backends make the caller's current
   /// stream wait). Rethrows the op's error, if any, every time it is called.
   virtual void wait() = 0;
+  /// True once the transport no longer touches the caller's tensors (default: is_completed()).
+  /// A Work that finishes inside wait() (an unpack from internal buffers) is done with them
+  /// earlier, so a dropped handle that is never waited releases them all the same.
+  virtual bool tensors_released() const { return is_completed(); }
 
  private:
   std::mutex held_mu_;
