@@ -48,8 +48,7 @@ struct UlyssesCase {
 
 /// `count` random cases for a world of P. `align16`: rows (d elements) are whole 16-byte vectors,
 /// the peer-to-peer path's rule.
-inline std::vector<UlyssesCase> random_cases(int P, int count, std::mt19937_64& rng,
-                                             bool align16) {
+inline std::vector<UlyssesCase> random_cases(int P, int count, std::mt19937_64& rng, bool align16) {
   const DType types[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat64,
                          DType::kUInt8,   DType::kInt32,    DType::kFloat8E5M2};
   auto pick = [&](int64_t lo, int64_t hi) {
@@ -139,8 +138,8 @@ inline int run_ulysses_body(UlyssesTransport& t, const std::vector<UlyssesCase>&
       mem.download(back.data(), xb, in.size());
       if (got != c.want[rank] || back != in) {
         ++failed;
-        std::printf("%s: rank %d case %zu (mode %d, %s, poison 0x%X): %s\n", name.c_str(), rank,
-                    i, c.mode, dtype_name(c.dt), poison,
+        std::printf("%s: rank %d case %zu (mode %d, %s, poison 0x%X): %s\n", name.c_str(), rank, i,
+                    c.mode, dtype_name(c.dt), poison,
                     got != c.want[rank] ? "output differs from the reference" : "input modified");
       }
     }
