@@ -152,6 +152,9 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
   ctx.op = op;
   ctx.op_id = next_op_id_.fetch_add(1);
   ctx.async_op = o.async_op;
+  // 0 means the communicator's timeout; a negative one is a mistake, never silently the default.
+  FASTCOMMS_CHECK(o.options.timeout.count() >= 0, kInvalidArgument, prefix(op),
+                  "timeout must be positive, got ", o.options.timeout.count(), " ms");
   ctx.timeout = o.options.timeout.count() > 0 ? o.options.timeout : options_.timeout;
   ctx.hints = &o.options.hints;
   ctx.prefix = prefix(op);
@@ -370,7 +373,10 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
     for (int i = 0; i < size_; ++i) {
       FASTCOMMS_CHECK(splits[i] >= 0, kInvalidArgument, prefix(op), arg, "[", i,
                       "] must be >= 0, got ", splits[i]);
-      sum += splits[i];
+      // A sum that wraps could come out equal to size(0) and pass the check below.
+      FASTCOMMS_CHECK(!__builtin_add_overflow(sum, splits[i], &sum), kInvalidArgument, prefix(op),
+                      arg, " sums past 2^63 - 1 (entries up to [", i, "]); ", tensor,
+                      ".size(0) is ", t.rows());
     }
     FASTCOMMS_CHECK(sum == t.rows(), kInvalidArgument, prefix(op), arg, " sums to ", sum, ", ",
                     tensor, ".size(0) is ", t.rows());

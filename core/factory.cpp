@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "fastcomms/error.hpp"
+#include "fastcomms/trusted_path.hpp"
 
 namespace fastcomms {
 namespace {
@@ -79,6 +80,7 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendIn
                             "' is not built in (built in: ", known.empty() ? "none" : known,
                             ") and ", var, " is not set to a backend library"));
   }
+  check_trusted_library(path, var);  // before dlopen: loading runs the library's code
   void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = ::dlerror();

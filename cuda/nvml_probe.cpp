@@ -8,6 +8,7 @@
 
 #include "fastcomms/cuda/nvml.hpp"
 #include "fastcomms/error.hpp"
+#include "fastcomms/trusted_path.hpp"
 
 namespace fastcomms::cuda {
 namespace {
@@ -30,6 +31,14 @@ const Nvml& nvml() {
   static Nvml n = [] {
     Nvml m;
     const char* override_path = std::getenv("FASTCOMMS_NVML_LIBRARY");
+    if (override_path) {  // a library named by the user must be trusted before it runs
+      try {
+        check_trusted_library(override_path, "FASTCOMMS_NVML_LIBRARY");
+      } catch (const Error& e) {
+        m.error = std::string("cannot load NVML: ") + e.what();
+        return m;
+      }
+    }
     m.lib = ::dlopen(override_path ? override_path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!m.lib) {
       const char* e = ::dlerror();

@@ -14,6 +14,7 @@ mkdir -p "$OUT"
 LOGS=${LOGS:-${FASTCOMMS_GPU_BUILD:-build-gpu}-logs}
 mkdir -p "$LOGS"
 BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
+case $BUILD in /*) BUILD_ABS=$BUILD ;; *) BUILD_ABS=$PWD/$BUILD ;; esac  # relative or absolute
 declare -A result
 # One device call is limited (10 minutes on the lent machines): every step's timeout is capped by
 # what is left of GPU_BUDGET_S, a step with under 30 s left is skipped and says so, and each result
@@ -127,7 +128,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
     : >"$LOGS/pytest_gpu.log"
     for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
       enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
-      PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
+      PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
         "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
     done
     tail -40 "$LOGS/pytest_gpu.log"
@@ -143,9 +144,9 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && compgen -G "$BUILD/python/fastcomms/_C*.so" >
   t0=$SECONDS
   # The CLI on the GPUs: doctor, then bench over each GPU transport (checked bit for bit).
   (
-    PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 60)" python3 -m fastcomms doctor &&
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 60)" python3 -m fastcomms doctor &&
       for be in nvlink nccl; do
-        PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 120)" \
+        PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 120)" \
           python3 -m fastcomms bench --nproc 2 --backend "$be" --iters 5 || exit 1
       done
   ) >"$LOGS/cli.log" 2>&1
@@ -165,7 +166,7 @@ fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
   t0=$SECONDS
   # The Python-level modes (padding, overlap under a GEMM chain, zero-SM) through UlyssesGroup.
-  PYTHONPATH="$PWD/$BUILD/python:$PWD/python" timeout "$(cap 200)" python3 tools/gpu/exclusive.py -- \
+  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 200)" python3 tools/gpu/exclusive.py -- \
     python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$LOGS/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"

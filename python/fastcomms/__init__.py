@@ -329,11 +329,16 @@ def built_backends() -> list[str]:
 
 
 def _ms(td) -> datetime.timedelta | None:
+    """A timeout as the C++ side takes it. One rule everywhere (new_comm, set_timeout, per op):
+    None means the default, anything else must be positive; under a millisecond rounds up to one
+    (the C++ side counts milliseconds, where 0 would read as "the default")."""
     if td is None:
         return None
-    if isinstance(td, datetime.timedelta):
-        return td
-    return datetime.timedelta(seconds=float(td))
+    if not isinstance(td, datetime.timedelta):
+        td = datetime.timedelta(seconds=float(td))
+    if td <= datetime.timedelta(0):
+        raise ValueError(f"timeout must be positive, got {td!r}")
+    return max(td, datetime.timedelta(milliseconds=1))
 
 
 def _op(op) -> tuple[RedOpType, float]:
@@ -537,16 +542,22 @@ def _rank_size() -> tuple[int, int]:
 def new_comm(
     backend: str,
     device,
+    name: str | None = None,
     abort_process_on_timeout_or_error=None,
     timeout=None,
+    is_high_priority_stream=None,
     store=None,
-    name=None,
     enable_reconfigure=False,
     hints=None,
 ) -> TorchComm:
-    """Creates a communicator (collective over the ranks that share the store)."""
+    """Creates a communicator (collective over the ranks that share the store). The positional
+    order is torchcomms' Python binding's: ``new_comm(backend, device, name, ...)``."""
     if enable_reconfigure:
         raise UnsupportedError("new_comm: enable_reconfigure is not supported")
+    timeout = _DEFAULT_TIMEOUT if timeout is None else _ms(timeout)
+    hints = dict(hints or {})
+    if is_high_priority_stream:
+        hints.setdefault("nccl.high_priority", "1")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -554,9 +565,7 @@ def new_comm(
         _load_entry_point_backends()
     if backend in _python_backends:
         rank, size = _rank_size()
-        opts = CommOptions(
-            bool(abort_process_on_timeout_or_error), _ms(timeout) or _DEFAULT_TIMEOUT, store, hints
-        )
+        opts = CommOptions(bool(abort_process_on_timeout_or_error), timeout, store, hints)
         return _python_backends[backend](rank, size, device, opts)
     rank, size = _rank_size()
     if store is None:
@@ -564,9 +573,9 @@ def new_comm(
 
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "29500"))
-        store = dist.TCPStore(addr, port, size, rank == 0, timeout=_ms(timeout) or _DEFAULT_TIMEOUT)
+        store = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
     name = name or f"{backend}_{next(_names)}"
-    comm = TorchComm(
+    return TorchComm(
         _C.Comm(
             backend,
             rank,
@@ -574,11 +583,10 @@ def new_comm(
             device.type,
             -1 if device.index is None else device.index,
             store,
-            _ms(timeout) or _DEFAULT_TIMEOUT,
+            timeout,
             bool(abort_process_on_timeout_or_error),
             name,
-            dict(hints or {}),
+            hints,
         ),
         device,
     )
-    return comm

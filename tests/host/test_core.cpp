@@ -1,9 +1,13 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 // core/: stores, tensor views, work, the factory (static and dlopen), communicator validation.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/work.hpp"
@@ -188,17 +192,42 @@ TEST_F(Factory, RejectsMissingEntryPoint) {
 
 TEST_F(Factory, RejectsUnloadablePath) {
   ::setenv("FASTCOMMS_BACKEND_LIB_PATH_TOY", "/nonexistent/libtoy.so", 1);
-  try {
-    make("toy");
-    ADD_FAILURE() << "loaded a missing library";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kBackendError);
-    EXPECT_EQ(std::string(e.what()).rfind("backend 'toy': cannot load "
-                                          "FASTCOMMS_BACKEND_LIB_PATH_TOY=/nonexistent/libtoy.so: ",
-                                          0),
-              0u)
-        << e.what();
+  expect_error([&] { make("toy"); }, ErrorCode::kInvalidArgument,
+               "FASTCOMMS_BACKEND_LIB_PATH_TOY=/nonexistent/libtoy.so: not a regular file");
+}
+
+// A library named by the environment runs its code when loaded, so it is checked first: only an
+// absolute path, and neither the file nor its folder writable by every user (issue 16, item 9).
+TEST_F(Factory, RefusesUntrustedLibrariesBeforeLoadingThem) {
+  ::setenv("FASTCOMMS_BACKEND_LIB_PATH_TOY", "libtest_plugin_0.so", 1);
+  expect_error([&] { make("toy"); }, ErrorCode::kInvalidArgument,
+               "FASTCOMMS_BACKEND_LIB_PATH_TOY=libtest_plugin_0.so: a library to load must be "
+               "named by an absolute path (a bare or relative name would be looked up where "
+               "others may plant one)");
+  char tmpl[] = "/tmp/fastcomms-trust-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, lib = dir + "/libtoy.so";
+  {
+    std::ifstream in(PLUGIN_GOOD, std::ios::binary);
+    std::ofstream out(lib, std::ios::binary);
+    out << in.rdbuf();
   }
+  ::setenv("FASTCOMMS_BACKEND_LIB_PATH_TOY", lib.c_str(), 1);
+  ::chmod(lib.c_str(), 0666);
+  expect_error([&] { make("toy"); }, ErrorCode::kInvalidArgument,
+               "FASTCOMMS_BACKEND_LIB_PATH_TOY=" + lib +
+                   ": refused, the file is writable by every user (loading it would run code "
+                   "anyone could have written)");
+  EXPECT_EQ(::dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr) << "it was loaded anyway";
+  ::chmod(lib.c_str(), 0755);
+  ::chmod(dir.c_str(), 0777);
+  expect_error([&] { make("toy"); }, ErrorCode::kInvalidArgument,
+               "FASTCOMMS_BACKEND_LIB_PATH_TOY=" + lib + ": refused, its folder " + dir +
+                   " is writable by every user (anyone could replace the library)");
+  ::chmod(dir.c_str(), 0700);  // the control: the same file, trusted, loads
+  EXPECT_EQ(make("toy")->backend_name(), "toy");
+  std::remove(lib.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(Validation, EveryRejectionSaysWhatAndWhere) {

@@ -171,3 +171,50 @@ def meta_tensors(comm, rank, size):
 @pytest.mark.parametrize("size", [1, 2])
 def test_meta_tensors_get_shapes_or_a_clear_error(world, size):
     world(meta_tensors, size)
+
+
+def timeouts_and_split_sums(comm, rank, size):
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    # one rule: a timeout is None (the default) or positive, wherever it is given
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        fastcomms.new_comm("gloo", "cpu", store=dist.HashStore(), timeout=dt.timedelta(0))
+    t = torch.ones(4)
+    for bad in (dt.timedelta(0), dt.timedelta(seconds=-1), -1.0):
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            comm.all_reduce(t, ReduceOp.SUM, False, timeout=bad)
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            comm.set_timeout(bad)
+    # split sums that wrap int64 back to size(0) (3 ranks: 2 * (2^63 - 1) + 6 = 2^64 + 4)
+    if size == 3:
+        big = [2**63 - 1, 2**63 - 1, 6]
+        with pytest.raises(ValueError, match=r"sums past 2\^63 - 1"):
+            comm.all_to_all_v_single(torch.zeros(4), torch.zeros(4), big, [2, 1, 1], False)
+    comm.all_reduce(t, ReduceOp.SUM, False)  # still usable
+    assert torch.equal(t, torch.full((4,), float(size)))
+
+
+@pytest.mark.parametrize("size", [3])
+def test_timeouts_and_split_sums_are_checked(world, size):
+    world(timeouts_and_split_sums, size)
+
+
+def test_new_comm_third_positional_is_name(monkeypatch):
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    c = fastcomms.new_comm("gloo", "cpu", "world", store=dist.HashStore(), timeout=dt.timedelta(5))
+    try:
+        assert c.get_name() == "world"
+        t = torch.ones(3)
+        c.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.ones(3))
+    finally:
+        c.finalize()

@@ -12,6 +12,7 @@ and prints the group's memory_stats(). Usage: python3 tools/gpu/bench_ulysses.py
 
 import argparse
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -124,7 +125,7 @@ def main():
         return 0
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
+    q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
             ctx.Process(target=_rank, args=(r, args.nproc, os.path.join(d, "s"), q))
@@ -132,7 +133,18 @@ def main():
         ]
         for p in procs:
             p.start()
-        res = sorted((q.get() for _ in procs), key=lambda r: r[0])
+        res = []
+        while len(res) < len(procs):  # a rank that dies ends the run at once, with its code
+            try:
+                res.append(q.get(timeout=1.0))
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    for p in procs:
+                        p.kill()
+                    print(f"bench_ulysses: FAILED, ranks died (rank, exit code): {dead}")
+                    return 1
+        res.sort(key=lambda r: r[0])
         for p in procs:
             p.join()
     print(
