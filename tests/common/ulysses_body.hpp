@@ -139,7 +139,7 @@ inline int run_ulysses_body(UlyssesTransport& t, const std::vector<UlyssesCase>&
       if (got != c.want[rank] || back != in) {
         ++failed;
         std::printf("%s: rank %d case %zu (mode %d, %s, poison 0x%X): %s\n", name.c_str(), rank, i,
-                    c.mode, dtype_name(c.dt), poison,
+                    c.mode, std::string(dtype_name(c.dt)).c_str(), poison,
                     got != c.want[rank] ? "output differs from the reference" : "input modified");
       }
     }
