@@ -469,7 +469,6 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
                                                   const CommOptions* options) {
   const OpKind op = OpKind::kSplit;
   check_usable(op);
-  FASTCOMMS_CHECK(!ranks.empty(), kInvalidArgument, prefix(op), "ranks is empty");
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {

@@ -504,7 +504,16 @@ class TorchComm:
 
     # -- structure -----------------------------------------------------------------------------
     def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:
-        sub = self._c.split(list(ranks), name, _ms(timeout), hints)
+        """Collective over this communicator (torchcomms' colour split): every rank passes the
+        ranks of the group it joins (lists differ across groups and must be disjoint); ``[]``
+        joins none and returns None; a non-empty list without the caller raises."""
+        ranks = [int(r) for r in ranks]
+        if ranks and self.get_rank() not in ranks:
+            raise ValueError(
+                f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} split] ranks "
+                f"{ranks} does not contain this rank; pass [] to join no group"
+            )
+        sub = self._c.split(ranks, name, _ms(timeout), hints)
         if sub is None:
             return None
         return TorchComm(sub, self._device)

@@ -187,7 +187,8 @@ def new_group(
     d = _group(None)
     ranks = sorted(ranks) if ranks is not None else list(range(d.size()))
     _splits += 1
-    sub = d.comm.split(ranks, group_desc or f"group{_splits}", timeout=timeout)
+    mine = ranks if d.rank() in ranks else []  # the group this rank joins (a colour split)
+    sub = d.comm.split(mine, group_desc or f"group{_splits}", timeout=timeout)
     return GroupMember.NON_GROUP_MEMBER if sub is None else _Group(sub, ranks)
 
 
@@ -201,9 +202,7 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
     _splits += 1
     name = group_desc or f"split{_splits}"
     if mine is None:  # still a collective call for backends that split collectively
-        others = [q for q in range(parent.size()) if q != parent.rank()]
-        if others:
-            parent.comm.split(others[:1], name, timeout=timeout)
+        parent.comm.split([], name, timeout=timeout)
         return None
     sub = parent.comm.split([parent.group_rank(r) for r in mine], name, timeout=timeout)
     return _Group(sub, mine)

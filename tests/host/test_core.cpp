@@ -310,6 +310,11 @@ TEST(Validation, SplitReturnsNullOutsideRanks) {
       EXPECT_EQ(sub->name(), "solo");
       sub->barrier();
     }
+    // An empty list joins none and still advances the split counter: the next split is aligned.
+    EXPECT_EQ(comm.split({}, "none"), nullptr);
+    auto all = comm.split({0, 1, 2}, "all");
+    ASSERT_NE(all, nullptr);
+    all->barrier();
   });
 }
 

@@ -118,8 +118,18 @@ def hooks_split_and_errors(comm, rank, size):
     x = torch.tensor([float(rank)])
     sub.all_reduce(x, ReduceOp.SUM, False)
     assert x.item() == sum(range(size))
-    solo = comm.split([0], "solo")
+    solo = comm.split([0] if rank == 0 else [], "solo")  # [] joins none
     assert (solo is None) == (rank != 0)
+    # a colour split: each rank names the group it joins, lists differ across groups
+    pairs = comm.split([r for r in range(size) if r % 2 == rank % 2], "parity")
+    assert pairs.get_size() == len(range(rank % 2, size, 2))
+    y = torch.tensor([float(rank)])
+    pairs.all_reduce(y, ReduceOp.SUM, False)
+    assert y.item() == sum(range(rank % 2, size, 2))
+    with pytest.raises(ValueError, match="does not contain this rank; pass"):
+        comm.split([q for q in range(size) if q != rank], "without me")
+    after = comm.split(list(range(size)), "after")  # the counter stayed aligned
+    assert after.get_size() == size
     with pytest.raises(ValueError, match=r"\[rank \d/\d t send\] dst must be in \[0, \d\), got 99"):
         comm.send(torch.zeros(2), 99, False)
     with pytest.raises(TypeError, match="BAND needs an integer or bool tensor, got float32"):

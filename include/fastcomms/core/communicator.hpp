@@ -130,7 +130,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WorkPtr gather_single(const TensorView& output, const TensorView& input, int root,
                         const CallOptions& o = {});
   /// A communicator over `ranks` (ranks of this one), or null on a rank not in `ranks`. Every
-  /// rank of this communicator calls it; members pass the same list.
+  /// rank of this communicator calls it (the split is collective over it for some backends),
+  /// each with the list of the group it joins, members alike (a colour split: lists of different
+  /// groups differ and must be disjoint); an empty list joins none. The split counter advances on
+  /// every call, so later splits stay aligned.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name,
                                       const CommOptions* options = nullptr);
 
