@@ -100,20 +100,53 @@ for _t in (
     setattr(ReduceOp, _t.name, ReduceOp(_t))
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    if v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {v!r}")
+
+
+def _env_timeout() -> datetime.timedelta:
+    v = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
+    if v is None or v == "":
+        return _DEFAULT_TIMEOUT
+    try:
+        seconds = float(v)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be a positive number, got {v!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
 class CommOptions:
-    """Communicator options as torchcomms spells them."""
+    """Communicator options as torchcomms spells them. Unset fields take their defaults from
+    ``TORCHCOMM_TIMEOUT_SECONDS`` (else 600 s) and ``TORCHCOMM_ABORT_ON_ERROR``. Unlike
+    torchcomms, whose abort default is true, fastcomms aborts the process only when asked
+    (the argument or the variable): a timeout or an error is an exception by default."""
 
     def __init__(
         self,
-        abort_process_on_timeout_or_error: bool = False,
-        timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
+        abort_process_on_timeout_or_error: bool | None = None,
+        timeout: datetime.timedelta | None = None,
         store=None,
         hints: dict[str, str] | None = None,
+        name: str = "",
+        enable_reconfigure: bool = False,
     ) -> None:
-        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
-        self.timeout = timeout
+        if abort_process_on_timeout_or_error is None:
+            abort_process_on_timeout_or_error = _env_bool("TORCHCOMM_ABORT_ON_ERROR", False)
+        self.abort_process_on_timeout_or_error = bool(abort_process_on_timeout_or_error)
+        self.timeout = _env_timeout() if timeout is None else _ms(timeout)
         self.store = store
         self.hints = dict(hints or {})
+        self.name = name
+        self.enable_reconfigure = bool(enable_reconfigure)
 
 
 class TorchWork:
@@ -353,9 +386,12 @@ class TorchComm:
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
 
-    def __init__(self, c: _C.Comm, device: torch.device) -> None:
+    def __init__(
+        self, c: _C.Comm, device: torch.device, options: CommOptions | None = None
+    ) -> None:
         self._c = c
         self._device = device
+        self._options = options or CommOptions()
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -377,7 +413,16 @@ class TorchComm:
         return self._c.backend_version()
 
     def get_options(self) -> CommOptions:
-        return CommOptions(timeout=self._c.timeout(), hints=self._c.hints())
+        """What this communicator was created with (timeout and hints as they are now)."""
+        o = self._options
+        return CommOptions(
+            o.abort_process_on_timeout_or_error,
+            self._c.timeout(),
+            o.store,
+            self._c.hints(),
+            self.get_name(),
+            o.enable_reconfigure,
+        )
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._c.set_timeout(_ms(timeout))
@@ -516,7 +561,14 @@ class TorchComm:
         sub = self._c.split(ranks, name, _ms(timeout), hints)
         if sub is None:
             return None
-        return TorchComm(sub, self._device)
+        o = self._options
+        return TorchComm(
+            sub,
+            self._device,
+            CommOptions(
+                o.abort_process_on_timeout_or_error, sub.timeout(), o.store, sub.hints(), name
+            ),
+        )
 
     def new_window(self, tensor=None) -> TorchCommWindow:
         return TorchCommWindow(self, tensor)
@@ -563,7 +615,8 @@ def new_comm(
     order is torchcomms' Python binding's: ``new_comm(backend, device, name, ...)``."""
     if enable_reconfigure:
         raise UnsupportedError("new_comm: enable_reconfigure is not supported")
-    timeout = _DEFAULT_TIMEOUT if timeout is None else _ms(timeout)
+    opts = CommOptions(abort_process_on_timeout_or_error, timeout, store, hints, name or "")
+    timeout, abort = opts.timeout, opts.abort_process_on_timeout_or_error
     hints = dict(hints or {})
     if is_high_priority_stream:
         hints.setdefault("nccl.high_priority", "1")
@@ -574,7 +627,7 @@ def new_comm(
         _load_entry_point_backends()
     if backend in _python_backends:
         rank, size = _rank_size()
-        opts = CommOptions(bool(abort_process_on_timeout_or_error), timeout, store, hints)
+        opts.hints = hints
         return _python_backends[backend](rank, size, device, opts)
     rank, size = _rank_size()
     if store is None:
@@ -593,9 +646,10 @@ def new_comm(
             -1 if device.index is None else device.index,
             store,
             timeout,
-            bool(abort_process_on_timeout_or_error),
+            abort,
             name,
             hints,
         ),
         device,
+        CommOptions(abort, timeout, store, hints, name),
     )

@@ -218,3 +218,29 @@ def test_new_comm_third_positional_is_name(monkeypatch):
         assert torch.equal(t, torch.ones(3))
     finally:
         c.finalize()
+
+
+def test_options_from_the_environment(monkeypatch):
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "7.5")
+    c = fastcomms.new_comm("gloo", "cpu", "env", store=dist.HashStore())
+    try:
+        o = c.get_options()
+        assert o.timeout == dt.timedelta(seconds=7.5) and o.name == "env"
+        assert o.abort_process_on_timeout_or_error is False  # fastcomms' default: never abort
+    finally:
+        c.finalize()
+    monkeypatch.setenv("TORCHCOMM_ABORT_ON_ERROR", "1")
+    assert fastcomms.CommOptions().abort_process_on_timeout_or_error is True
+    monkeypatch.setenv("TORCHCOMM_ABORT_ON_ERROR", "maybe")
+    with pytest.raises(ValueError, match="TORCHCOMM_ABORT_ON_ERROR must be true or false"):
+        fastcomms.CommOptions()
+    monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "0")
+    with pytest.raises(ValueError, match="TORCHCOMM_TIMEOUT_SECONDS must be a positive number"):
+        fastcomms.CommOptions(abort_process_on_timeout_or_error=False)
