@@ -5,6 +5,21 @@
 
 namespace fastcomms {
 
+std::string describe(const CallFingerprint& f) {
+  std::string s = f.op >= 0 && f.op < static_cast<int>(OpKind::kCount)
+                      ? op_name(static_cast<OpKind>(f.op))
+                      : "op " + std::to_string(f.op);
+  std::string args;
+  const auto add = [&](const std::string& a) { args += (args.empty() ? "" : ", ") + a; };
+  if (f.reduce >= 0) add(std::string(red_op_name(static_cast<RedOpType>(f.reduce))));
+  if (f.root >= 0) add("root " + std::to_string(f.root));
+  if (f.dtype >= 0) {
+    const std::string dt(dtype_name(static_cast<DType>(f.dtype)));
+    add(f.count >= 0 ? std::to_string(f.count) + " x " + dt : dt);
+  }
+  return s + "(" + args + ")";
+}
+
 const char* op_name(OpKind op) noexcept {
   switch (op) {
     case OpKind::kSend:

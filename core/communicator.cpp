@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "fastcomms/core/factory.hpp"
@@ -145,8 +146,23 @@ void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
       kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
 }
 
+namespace {
+// A collective's fingerprint (NOTE [call fingerprint]); op is filled in by run().
+CallFingerprint fingerprint(DType dt, int64_t count, int root = -1, const ReduceOp* r = nullptr) {
+  CallFingerprint f;
+  f.dtype = static_cast<int32_t>(dt);
+  f.count = count;
+  f.root = root;
+  if (r != nullptr) {
+    f.reduce = static_cast<int32_t>(r->type);
+    if (r->type == RedOpType::kPremulSum) std::memcpy(&f.factor_bits, &r->factor, 8);
+  }
+  return f;
+}
+}  // namespace
+
 template <typename Fn>
-WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
+WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp) {
   check_usable(op);
   OpContext ctx;
   ctx.op = op;
@@ -159,6 +175,8 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue) {
   ctx.hints = &o.options.hints;
   ctx.prefix = prefix(op);
   ctx.stream = o.stream;
+  fp.op = static_cast<int32_t>(op);
+  ctx.fingerprint = fp;
   std::vector<PreHook> pre;
   std::vector<PostHook> post;
   {
@@ -213,14 +231,18 @@ WorkPtr Communicator::broadcast(const TensorView& t, int root, const CallOptions
   const OpKind op = OpKind::kBroadcast;
   check_peer(op, "root", root, true);
   check_tensor(op, "tensor", t);
-  return run(op, o, [&](const OpContext& c) { return backend_->broadcast(t, root, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->broadcast(t, root, c); },
+      fingerprint(t.dtype, t.numel(), root));
 }
 
 WorkPtr Communicator::all_reduce(const TensorView& t, const ReduceOp& r, const CallOptions& o) {
   const OpKind op = OpKind::kAllReduce;
   check_tensor(op, "tensor", t);
   check_reduce(op, r, t.dtype);
-  return run(op, o, [&](const OpContext& c) { return backend_->all_reduce(t, r, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->all_reduce(t, r, c); },
+      fingerprint(t.dtype, t.numel(), -1, &r));
 }
 
 WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
@@ -229,7 +251,9 @@ WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
   check_peer(op, "root", root, true);
   check_tensor(op, "tensor", t);
   check_reduce(op, r, t.dtype);
-  return run(op, o, [&](const OpContext& c) { return backend_->reduce(t, root, r, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->reduce(t, root, r, c); },
+      fingerprint(t.dtype, t.numel(), root, &r));
 }
 
 namespace {
@@ -253,7 +277,9 @@ WorkPtr Communicator::all_gather(const std::vector<TensorView>& outputs, const T
                     "] has ", t.numel(), " elements, input has ", input.numel(),
                     " (use all_gather_v for different sizes)");
   });
-  return run(op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); },
+      fingerprint(input.dtype, input.numel()));
 }
 
 WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -267,7 +293,9 @@ WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const
                     "tensor_list[", i, "] (this rank's slot) has ", t.numel(),
                     " elements, input has ", input.numel());
   });
-  return run(op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); },
+      fingerprint(input.dtype, -1));
 }
 
 WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorView& input,
@@ -279,8 +307,9 @@ WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorVi
   FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, prefix(op),
                   "output has ", output.numel(),
                   " elements, expected input.numel() * size = ", input.numel(), " * ", size_);
-  return run(op, o,
-             [&](const OpContext& c) { return backend_->all_gather_single(output, input, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->all_gather_single(output, input, c); },
+      fingerprint(input.dtype, input.numel()));
 }
 
 WorkPtr Communicator::reduce_scatter(const TensorView& output,
@@ -296,8 +325,9 @@ WorkPtr Communicator::reduce_scatter(const TensorView& output,
                     "] has ", t.numel(), " elements, output has ", output.numel(),
                     " (use reduce_scatter_v for different sizes)");
   });
-  return run(op, o,
-             [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); },
+      fingerprint(output.dtype, output.numel(), -1, &r));
 }
 
 WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
@@ -313,8 +343,9 @@ WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
                     "input_list[", i, "] (this rank's slot) has ", t.numel(),
                     " elements, output has ", output.numel());
   });
-  return run(op, o,
-             [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); },
+      fingerprint(output.dtype, -1, -1, &r));
 }
 
 WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const TensorView& input,
@@ -327,9 +358,10 @@ WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const Tens
   FASTCOMMS_CHECK(input.numel() == output.numel() * size_, kInvalidArgument, prefix(op),
                   "input has ", input.numel(),
                   " elements, expected output.numel() * size = ", output.numel(), " * ", size_);
-  return run(op, o, [&](const OpContext& c) {
-    return backend_->reduce_scatter_single(output, input, r, c);
-  });
+  return run(
+      op, o,
+      [&](const OpContext& c) { return backend_->reduce_scatter_single(output, input, r, c); },
+      fingerprint(output.dtype, output.numel(), -1, &r));
 }
 
 WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorView& input,
@@ -346,9 +378,12 @@ WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorVi
                   "output.size(0)=", output.rows(), " is not divisible by size=", size_);
   std::vector<int64_t> in_splits(size_, input.rows() / size_);
   std::vector<int64_t> out_splits(size_, output.rows() / size_);
-  return run(op, o, [&](const OpContext& c) {
-    return backend_->all_to_all_v_single(output, input, out_splits, in_splits, c);
-  });
+  return run(
+      op, o,
+      [&](const OpContext& c) {
+        return backend_->all_to_all_v_single(output, input, out_splits, in_splits, c);
+      },
+      fingerprint(input.dtype, input.numel()));
 }
 
 WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const TensorView& input,
@@ -384,9 +419,12 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
   };
   const auto out_s = resolve(output_splits, output, "output_split_sizes", "output");
   const auto in_s = resolve(input_splits, input, "input_split_sizes", "input");
-  return run(op, o, [&](const OpContext& c) {
-    return backend_->all_to_all_v_single(output, input, out_s, in_s, c);
-  });
+  return run(
+      op, o,
+      [&](const OpContext& c) {
+        return backend_->all_to_all_v_single(output, input, out_s, in_s, c);
+      },
+      fingerprint(input.dtype, -1));
 }
 
 WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
@@ -402,7 +440,9 @@ WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
     check_tensor(op, "output_tensor_list[i]", t);
     check_same_dtype(op, "output_tensor_list[i]", t, dt);
   });
-  return run(op, o, [&](const OpContext& c) { return backend_->all_to_all(outputs, inputs, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->all_to_all(outputs, inputs, c); },
+      fingerprint(dt, -1));
 }
 
 WorkPtr Communicator::barrier(const CallOptions& o) {
@@ -423,7 +463,9 @@ WorkPtr Communicator::scatter(const TensorView& output, const std::vector<Tensor
                       output.numel());
     });
   }
-  return run(op, o, [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); },
+      fingerprint(output.dtype, output.numel(), root));
 }
 
 WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -440,7 +482,9 @@ WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const Tenso
                       input.numel());
     });
   }
-  return run(op, o, [&](const OpContext& c) { return backend_->gather(outputs, input, root, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->gather(outputs, input, root, c); },
+      fingerprint(input.dtype, input.numel(), root));
 }
 
 WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& input, int root,
@@ -460,8 +504,10 @@ WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& 
       outs.push_back(TensorView::contiguous(base + i * input.nbytes(), input.dtype, {input.numel()},
                                             output.device));
   }
-  return run(OpKind::kGatherSingle, o,
-             [&](const OpContext& c) { return backend_->gather(outs, input, root, c); });
+  return run(
+      OpKind::kGatherSingle, o,
+      [&](const OpContext& c) { return backend_->gather(outs, input, root, c); },
+      fingerprint(input.dtype, input.numel(), root));
 }
 
 std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,

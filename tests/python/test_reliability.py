@@ -244,3 +244,94 @@ def test_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "0")
     with pytest.raises(ValueError, match="TORCHCOMM_TIMEOUT_SECONDS must be a positive number"):
         fastcomms.CommOptions(abort_process_on_timeout_or_error=False)
+
+
+def _mismatch_cases(rank):
+    """(name, fn) pairs: each fn issues a collective that differs between rank 0 and the others."""
+    n = 1000 if rank == 0 else 999
+    return [
+        ("size", lambda c: c.all_reduce(torch.ones(n), ReduceOp.SUM, False)),
+        (
+            "dtype",
+            lambda c: c.all_reduce(
+                torch.ones(8, dtype=torch.float32 if rank == 0 else torch.int32),
+                ReduceOp.SUM,
+                False,
+            ),
+        ),
+        (
+            "reduce op",
+            lambda c: c.all_reduce(torch.ones(8), ReduceOp.SUM if rank else ReduceOp.MAX, False),
+        ),
+        ("root", lambda c: c.broadcast(torch.ones(8), 0 if rank == 0 else 1, False)),
+        ("shorter broadcast", lambda c: c.broadcast(torch.ones(n), 0, False)),
+        (
+            "another collective",
+            lambda c: c.all_reduce(torch.ones(8), ReduceOp.SUM, False)
+            if rank == 0
+            else c.broadcast(torch.ones(8), 0, False),
+        ),
+        (
+            "all_gather size",
+            lambda c: c.all_gather_single(torch.empty(n * c.get_size()), torch.ones(n), False),
+        ),
+    ]
+
+
+def _mismatch_worker(rank, size, path, errq, check):
+    """Mismatched collectives on a gloo communicator. check=True (the hint gloo.check_calls=1):
+    every case raises on every rank and the communicator stays in step. check=False, the armed
+    control: SUM on one rank against MAX on the other raises nothing and the data is not SUM's
+    on every rank, the failure the check exists for."""
+    import datetime as dt
+    import traceback
+
+    import fastcomms
+    import torch.distributed as dist
+    from conftest import _hang_guard, init_rank
+
+    _hang_guard()
+    try:
+        store = init_rank(rank, size, path)
+        comm = fastcomms.new_comm(
+            "gloo",
+            "cpu",
+            "m",
+            store=dist.PrefixStore("fc", store),
+            timeout=dt.timedelta(30),
+            hints={"gloo.check_calls": "1" if check else "0"},
+        )
+        if check:
+            for name, fn in _mismatch_cases(rank):
+                with pytest.raises(ValueError, match="ranks issued different collectives: rank 0"):
+                    fn(comm)
+                t = torch.full((4,), float(rank + 1))  # nothing moved: still in step
+                comm.all_reduce(t, ReduceOp.SUM, False)
+                assert torch.equal(t, torch.full((4,), float(sum(range(1, size + 1))))), name
+        else:
+            t = torch.full((8,), float(rank + 1))
+            comm.all_reduce(t, ReduceOp.SUM if rank else ReduceOp.MAX, False)  # raises nothing
+            results = [torch.empty(8) for _ in range(size)]
+            dist.all_gather(results, t)
+            want = torch.full((8,), float(sum(range(1, size + 1))))
+            assert not all(torch.equal(r, want) for r in results), "the mismatch went right"
+        comm.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_mismatched_calls_raise_on_every_rank(size):
+    from conftest import spawn
+
+    spawn(_mismatch_worker, size, True)
+
+
+def test_armed_control_unchecked_mismatch_goes_unnoticed():
+    """Without the check the SUM/MAX mismatch raises nothing and the data is wrong: the check,
+    not luck, is what the test above sees."""
+    from conftest import spawn
+
+    spawn(_mismatch_worker, 2, False)

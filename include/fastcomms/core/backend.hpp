@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fastcomms/core/options.hpp"
@@ -59,6 +60,25 @@ struct Capabilities {
   bool supports(OpKind op) const { return (ops >> static_cast<int>(op)) & 1u; }
 };
 
+/// NOTE [call fingerprint]: what a rank says a collective is, in 32 bytes, so backends can
+/// compare it across ranks before any data moves (gloo does, FASTCOMMS_CHECK_CALLS): ranks that
+/// issued different collectives, sizes, dtypes, roots or reductions then raise on every rank
+/// instead of one process dying inside the transport or data mixing silently. -1 marks a field
+/// the op does not fix across ranks (the sizes of the _v forms).
+struct CallFingerprint {
+  int32_t op = -1;           ///< OpKind.
+  int32_t dtype = -1;        ///< DType.
+  int32_t root = -1;         ///< Root rank of rooted ops.
+  int32_t reduce = -1;       ///< RedOpType of reductions.
+  int64_t count = -1;        ///< Elements every rank must agree on.
+  uint64_t factor_bits = 0;  ///< PREMUL_SUM's factor, bit for bit.
+  bool operator==(const CallFingerprint&) const = default;
+};
+static_assert(sizeof(CallFingerprint) == 32 && std::is_trivially_copyable_v<CallFingerprint>);
+
+/// "broadcast(root 0, 1024 x float32)": a fingerprint in words, for mismatch messages.
+std::string describe(const CallFingerprint& f);
+
 /// How one op was issued.
 struct OpContext {
   OpKind op = OpKind::kBarrier;          ///< Which op.
@@ -68,6 +88,7 @@ struct OpContext {
   const Hints* hints = nullptr;          ///< Per-op hints (may be null).
   std::string prefix;                    ///< "[rank r/n comm op] " for error messages.
   void* stream = nullptr;  ///< The caller's cudaStream_t (CUDA backends; null: the default stream).
+  CallFingerprint fingerprint;  ///< The call as every rank must see it (collectives).
 };
 
 /// One point-to-point op of a batch.

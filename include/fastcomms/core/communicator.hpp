@@ -147,7 +147,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Hooks;
   template <typename Fn>
-  WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue);
+  WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp = {});
   void check_usable(OpKind op) const;
   void check_peer(OpKind op, const char* arg, int peer, bool allow_self) const;
   void check_tensor(OpKind op, const char* arg, const TensorView& t) const;
