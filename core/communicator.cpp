@@ -32,8 +32,16 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
                   "timeout must be positive, got ", options.timeout.count(), " ms");
   if (options.name.empty()) options.name = "comm";
   BackendInit init{rank, size, device, options};
-  // Every communicator gets its own key space in the store.
-  init.options.store = std::make_shared<PrefixStore>("fastcomms/" + options.name, options.store);
+  // NOTE [store incarnations]: every communicator gets its own key space in the store, and so
+  // does every incarnation of a name: a name reused on the same store after finalize() must not
+  // read the keys its predecessor left (a rendezvous against a dead rank's address). Each rank
+  // takes a ticket; the tickets of one incarnation are size consecutive numbers, all taken
+  // before that incarnation's rendezvous completes (which every rank needs before it can start
+  // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
+  const std::string base = "fastcomms/" + options.name;
+  const int64_t ticket = options.store->add(base + "/incarnations", 1);
+  init.options.store =
+      std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
                                         init.options.store);
@@ -141,6 +149,10 @@ void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
                   "reductions on ", dtype_name(dt), " are not supported");
   FASTCOMMS_CHECK(r.type != RedOpType::kPremulSum || !dtype_is_integral(dt), kTypeError, prefix(op),
                   "PREMUL_SUM needs a floating-point tensor, got ", dtype_name(dt));
+  // An integer average would have to round; torch.distributed refuses it, and so do we (every
+  // backend, instead of one truncating silently).
+  FASTCOMMS_CHECK(r.type != RedOpType::kAvg || !dtype_is_integral(dt), kTypeError, prefix(op),
+                  "AVG needs a floating-point tensor, got ", dtype_name(dt));
   FASTCOMMS_CHECK(
       dt != DType::kBool || bitwise || r.type == RedOpType::kMin || r.type == RedOpType::kMax,
       kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
@@ -530,14 +542,14 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
     return nullptr;
   }
   CommOptions opts = options ? *options : options_;
+  // Keys of a split live in the parent's key space (NOTE [store incarnations]).
   if (!opts.store) opts.store = options_.store;
   opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
   BackendInit init{static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), device_,
                    opts};
-  std::string key =
-      detail::cat("fastcomms/", options_.name, "/split", split_id, "/", opts.name, "/");
+  std::string key = detail::cat("split", split_id, "/", opts.name, "/");
   for (int r : ranks) key += detail::cat(r, ".");
-  init.options.store = std::make_shared<PrefixStore>(key, opts.store);
+  init.options.store = std::make_shared<PrefixStore>(key, key_space_);
   auto backend = backend_->split(ranks, &init);
   FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
                   "' returned no communicator for a member of the split");

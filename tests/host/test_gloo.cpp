@@ -75,7 +75,8 @@ double expected_reduce(const ReduceOp& op, DType dt, int P, int64_t i) {
 
 std::vector<ReduceOp> ops_for(DType dt) {
   std::vector<ReduceOp> ops = {ReduceOp::sum(), ReduceOp::product(), ReduceOp::min(),
-                               ReduceOp::max(), ReduceOp::avg()};
+                               ReduceOp::max()};
+  if (!dtype_is_integral(dt)) ops.push_back(ReduceOp::avg());  // integers: refused (test_core)
   if (!dtype_is_integral(dt)) ops.push_back(ReduceOp::premul_sum(2.0));
   if (dtype_is_integral(dt)) {
     ops.push_back(ReduceOp::band());

@@ -335,3 +335,41 @@ def test_armed_control_unchecked_mismatch_goes_unnoticed():
     from conftest import spawn
 
     spawn(_mismatch_worker, 2, False)
+
+
+def _reuse_worker(rank, size, path, errq):
+    """One name, one store, several incarnations: each new communicator after finalize() meets
+    its peers, not the keys the previous one left."""
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+    from conftest import _hang_guard, init_rank
+
+    _hang_guard()
+    try:
+        store = dist.PrefixStore("fc", init_rank(rank, size, path))
+        for i in range(4):
+            if rank == 1:
+                time.sleep(0.05 * i)  # ranks arrive at different times
+            c = fastcomms.new_comm("gloo", "cpu", "again", store=store, timeout=dt.timedelta(5))
+            t = torch.full((3,), float(i + rank))
+            c.all_reduce(t, ReduceOp.SUM, False)
+            assert torch.equal(t, torch.full((3,), float(size * i + sum(range(size))))), i
+            sub = c.split(list(range(size)), "s")
+            sub.barrier(False)
+            sub.finalize()
+            c.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        import traceback as tb
+
+        errq.put((rank, tb.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_name_reused_after_finalize(size):
+    from conftest import spawn
+
+    spawn(_reuse_worker, size)
