@@ -38,6 +38,8 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // takes a ticket; the tickets of one incarnation are size consecutive numbers, all taken
   // before that incarnation's rendezvous completes (which every rank needs before it can start
   // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
+  // An unknown backend fails with the factory's message before the store is touched.
+  if (!backend_known(backend_name)) create_backend(backend_name, init);
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
   init.options.store =
@@ -207,6 +209,18 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
       std::fprintf(stderr,
                    "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
                    e.what());
+      // Abort hooks run before any abort, the one a timeout or an error triggers included.
+      std::vector<AbortHook> fns;
+      {
+        std::lock_guard<std::mutex> lock(hooks_->mu);
+        for (auto& [id, fn] : hooks_->abort) fns.push_back(fn);
+      }
+      for (auto& fn : fns) {
+        try {
+          fn();
+        } catch (...) {  // a failing hook must not stop the abort
+        }
+      }
       std::abort();
     }
     throw;

@@ -52,6 +52,12 @@ bool is_backend_registered(const std::string& name) {
   return r.creators.count(name) > 0;
 }
 
+bool backend_known(const std::string& name) {
+  if (is_backend_registered(name)) return true;
+  const char* path = std::getenv(env_name(name).c_str());
+  return path != nullptr && *path != '\0';
+}
+
 std::vector<std::string> registered_backends() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -33,7 +33,9 @@ def _load_core() -> None:
 
 _load_core()
 from . import _C  # noqa: E402
+from . import _hook_types as _ht  # noqa: E402
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
+from ._hook_types import *  # noqa: E402,F401,F403  (OpName and the hook argument classes)
 
 __all__ = [
     "new_comm",
@@ -56,6 +58,7 @@ __all__ = [
     "BackendError",
     "UnsupportedError",
 ]
+__all__ += _ht.__all__
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 _names = itertools.count()
@@ -205,9 +208,20 @@ class BatchSendRecv:
         self.ops.append(P2POp("recv", tensor, src))
         return self
 
-    def issue(self, async_op: bool, *, hints=None, timeout=None) -> TorchWork:
+    def issue(self, async_op: bool, options=None, hints=None, timeout=None) -> TorchWork:
+        """Issues the batch. ``options`` (torchcomms' BatchP2POptions) may carry ``hints`` and
+        ``timeout``."""
+        if options is not None:
+            hints = getattr(options, "hints", None) or hints
+            timeout = getattr(options, "timeout", None) or timeout
         ops = [(op.is_send, op.tensor, op.peer) for op in self.ops]
-        return TorchWork(self._comm._c.batch(ops, async_op, _ms(timeout), hints))
+        comm = self._comm
+        return comm._run(
+            _ht.OpName.batch_op_issue,
+            lambda: _ht.BatchOpIssuePreHookArgs(len(ops), async_op),
+            lambda: TorchWork(comm._c.batch(ops, async_op, _ms(timeout), hints)),
+            _ht.BatchOpIssuePostHookArgs,
+        )
 
 
 class _DoneWork:
@@ -392,6 +406,10 @@ class TorchComm:
         self._c = c
         self._device = device
         self._options = options or CommOptions()
+        self._pre_hooks: dict[int, object] = {}
+        self._post_hooks: dict[int, object] = {}
+        self._op_ids = itertools.count(1)
+        self._hook_ids = itertools.count()
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -431,7 +449,12 @@ class TorchComm:
         self._c.set_hints(dict(hints))
 
     def finalize(self) -> None:
-        self._c.finalize()
+        self._run(
+            _ht.OpName.finalize,
+            _ht.FinalizePreHookArgs,
+            self._c.finalize,
+            _ht.FinalizePostHookArgs,
+        )
 
     def abort(self) -> None:
         self._c.abort()
@@ -439,65 +462,157 @@ class TorchComm:
     def is_aborted(self) -> bool:
         return self._c.is_aborted()
 
-    # -- point to point ------------------------------------------------------------------------
-    def send(self, tensor, dst, async_op, *, hints=None, timeout=None) -> TorchWork:
-        return TorchWork(self._c.send(tensor, dst, async_op, _ms(timeout), hints))
+    # -- hooks ---------------------------------------------------------------------------------
+    # NOTE [python hooks]: hooks run here, where the call's tensors are at hand, as torchcomms
+    # calls them: pre-hooks fn(OpName, op_id, <Op>PreHookArgs), post-hooks fn(op_id,
+    # <Op>PostHookArgs) once the op is issued. The argument objects are built only when a hook
+    # is registered.
+    def _run(self, name, pre_args, issue, post=None):
+        if not self._pre_hooks and not self._post_hooks:
+            return issue()
+        op_id = next(self._op_ids)
+        if self._pre_hooks:
+            args = pre_args()
+            for fn in list(self._pre_hooks.values()):
+                fn(name, op_id, args)
+        result = issue()
+        if self._post_hooks:
+            args = (post or _ht.CollectivePostHookArgs)()
+            for fn in list(self._post_hooks.values()):
+                fn(op_id, args)
+        return result
 
-    def recv(self, tensor, src, async_op, *, hints=None, timeout=None) -> TorchWork:
-        return TorchWork(self._c.recv(tensor, src, async_op, _ms(timeout), hints))
+    def register_pre_hook(self, fn) -> RemovableHandle:
+        """``fn(name: OpName, op_id: int, args)`` before every operation (torchcomms')."""
+        return self._add_hook(self._pre_hooks, fn)
+
+    def register_post_hook(self, fn) -> RemovableHandle:
+        """``fn(op_id: int, args)`` after every operation is issued (torchcomms')."""
+        return self._add_hook(self._post_hooks, fn)
+
+    def register_abort_hook(self, fn) -> RemovableHandle:
+        """``fn()`` before this communicator aborts: on ``abort()`` and before a process abort
+        that ``abort_process_on_timeout_or_error`` triggers."""
+        return RemovableHandle(self._c.register_abort_hook(fn))
+
+    def _add_hook(self, table, fn) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        key = next(self._hook_ids)
+        table[key] = fn
+        return RemovableHandle(lambda: table.pop(key, None))
+
+    # -- point to point ------------------------------------------------------------------------
+    def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:
+        return self._run(
+            _ht.OpName.send,
+            lambda: _ht.SendPreHookArgs(tensor, dst, async_op),
+            lambda: TorchWork(self._c.send(tensor, dst, async_op, _ms(timeout), hints)),
+        )
+
+    def recv(self, tensor, src, async_op, hints=None, timeout=None) -> TorchWork:
+        return self._run(
+            _ht.OpName.recv,
+            lambda: _ht.RecvPreHookArgs(tensor, src, async_op),
+            lambda: TorchWork(self._c.recv(tensor, src, async_op, _ms(timeout), hints)),
+        )
 
     def batch_op_create(self) -> BatchSendRecv:
         return BatchSendRecv(self)
 
     # -- collectives ---------------------------------------------------------------------------
-    def broadcast(self, tensor, root, async_op, *, hints=None, timeout=None) -> TorchWork:
-        return TorchWork(self._c.broadcast(tensor, root, async_op, _ms(timeout), hints))
-
-    def all_reduce(self, tensor, op, async_op, *, hints=None, timeout=None) -> TorchWork:
-        t, f = _op(op)
-        return TorchWork(self._c.all_reduce(tensor, t, f, async_op, _ms(timeout), hints))
-
-    def reduce(self, tensor, root, op, async_op, *, hints=None, timeout=None) -> TorchWork:
-        t, f = _op(op)
-        return TorchWork(self._c.reduce(tensor, root, t, f, async_op, _ms(timeout), hints))
-
-    def all_gather(self, tensor_list, tensor, async_op, *, hints=None, timeout=None):
-        return TorchWork(
-            self._c.all_gather(list(tensor_list), tensor, False, async_op, _ms(timeout), hints)
+    def broadcast(self, tensor, root, async_op, hints=None, timeout=None) -> TorchWork:
+        return self._run(
+            _ht.OpName.broadcast,
+            lambda: _ht.BroadcastPreHookArgs(tensor, root, async_op),
+            lambda: TorchWork(self._c.broadcast(tensor, root, async_op, _ms(timeout), hints)),
         )
 
-    def all_gather_v(self, tensor_list, tensor, async_op, *, hints=None, timeout=None):
-        return TorchWork(
-            self._c.all_gather(list(tensor_list), tensor, True, async_op, _ms(timeout), hints)
-        )
-
-    def all_gather_single(self, output, input, async_op, *, hints=None, timeout=None):  # noqa: A002
-        return TorchWork(self._c.all_gather_single(output, input, async_op, _ms(timeout), hints))
-
-    def reduce_scatter(self, output, input_list, op, async_op, *, hints=None, timeout=None):
+    def all_reduce(self, tensor, op, async_op, hints=None, timeout=None) -> TorchWork:
         t, f = _op(op)
-        return TorchWork(
-            self._c.reduce_scatter(
-                output, list(input_list), t, f, False, async_op, _ms(timeout), hints
-            )
+        return self._run(
+            _ht.OpName.all_reduce,
+            lambda: _ht.AllReducePreHookArgs(tensor, async_op),
+            lambda: TorchWork(self._c.all_reduce(tensor, t, f, async_op, _ms(timeout), hints)),
         )
 
-    def reduce_scatter_v(self, output, input_list, op, async_op, *, hints=None, timeout=None):
+    def reduce(self, tensor, root, op, async_op, hints=None, timeout=None) -> TorchWork:
         t, f = _op(op)
-        return TorchWork(
-            self._c.reduce_scatter(
-                output, list(input_list), t, f, True, async_op, _ms(timeout), hints
-            )
+        return self._run(
+            _ht.OpName.reduce,
+            lambda: _ht.ReducePreHookArgs(tensor, root, async_op),
+            lambda: TorchWork(self._c.reduce(tensor, root, t, f, async_op, _ms(timeout), hints)),
         )
 
-    def reduce_scatter_single(self, output, input, op, async_op, *, hints=None, timeout=None):  # noqa: A002
+    def all_gather(self, tensor_list, tensor, async_op, hints=None, timeout=None):
+        outs = list(tensor_list)
+        return self._run(
+            _ht.OpName.all_gather,
+            lambda: _ht.AllGatherPreHookArgs(tensor, outs, async_op),
+            lambda: TorchWork(
+                self._c.all_gather(outs, tensor, False, async_op, _ms(timeout), hints)
+            ),
+        )
+
+    def all_gather_v(self, tensor_list, tensor, async_op, hints=None, timeout=None):
+        outs = list(tensor_list)
+        return self._run(
+            _ht.OpName.all_gather_v,
+            lambda: _ht.AllGatherVPreHookArgs(tensor, outs, async_op),
+            lambda: TorchWork(
+                self._c.all_gather(outs, tensor, True, async_op, _ms(timeout), hints)
+            ),
+        )
+
+    def all_gather_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
+        return self._run(
+            _ht.OpName.all_gather_single,
+            lambda: _ht.AllGatherSinglePreHookArgs(input, output, async_op),
+            lambda: TorchWork(
+                self._c.all_gather_single(output, input, async_op, _ms(timeout), hints)
+            ),
+        )
+
+    def reduce_scatter(self, output, input_list, op, async_op, hints=None, timeout=None):
         t, f = _op(op)
-        return TorchWork(
-            self._c.reduce_scatter_single(output, input, t, f, async_op, _ms(timeout), hints)
+        ins = list(input_list)
+        return self._run(
+            _ht.OpName.reduce_scatter,
+            lambda: _ht.ReduceScatterPreHookArgs(ins, output, async_op),
+            lambda: TorchWork(
+                self._c.reduce_scatter(output, ins, t, f, False, async_op, _ms(timeout), hints)
+            ),
         )
 
-    def all_to_all_single(self, output, input, async_op, *, hints=None, timeout=None):  # noqa: A002
-        return TorchWork(self._c.all_to_all_single(output, input, async_op, _ms(timeout), hints))
+    def reduce_scatter_v(self, output, input_list, op, async_op, hints=None, timeout=None):
+        t, f = _op(op)
+        ins = list(input_list)
+        return self._run(
+            _ht.OpName.reduce_scatter_v,
+            lambda: _ht.ReduceScatterVPreHookArgs(ins, output, async_op),
+            lambda: TorchWork(
+                self._c.reduce_scatter(output, ins, t, f, True, async_op, _ms(timeout), hints)
+            ),
+        )
+
+    def reduce_scatter_single(self, output, input, op, async_op, hints=None, timeout=None):  # noqa: A002
+        t, f = _op(op)
+        return self._run(
+            _ht.OpName.reduce_scatter_single,
+            lambda: _ht.ReduceScatterSinglePreHookArgs(input, output, async_op),
+            lambda: TorchWork(
+                self._c.reduce_scatter_single(output, input, t, f, async_op, _ms(timeout), hints)
+            ),
+        )
+
+    def all_to_all_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
+        return self._run(
+            _ht.OpName.all_to_all_single,
+            lambda: _ht.AllToAllSinglePreHookArgs(input, output, async_op),
+            lambda: TorchWork(
+                self._c.all_to_all_single(output, input, async_op, _ms(timeout), hints)
+            ),
+        )
 
     def all_to_all_v_single(
         self,
@@ -506,46 +621,62 @@ class TorchComm:
         output_split_sizes,
         input_split_sizes,
         async_op,
-        *,
         hints=None,
         timeout=None,
     ):
-        return TorchWork(
-            self._c.all_to_all_v_single(
-                output,
-                input,
-                list(output_split_sizes or []),
-                list(input_split_sizes or []),
-                async_op,
-                _ms(timeout),
-                hints,
-            )
+        outs = list(output_split_sizes or [])
+        ins = list(input_split_sizes or [])
+        return self._run(
+            _ht.OpName.all_to_all_v_single,
+            lambda: _ht.AllToAllVSinglePreHookArgs(input, output, ins, outs, async_op),
+            lambda: TorchWork(
+                self._c.all_to_all_v_single(output, input, outs, ins, async_op, _ms(timeout), hints)
+            ),
         )
 
-    def all_to_all(
-        self, output_tensor_list, input_tensor_list, async_op, *, hints=None, timeout=None
-    ):
-        return TorchWork(
-            self._c.all_to_all(
-                list(output_tensor_list), list(input_tensor_list), async_op, _ms(timeout), hints
-            )
+    def all_to_all(self, output_tensor_list, input_tensor_list, async_op, hints=None, timeout=None):
+        outs, ins = list(output_tensor_list), list(input_tensor_list)
+        return self._run(
+            _ht.OpName.all_to_all,
+            lambda: _ht.AllToAllPreHookArgs(ins, outs, async_op),
+            lambda: TorchWork(self._c.all_to_all(outs, ins, async_op, _ms(timeout), hints)),
         )
 
-    def barrier(self, async_op, *, hints=None, timeout=None) -> TorchWork:
-        return TorchWork(self._c.barrier(async_op, _ms(timeout), hints))
+    def barrier(self, async_op, hints=None, timeout=None) -> TorchWork:
+        return self._run(
+            _ht.OpName.barrier,
+            lambda: _ht.BarrierPreHookArgs(async_op),
+            lambda: TorchWork(self._c.barrier(async_op, _ms(timeout), hints)),
+        )
 
-    def scatter(
-        self, output_tensor, input_tensor_list, root, async_op, *, hints=None, timeout=None
-    ):
+    def scatter(self, output_tensor, input_tensor_list, root, async_op, hints=None, timeout=None):
         ins = list(input_tensor_list or [])
-        return TorchWork(self._c.scatter(output_tensor, ins, root, async_op, _ms(timeout), hints))
+        return self._run(
+            _ht.OpName.scatter,
+            lambda: _ht.ScatterPreHookArgs(output_tensor, ins, root, async_op),
+            lambda: TorchWork(
+                self._c.scatter(output_tensor, ins, root, async_op, _ms(timeout), hints)
+            ),
+        )
 
-    def gather(self, output_tensor_list, input_tensor, root, async_op, *, hints=None, timeout=None):
+    def gather(self, output_tensor_list, input_tensor, root, async_op, hints=None, timeout=None):
         outs = list(output_tensor_list or [])
-        return TorchWork(self._c.gather(outs, input_tensor, root, async_op, _ms(timeout), hints))
+        return self._run(
+            _ht.OpName.gather,
+            lambda: _ht.GatherPreHookArgs(input_tensor, outs, root, async_op),
+            lambda: TorchWork(
+                self._c.gather(outs, input_tensor, root, async_op, _ms(timeout), hints)
+            ),
+        )
 
-    def gather_single(self, output, input, root, async_op, *, hints=None, timeout=None):  # noqa: A002
-        return TorchWork(self._c.gather_single(output, input, root, async_op, _ms(timeout), hints))
+    def gather_single(self, output, input, root, async_op, hints=None, timeout=None):  # noqa: A002
+        return self._run(
+            _ht.OpName.gather_single,
+            lambda: _ht.GatherSinglePreHookArgs(input, output, root, async_op),
+            lambda: TorchWork(
+                self._c.gather_single(output, input, root, async_op, _ms(timeout), hints)
+            ),
+        )
 
     # -- structure -----------------------------------------------------------------------------
     def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:
@@ -558,7 +689,12 @@ class TorchComm:
                 f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} split] ranks "
                 f"{ranks} does not contain this rank; pass [] to join no group"
             )
-        sub = self._c.split(ranks, name, _ms(timeout), hints)
+        sub = self._run(
+            _ht.OpName.split,
+            lambda: _ht.SplitPreHookArgs(list(ranks), name),
+            lambda: self._c.split(ranks, name, _ms(timeout), hints),
+            _ht.SplitPostHookArgs,
+        )
         if sub is None:
             return None
         o = self._options
@@ -571,7 +707,12 @@ class TorchComm:
         )
 
     def new_window(self, tensor=None) -> TorchCommWindow:
-        return TorchCommWindow(self, tensor)
+        return self._run(
+            _ht.OpName.new_window,
+            _ht.NewWindowPreHookArgs,
+            lambda: TorchCommWindow(self, tensor),
+            _ht.NewWindowPostHookArgs,
+        )
 
     def ulysses_transport(self, transport="auto", *, require_nvlink=False):
         """Collective: the Ulysses transport this communicator gives a
@@ -579,15 +720,6 @@ class TorchComm:
         engine where it lends one (nvlink), else NVLink peer-to-peer or the collective path as
         ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
         return self._c.select_transport(str(transport), bool(require_nvlink))
-
-    def register_pre_hook(self, fn) -> RemovableHandle:
-        return RemovableHandle(self._c.register_pre_hook(fn))
-
-    def register_post_hook(self, fn) -> RemovableHandle:
-        return RemovableHandle(self._c.register_post_hook(fn))
-
-    def register_abort_hook(self, fn) -> RemovableHandle:
-        return RemovableHandle(self._c.register_abort_hook(fn))
 
 
 def _rank_size() -> tuple[int, int]:

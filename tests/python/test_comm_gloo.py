@@ -107,12 +107,20 @@ def point_to_point_and_reductions(comm, rank, size):
 
 
 def hooks_split_and_errors(comm, rank, size):
-    seen = []
-    h = comm.register_pre_hook(lambda name, op_id, async_op: seen.append((name, op_id)))
+    seen, done = [], []
+    h = comm.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
+    p = comm.register_post_hook(lambda op_id, args: done.append((op_id, args)))
     comm.barrier(False)
+    x = torch.ones(3)
+    comm.all_reduce(x, ReduceOp.SUM, False)
     h.remove()
+    p.remove()
     comm.barrier(False)
-    assert [n for n, _ in seen] == ["barrier"]
+    assert [n for n, _, _ in seen] == [fastcomms.OpName.barrier, fastcomms.OpName.all_reduce]
+    assert isinstance(seen[0][2], fastcomms.BarrierPreHookArgs) and seen[0][2].async_op is False
+    assert isinstance(seen[1][2], fastcomms.AllReducePreHookArgs) and seen[1][2].tensor is x
+    assert [i for i, _ in done] == [i for _, i, _ in seen]  # post-hooks share the op ids
+    assert all(isinstance(a, fastcomms.CollectivePostHookArgs) for _, a in done)
     sub = comm.split(list(reversed(range(size))), "rev")
     assert sub is not None and sub.get_rank() == size - 1 - rank and sub.get_size() == size
     x = torch.tensor([float(rank)])

@@ -1,0 +1,116 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The types hooks receive, as torchcomms names them: ``OpName`` and one pre-hook argument class
+per operation (the call's tensors and arguments), and the post-hook argument classes.
+
+A pre-hook is called as ``fn(name: OpName, op_id: int, args)``, a post-hook as
+``fn(op_id: int, args)``; ``op_id`` is the same for the two calls of one operation."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["OpName"]
+
+
+class OpName(enum.Enum):
+    """The operation a hook is called for."""
+
+    send = "send"
+    recv = "recv"
+    broadcast = "broadcast"
+    all_reduce = "all_reduce"
+    reduce = "reduce"
+    all_gather = "all_gather"
+    all_gather_v = "all_gather_v"
+    all_gather_single = "all_gather_single"
+    reduce_scatter = "reduce_scatter"
+    reduce_scatter_v = "reduce_scatter_v"
+    reduce_scatter_single = "reduce_scatter_single"
+    all_to_all_single = "all_to_all_single"
+    all_to_all_v_single = "all_to_all_v_single"
+    all_to_all = "all_to_all"
+    barrier = "barrier"
+    scatter = "scatter"
+    gather = "gather"
+    gather_single = "gather_single"
+    split = "split"
+    new_window = "new_window"
+    batch_op_issue = "batch_op_issue"
+    finalize = "finalize"
+
+
+def _args_class(name: str, fields: tuple[str, ...]) -> type:
+    """A small read-only record: positional construction in field order, attribute access."""
+
+    def __init__(self, *values):
+        if len(values) != len(fields):
+            raise TypeError(f"{name} takes {len(fields)} values ({', '.join(fields)})")
+        for f, v in zip(fields, values, strict=True):
+            object.__setattr__(self, f, v)
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"{name} is read-only")
+
+    def __repr__(self):
+        inner = ", ".join(f"{f}={_short(getattr(self, f))}" for f in fields)
+        return f"{name}({inner})"
+
+    return type(
+        name,
+        (),
+        {"__slots__": fields, "__init__": __init__, "__setattr__": __setattr__,
+         "__repr__": __repr__, "_fields": fields},
+    )
+
+
+def _short(v):
+    shape = getattr(v, "shape", None)
+    if shape is not None:
+        return f"Tensor{tuple(shape)}"
+    if isinstance(v, list) and v and getattr(v[0], "shape", None) is not None:
+        return f"[{len(v)} tensors]"
+    return repr(v)
+
+
+_PRE = {
+    "SendPreHookArgs": ("tensor", "peer", "async_op"),
+    "RecvPreHookArgs": ("tensor", "peer", "async_op"),
+    "BroadcastPreHookArgs": ("tensor", "root", "async_op"),
+    "AllReducePreHookArgs": ("tensor", "async_op"),
+    "ReducePreHookArgs": ("tensor", "root", "async_op"),
+    "AllGatherPreHookArgs": ("input", "output", "async_op"),
+    "AllGatherVPreHookArgs": ("input", "output", "async_op"),
+    "AllGatherSinglePreHookArgs": ("input", "output", "async_op"),
+    "ReduceScatterPreHookArgs": ("input", "output", "async_op"),
+    "ReduceScatterVPreHookArgs": ("input", "output", "async_op"),
+    "ReduceScatterSinglePreHookArgs": ("input", "output", "async_op"),
+    "AllToAllSinglePreHookArgs": ("input", "output", "async_op"),
+    "AllToAllVSinglePreHookArgs": (
+        "input",
+        "output",
+        "input_split_sizes",
+        "output_split_sizes",
+        "async_op",
+    ),
+    "AllToAllPreHookArgs": ("input", "output", "async_op"),
+    "BarrierPreHookArgs": ("async_op",),
+    "ScatterPreHookArgs": ("output", "input", "root", "async_op"),
+    "GatherPreHookArgs": ("input", "output", "root", "async_op"),
+    "GatherSinglePreHookArgs": ("input", "output", "root", "async_op"),
+    "SplitPreHookArgs": ("ranks", "name"),
+    "NewWindowPreHookArgs": (),
+    "BatchOpIssuePreHookArgs": ("num_ops", "async_op"),
+    "FinalizePreHookArgs": (),
+}
+_POST = (
+    "CollectivePostHookArgs",
+    "SplitPostHookArgs",
+    "NewWindowPostHookArgs",
+    "BatchOpIssuePostHookArgs",
+    "FinalizePostHookArgs",
+)
+for _name, _fields in _PRE.items():
+    globals()[_name] = _args_class(_name, _fields)
+for _name in _POST:
+    globals()[_name] = _args_class(_name, ())
+__all__ += list(_PRE) + list(_POST)
