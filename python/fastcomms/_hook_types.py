@@ -58,8 +58,13 @@ def _args_class(name: str, fields: tuple[str, ...]) -> type:
     return type(
         name,
         (),
-        {"__slots__": fields, "__init__": __init__, "__setattr__": __setattr__,
-         "__repr__": __repr__, "_fields": fields},
+        {
+            "__slots__": fields,
+            "__init__": __init__,
+            "__setattr__": __setattr__,
+            "__repr__": __repr__,
+            "_fields": fields,
+        },
     )
 
 

@@ -1,0 +1,119 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Soak (issue 16): random sequences of collectives and Ulysses calls on gloo, random sizes and
+dtypes, async handles sometimes dropped unwaited, every waited result checked against values each
+rank computes for every rank on its own; after a warm-up, resident memory, open file descriptors
+and threads must stay flat. Bounded by FASTCOMMS_SOAK_S seconds (default 30; set it higher for a
+long run)."""
+
+import os
+import random
+import time
+
+import pytest
+import torch
+from fastcomms import ReduceOp
+from fastcomms.ulysses import UlyssesGroup
+
+
+def _value(seed, step, r, n, dtype):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + r)
+    return torch.randint(-50, 50, (n,), generator=g).to(dtype)  # exact in every dtype used
+
+
+def _usage():
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return (
+        rss_pages * os.sysconf("SC_PAGE_SIZE"),
+        len(os.listdir("/proc/self/fd")),
+        len(os.listdir("/proc/self/task")),
+    )
+
+
+def soak(comm, rank, size):
+    budget = float(os.environ.get("FASTCOMMS_SOAK_S", "30"))
+    seed = torch.tensor([random.randrange(1 << 30)])
+    comm.broadcast(seed, 0, False)
+    seed = int(seed)
+    shared = random.Random(seed)  # the same choices on every rank
+    local = random.Random(seed + 7919 * (rank + 1))  # which handles this rank drops
+    group = UlyssesGroup(comm)
+    start, step, checked, dropped = time.monotonic(), 0, 0, 0
+    baseline, samples = None, []
+    while True:
+        if step % 25 == 0:  # rank 0's clock decides, every rank follows
+            go = torch.tensor([1 if time.monotonic() - start < budget else 0])
+            comm.broadcast(go, 0, False)
+            if not go.item():
+                break
+            usage = _usage()
+            if baseline is None and time.monotonic() - start > 0.25 * budget:
+                baseline = usage  # after the warm-up
+            elif baseline is not None:
+                samples.append(usage)
+        step += 1
+        kind = shared.choice(["all_reduce", "broadcast", "gather", "scatter", "a2a", "ulysses"])
+        dtype = shared.choice([torch.float32, torch.int32, torch.float64])
+        n = size * shared.choice([1, 7, 64, 1000, 40_000])
+        async_op = shared.random() < 0.5
+        drop = async_op and local.random() < 0.3
+        mine = _value(seed, step, rank, n, dtype)
+        everyone = [_value(seed, step, q, n, dtype) for q in range(size)]
+        if kind == "all_reduce":
+            out = mine.clone()
+            w = comm.all_reduce(out, ReduceOp.SUM, async_op)
+            want = sum(everyone)
+        elif kind == "broadcast":
+            root = shared.randrange(size)
+            out = mine.clone()
+            w = comm.broadcast(out, root, async_op)
+            want = everyone[root]
+        elif kind == "gather":
+            out = torch.full((n * size,), -1, dtype=dtype)
+            w = comm.all_gather_single(out, mine, async_op)
+            want = torch.cat(everyone)
+        elif kind == "scatter":
+            out = torch.full((n // size,), -1, dtype=dtype)
+            w = comm.reduce_scatter_single(out, mine.clone(), ReduceOp.SUM, async_op)
+            want = sum(everyone).chunk(size)[rank]
+        elif kind == "a2a":
+            out = torch.full((n,), -1, dtype=dtype)
+            w = comm.all_to_all_single(out, mine, async_op)
+            want = torch.cat([e.chunk(size)[rank] for e in everyone])
+        else:  # the Ulysses op, mode 0: (1, s, h*size, d) -> (1, s*size, h, d)
+            s, h, d = shared.choice([1, 3]), shared.choice([1, 2]), shared.choice([1, 8])
+            if n < s * h * size * d:  # too few values for this shape (the same on every rank)
+                continue
+            xs = [v[: s * h * size * d].view(1, s, h * size, d) for v in everyone]
+            if async_op:
+                w = group.all_to_all_4d_async(xs[rank])
+                out = None
+            else:
+                out, w = group.all_to_all_4d(xs[rank]), None
+            want = torch.cat([x[:, :, rank * h : (rank + 1) * h] for x in xs], dim=1)
+        if drop:
+            dropped += 1
+            del w, out  # nothing waits; the op must still not corrupt anything
+            continue
+        if kind == "ulysses":
+            out = w.wait() if w is not None else out
+        elif async_op:
+            w.wait()
+        assert torch.equal(out, want), (step, kind, dtype, n, async_op)
+        checked += 1
+    comm.barrier(False)
+    assert checked > 20, f"only {checked} checked steps in {budget} s"
+    if baseline is not None and samples:
+        rss0, fds0, tasks0 = baseline
+        rss, fds, tasks = max(s[0] for s in samples), max(s[1] for s in samples), max(
+            s[2] for s in samples
+        )
+        assert rss - rss0 < 96 << 20, f"RSS grew {(rss - rss0) >> 20} MiB after the warm-up"
+        assert fds - fds0 <= 2, f"open files grew from {fds0} to {fds}"
+        assert tasks - tasks0 <= 2, f"threads grew from {tasks0} to {tasks}"
+    print(f"[soak rank {rank}] {step} steps, {checked} checked, {dropped} dropped, seed {seed}")
+
+
+@pytest.mark.parametrize("size", [2])
+def test_soak_random_ops_with_dropped_handles(world, size):
+    world(soak, size)
