@@ -105,8 +105,10 @@ def soak(comm, rank, size):
     assert checked > 20, f"only {checked} checked steps in {budget} s"
     if baseline is not None and samples:
         rss0, fds0, tasks0 = baseline
-        rss, fds, tasks = max(s[0] for s in samples), max(s[1] for s in samples), max(
-            s[2] for s in samples
+        rss, fds, tasks = (
+            max(s[0] for s in samples),
+            max(s[1] for s in samples),
+            max(s[2] for s in samples),
         )
         assert rss - rss0 < 96 << 20, f"RSS grew {(rss - rss0) >> 20} MiB after the warm-up"
         assert fds - fds0 <= 2, f"open files grew from {fds0} to {fds}"
