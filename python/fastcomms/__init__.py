@@ -8,8 +8,10 @@ far: the gloo backend on CPU tensors; see README.md for what is not built yet).
 from __future__ import annotations
 
 import datetime
+import enum
 import itertools
 import os
+import time
 from pkgutil import extend_path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -48,6 +50,8 @@ __all__ = [
     "TorchCommWindow",
     "BatchSendRecv",
     "P2POp",
+    "P2POpType",
+    "BatchP2POptions",
     "RemovableHandle",
     "register_backend",
     "TorchCommBackend",
@@ -168,6 +172,17 @@ class TorchWork:
     def status(self) -> WorkStatus:
         return self._work.status()
 
+    def wait_blocking(self) -> None:
+        """Blocks this thread until the op has finished (``wait()`` on a CUDA backend only
+        orders the caller's stream); raises the op's error like ``wait()``."""
+        self._work.wait()
+        delay = 1e-5
+        while not self._work.is_completed():
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        if self._work.status() != WorkStatus.COMPLETED:
+            self._work.wait()  # rethrows the error that ended it
+
 
 class RemovableHandle:
     """Returned by the hook registrations; ``remove()`` unregisters (idempotent)."""
@@ -181,16 +196,38 @@ class RemovableHandle:
             self._remover = None
 
 
-class P2POp:
-    """One point-to-point op of a batch (``op`` is "send" or "recv", or the bound method)."""
+class P2POpType(enum.Enum):
+    """The kind of a point-to-point op in a batch (torchcomms')."""
 
-    def __init__(self, op, tensor: torch.Tensor, peer: int) -> None:
-        name = op if isinstance(op, str) else getattr(op, "__name__", "")
-        if name not in ("send", "recv", "isend", "irecv"):
-            raise ValueError(f"P2POp: op must be send or recv, got {op!r}")
-        self.is_send = name in ("send", "isend")
+    SEND = 1
+    RECV = 2
+
+
+class P2POp:
+    """One point-to-point op of a batch: ``P2POp(P2POpType.SEND, tensor, peer)`` as torchcomms;
+    "send"/"recv" or the bound ``send``/``recv`` methods are accepted for the type too."""
+
+    def __init__(self, type, tensor: torch.Tensor, peer: int) -> None:  # noqa: A002
+        if not isinstance(type, P2POpType):
+            name = type if isinstance(type, str) else getattr(type, "__name__", "")
+            if name not in ("send", "recv", "isend", "irecv"):
+                raise ValueError(f"P2POp: type must be P2POpType.SEND or RECV, got {type!r}")
+            type = P2POpType.SEND if name in ("send", "isend") else P2POpType.RECV  # noqa: A001
+        self.type = type
         self.tensor = tensor
-        self.peer = peer
+        self.peer = int(peer)
+
+    @property
+    def is_send(self) -> bool:
+        return self.type is P2POpType.SEND
+
+
+class BatchP2POptions:
+    """Options of ``BatchSendRecv.issue`` (torchcomms'): ``timeout`` and ``hints``."""
+
+    def __init__(self) -> None:
+        self.timeout: datetime.timedelta | None = None
+        self.hints: dict[str, str] = {}
 
 
 class BatchSendRecv:
@@ -201,11 +238,11 @@ class BatchSendRecv:
         self.ops: list[P2POp] = []
 
     def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
-        self.ops.append(P2POp("send", tensor, dst))
+        self.ops.append(P2POp(P2POpType.SEND, tensor, dst))
         return self
 
     def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
-        self.ops.append(P2POp("recv", tensor, src))
+        self.ops.append(P2POp(P2POpType.RECV, tensor, src))
         return self
 
     def issue(self, async_op: bool, options=None, hints=None, timeout=None) -> TorchWork:
@@ -461,6 +498,17 @@ class TorchComm:
 
     def is_aborted(self) -> bool:
         return self._c.is_aborted()
+
+    def is_abort_supported(self) -> bool:
+        """``abort()`` unblocks every waiter on every built-in backend."""
+        return True
+
+    def get_init_handle(self):
+        """torchcomms' handle for ``reconfigure``; fastcomms has no reconfiguration yet."""
+        raise UnsupportedError(
+            f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} get_init_handle] "
+            "reconfiguration (init handles, reconfigure) is not built in fastcomms"
+        )
 
     # -- hooks ---------------------------------------------------------------------------------
     # NOTE [python hooks]: hooks run here, where the call's tensors are at hand, as torchcomms

@@ -91,6 +91,18 @@ def point_to_point_and_reductions(comm, rank, size):
     batch = comm.batch_op_create()
     batch.send(send, (rank + 1) % size).recv(recv, (rank - 1) % size)
     batch.issue(False).wait()
+    # torchcomms' spelling: P2POp(P2POpType, ...), BatchP2POptions, positional hints/timeout
+    opts = fastcomms.BatchP2POptions()
+    opts.timeout = datetime.timedelta(seconds=30)
+    b2 = comm.batch_op_create()
+    b2.send(send, (rank + 1) % size)
+    b2.recv(recv, (rank - 1) % size)
+    assert [op.type for op in b2.ops] == [fastcomms.P2POpType.SEND, fastcomms.P2POpType.RECV]
+    w = b2.issue(True, opts)
+    w.wait_blocking()
+    assert w.is_completed() and comm.is_abort_supported()
+    x = torch.ones(2)
+    comm.all_reduce(x, ReduceOp.SUM, False, {"k": "v"}, datetime.timedelta(seconds=30))
     assert torch.equal(recv, _rand((11,), torch.float32, (rank - 1) % size))
     # AVG and PREMUL_SUM (torch's gloo has neither): against the arithmetic
     x = torch.full((4,), float(size * (rank + 1)))
