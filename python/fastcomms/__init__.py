@@ -372,8 +372,17 @@ class TorchCommWindow:
 
 
 class TorchCommBackend:
-    """Base class for backends registered from Python with ``register_backend(name, cls)``:
-    ``cls(rank, size, device, options)`` must return an object with the TorchComm methods."""
+    """Base class of backends written in Python (torchcomms' protocol): ``register_backend(name,
+    cls)``; ``new_comm(name, device, comm_name)`` makes ``cls()``, calls its ``init(device, name,
+    options)`` and returns a TorchComm whose ops call the backend's methods of the same names
+    (``all_reduce(tensor, op, async_op)``, ...), each returning None (done) or an object with
+    ``wait()``. Methods it leaves out raise UnsupportedError when called."""
+
+    def __init__(self) -> None:
+        pass
+
+    def init(self, device, name, options) -> None:
+        raise NotImplementedError("a TorchCommBackend must define init(device, name, options)")
 
 
 _python_backends: dict[str, type] = {}
@@ -387,14 +396,17 @@ def register_backend(name: str, cls: type) -> None:
 
 
 def _load_entry_point_backends() -> None:
+    """Backends installed by other distributions: entry points of the groups
+    ``fastcomms.backends`` and ``torchcomms.backends`` (torchcomms' own group)."""
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group="fastcomms.backends"):
-        if ep.name in _python_backends:
-            continue
-        obj = ep.load()  # importing the module may register it itself
-        if ep.name not in _python_backends and isinstance(obj, type):
-            register_backend(ep.name, obj)  # `name = module:BackendClass`
+    for group in ("fastcomms.backends", "torchcomms.backends"):
+        for ep in entry_points(group=group):
+            if ep.name in _python_backends or _C.is_backend_built(ep.name):
+                continue
+            obj = ep.load()  # importing the module may register it itself
+            if ep.name not in _python_backends and isinstance(obj, type):
+                register_backend(ep.name, obj)  # `name = module:BackendClass`
 
 
 def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
@@ -806,9 +818,13 @@ def new_comm(
     if not _C.is_backend_built(backend) and backend not in _python_backends:
         _load_entry_point_backends()
     if backend in _python_backends:
-        rank, size = _rank_size()
+        from ._pybackend import Shim
+
         opts.hints = hints
-        return _python_backends[backend](rank, size, device, opts)
+        opts.name = name or f"{backend}_{next(_names)}"
+        impl = _python_backends[backend]()
+        impl.init(device, opts.name, opts)
+        return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
     rank, size = _rank_size()
     if store is None:
         import torch.distributed as dist

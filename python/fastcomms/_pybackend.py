@@ -1,0 +1,173 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Backends written in Python, registered with ``register_backend(name, cls)`` (torchcomms'
+protocol): ``cls()`` makes the backend, ``backend.init(device, name, options)`` sets it up, and
+the communicator ``new_comm`` returns is an ordinary ``TorchComm`` whose ops call the backend's
+methods of the same names (``all_reduce(tensor, op, async_op)``, ...). A method returns None when
+the op is done, or an object with ``wait()`` (and optionally ``is_completed()``). An op the
+backend does not define raises ``UnsupportedError`` naming it."""
+
+from __future__ import annotations
+
+import datetime
+
+from ._C import RedOpType, UnsupportedError, WorkStatus
+
+
+class _Work:
+    """A backend method's result as the communicator's Work."""
+
+    def __init__(self, result):
+        self._r = result
+
+    def wait(self):
+        if self._r is not None:
+            self._r.wait()
+
+    def is_completed(self):
+        if self._r is None:
+            return True
+        done = getattr(self._r, "is_completed", None)
+        return bool(done()) if done is not None else False
+
+    def status(self):
+        return WorkStatus.COMPLETED if self.is_completed() else WorkStatus.INPROGRESS
+
+
+class Shim:
+    """Stands where the C++ communicator stands under a ``TorchComm``, and calls the backend."""
+
+    def __init__(self, backend, backend_name, comm_name, options, reduce_op):
+        self._b, self._backend, self._name = backend, backend_name, comm_name
+        self._timeout = options.timeout
+        self._hints = dict(options.hints)
+        self._aborted = False
+        self._abort_hooks: dict[int, object] = {}
+        self._next_hook = 0
+        self._reduce_op = reduce_op  # fastcomms.ReduceOp (the package imports this module)
+
+    def _call(self, method, *args):
+        fn = getattr(self._b, method, None)
+        if fn is None:
+            raise UnsupportedError(
+                f"[{self._name}] backend '{self._backend}' does not implement {method}"
+            )
+        return _Work(fn(*args))
+
+    def _op(self, t, f):
+        return self._reduce_op(t, f) if t == RedOpType.PREMUL_SUM else self._reduce_op(t)
+
+    # identity and options
+    def rank(self):
+        return int(self._b.get_rank())
+
+    def size(self):
+        return int(self._b.get_size())
+
+    def name(self):
+        return self._name
+
+    def backend(self):
+        return self._backend
+
+    def backend_version(self):
+        get = getattr(self._b, "get_backend_version", None)
+        return str(get()) if get is not None else "python"
+
+    def timeout(self):
+        return self._timeout
+
+    def hints(self):
+        return dict(self._hints)
+
+    def set_timeout(self, t: datetime.timedelta):
+        self._timeout = t
+
+    def set_hints(self, h):
+        self._hints.update(h)
+
+    def abort(self):
+        if self._aborted:
+            return
+        self._aborted = True
+        for fn in list(self._abort_hooks.values()):
+            fn()
+        if hasattr(self._b, "abort"):
+            self._b.abort()
+
+    def is_aborted(self):
+        return self._aborted
+
+    def finalize(self):
+        if hasattr(self._b, "finalize"):
+            self._b.finalize()
+
+    def register_abort_hook(self, fn):
+        key = self._next_hook
+        self._next_hook += 1
+        self._abort_hooks[key] = fn
+        return lambda: self._abort_hooks.pop(key, None)
+
+    # ops: the C++ communicator's argument order in, the backend's (torchcomms') order out
+    def send(self, t, dst, a, to, h):
+        return self._call("send", t, dst, a)
+
+    def recv(self, t, src, a, to, h):
+        return self._call("recv", t, src, a)
+
+    def broadcast(self, t, root, a, to, h):
+        return self._call("broadcast", t, root, a)
+
+    def all_reduce(self, t, op, f, a, to, h):
+        return self._call("all_reduce", t, self._op(op, f), a)
+
+    def reduce(self, t, root, op, f, a, to, h):
+        return self._call("reduce", t, root, self._op(op, f), a)
+
+    def all_gather(self, outs, t, v, a, to, h):
+        return self._call("all_gather_v" if v else "all_gather", outs, t, a)
+
+    def all_gather_single(self, out, t, a, to, h):
+        return self._call("all_gather_single", out, t, a)
+
+    def reduce_scatter(self, out, ins, op, f, v, a, to, h):
+        name = "reduce_scatter_v" if v else "reduce_scatter"
+        return self._call(name, out, ins, self._op(op, f), a)
+
+    def reduce_scatter_single(self, out, t, op, f, a, to, h):
+        return self._call("reduce_scatter_single", out, t, self._op(op, f), a)
+
+    def all_to_all_single(self, out, t, a, to, h):
+        return self._call("all_to_all_single", out, t, a)
+
+    def all_to_all_v_single(self, out, t, outs, ins, a, to, h):
+        return self._call("all_to_all_v_single", out, t, outs, ins, a)
+
+    def all_to_all(self, outs, ins, a, to, h):
+        return self._call("all_to_all", outs, ins, a)
+
+    def barrier(self, a, to, h):
+        return self._call("barrier", a)
+
+    def scatter(self, out, ins, root, a, to, h):
+        return self._call("scatter", out, ins, root, a)
+
+    def gather(self, outs, t, root, a, to, h):
+        return self._call("gather", outs, t, root, a)
+
+    def gather_single(self, out, t, root, a, to, h):
+        return self._call("gather_single", out, t, root, a)
+
+    def batch(self, ops, a, to, h):
+        raise UnsupportedError(f"[{self._name}] Python backends take no batched p2p")
+
+    def split(self, ranks, name, to, h):
+        raise UnsupportedError(f"[{self._name}] split is not available on Python backends")
+
+    def new_window(self):
+        raise UnsupportedError(f"[{self._name}] backend '{self._backend}' has no windows")
+
+    def select_transport(self, transport, require_nvlink):
+        raise UnsupportedError(
+            f"[{self._name}] the Ulysses layer needs a built-in backend's communicator; "
+            "pass a torch.distributed ProcessGroup instead"
+        )
