@@ -3,7 +3,7 @@
 #   formatting check, the plan fuzzer (clang + libFuzzer, a bounded run), ctest (plan replay,
 #   validation messages, core, gloo, ...; GPU tests say SKIPPED without GPUs), then pytest (the
 #   Python package over gloo against torch.distributed).
-# FUZZ_SECONDS (default 20) bounds the fuzzer; FASTCOMMS_SEED replays a random test run.
+# FUZZ_SECONDS (default 20) and FUZZ_CALLS_SECONDS (default 10) bound the fuzzers; FASTCOMMS_SEED replays a random test run.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
@@ -14,22 +14,27 @@ bash scripts/lint.sh --check
 
 bash scripts/build.sh
 
-step "fuzz: plan (${FUZZ_SECONDS:-20} s)"
+step "fuzz: plan (${FUZZ_SECONDS:-20} s), calls (${FUZZ_CALLS_SECONDS:-10} s)"
 fuzz_build="$FASTCOMMS_BUILD-fuzz"
 if [ ! -f "$fuzz_build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DFASTCOMMS_CUDA=OFF \
     -DFASTCOMMS_FUZZ=ON -DFASTCOMMS_TOOLS=OFF -DFASTCOMMS_TESTS=ON >/dev/null
 fi
-cmake --build "$fuzz_build" --target fuzz_plan -j "$JOBS" >/dev/null
+cmake --build "$fuzz_build" --target fuzz_plan fuzz_calls -j "$JOBS" >/dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-if ! (cd "$work" && "$fuzz_build/tests/fuzz/fuzz_plan" -max_total_time="${FUZZ_SECONDS:-20}" \
-      -print_final_stats=1 . >fuzz.log 2>&1); then
-  tail -n 40 "$work/fuzz.log"
-  echo "fuzz: fuzz_plan failed; the crashing input is printed above" >&2
-  exit 1
-fi
-grep -E "^Done|stat::number_of_executed_units" "$work/fuzz.log"
+for target in fuzz_plan fuzz_calls; do
+  seconds=${FUZZ_SECONDS:-20}
+  [ "$target" = fuzz_calls ] && seconds=${FUZZ_CALLS_SECONDS:-10}
+  mkdir -p "$work/$target"
+  if ! (cd "$work/$target" && "$fuzz_build/tests/fuzz/$target" -max_total_time="$seconds" \
+        -print_final_stats=1 . >fuzz.log 2>&1); then
+    tail -n 40 "$work/$target/fuzz.log"
+    echo "fuzz: $target failed; the crashing input is printed above" >&2
+    exit 1
+  fi
+  echo "$target: $(grep -E "^Done" "$work/$target/fuzz.log")"
+done
 
 step "plan replay summary"
 "$FASTCOMMS_BUILD/tests/host/test_plan" --gtest_filter='PlanReplay.RandomGeometries*' \

@@ -1,0 +1,59 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// libFuzzer target over what ranks receive from each other before they trust it: a call
+// fingerprint (32 bytes from every peer, NOTE [call fingerprint]), turned into words for a
+// mismatch message, and the "host|device" entries the transport choice parses
+// (nvlink_decision), with an NVML answer drawn from the same bytes. Any input must end in a
+// result or a fastcomms::Error, never a crash or undefined behaviour (ASan and UBSan are on).
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fastcomms/core/backend.hpp"
+#include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/transport.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace fastcomms;
+  if (size >= sizeof(CallFingerprint)) {
+    CallFingerprint a, b;
+    std::memcpy(&a, data, sizeof a);
+    std::memcpy(&b, data + size - sizeof b, sizeof b);
+    const std::string s = describe(a);
+    if (s.empty()) __builtin_trap();
+    (void)(a == b);
+  }
+  // The rest as newline-separated entries; the first byte steers the probe's answer.
+  const uint8_t mode = size > 0 ? data[0] : 0;
+  std::vector<std::string> who;
+  std::string cur;
+  for (size_t i = 1; i < size && who.size() < 64; ++i) {
+    if (data[i] == '\n') {
+      who.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(static_cast<char>(data[i]));
+    }
+  }
+  if (!cur.empty()) who.push_back(cur);
+  const NvlinkProbe probe = [&](const std::vector<int>& devices) {
+    std::pair<std::optional<NvlinkMatrix>, std::string> r{std::nullopt, "fuzzed: unknown"};
+    if (mode & 1) {
+      NvlinkMatrix m;
+      for (size_t i = 0; i < devices.size(); ++i)
+        for (size_t j = 0; j < devices.size(); ++j)
+          if (i != j) m[{devices[i], devices[j]}] = ((mode >> ((i + j) % 7)) & 1) != 0;
+      r.first = std::move(m);
+    }
+    return r;
+  };
+  try {
+    const auto [ok, why] = nvlink_decision(who, probe);
+    if (why.empty()) __builtin_trap();  // every answer says why
+    (void)ok;
+  } catch (const Error&) {
+    // a malformed entry is refused with a message: fine
+  }
+  return 0;
+}
