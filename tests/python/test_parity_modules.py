@@ -1,6 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""fastcomms.objcol: the object collectives on gloo, worlds of 2 and 3 processes, against the
-objects each rank can compute for every rank."""
+"""torchcomms' modules on gloo: fastcomms.objcol (the object collectives, worlds of 2 and 3,
+against the objects each rank can compute for every rank) and fastcomms.hooks (the flight
+recorder's ring and the NaN check)."""
 
 import pickle
 
@@ -58,3 +59,37 @@ def objects(comm, rank, size):
 @pytest.mark.parametrize("size", [2, 3])
 def test_object_collectives(world, size):
     world(objects, size)
+
+
+def hooks_module(comm, rank, size):
+    import json
+
+    from fastcomms import ReduceOp
+    from fastcomms.hooks import FlightRecorderHook, NanCheckHook
+
+    fr = FlightRecorderHook(max_entries=4)
+    fr.register_with_comm(comm)
+    assert fr.is_enabled()
+    for i in range(6):
+        comm.all_reduce(torch.ones(3 + i), ReduceOp.SUM, False)
+    comm.barrier(True).wait()
+    entries = json.loads(fr.dump_json())["entries"]
+    assert fr.size() == 4 and len(entries) == 4  # the ring keeps the last max_entries
+    assert [e["op"] for e in entries] == ["all_reduce"] * 3 + ["barrier"]
+    assert entries[-2]["tensors"] == [{"arg": "tensor", "shape": [8], "dtype": "float32"}]
+    assert all(e["state"] == "issued" and e["rank"] == rank for e in entries)
+    fr.unregister()
+    nan = NanCheckHook()
+    nan.register_with_comm(comm)
+    bad = torch.ones(4)
+    bad[2] = float("nan")
+    with pytest.raises(RuntimeError, match="NaN in tensor"):
+        comm.all_reduce(bad, ReduceOp.SUM, False)  # raised on every rank before anything moved
+    ok = torch.ones(4)
+    comm.all_reduce(ok, ReduceOp.SUM, False)
+    assert torch.equal(ok, torch.full((4,), float(size)))
+    nan.unregister()
+
+
+def test_flight_recorder_and_nan_check(world):
+    world(hooks_module, 2)

@@ -1,0 +1,165 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Hooks to register on a communicator, as torchcomms' ``torchcomms.hooks`` names them:
+
+- ``FlightRecorderHook``: a ring of the last ``max_entries`` operations (op id, communicator,
+  rank, operation, tensor shapes and dtypes, state, times), dumped as JSON on demand and to a
+  file when the communicator aborts (``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's prefix).
+- ``NanCheckHook``: raises ``RuntimeError`` before an operation whose input holds a NaN.
+
+Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_*_hook``)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["FlightRecorderHook", "NanCheckHook"]
+
+
+def _tensors(args: Any) -> list[tuple[str, Any]]:
+    """(label, tensor) pairs of a pre-hook argument object: its tensor, input and output."""
+    out = []
+    for label in ("tensor", "input", "output"):
+        v = getattr(args, label, None) if label in getattr(args, "_fields", ()) else None
+        if isinstance(v, torch.Tensor):
+            out.append((label, v))
+        elif isinstance(v, (list, tuple)):
+            out.extend((f"{label}[{i}]", t) for i, t in enumerate(v) if isinstance(t, torch.Tensor))
+    return out
+
+
+class FlightRecorderHook:
+    """Records the last ``max_entries`` operations of the communicators it is registered with.
+    ``isolated=True`` keeps one ring per communicator (``dump_json`` then lists them all).
+    Thread-safe."""
+
+    def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
+        if max_entries <= 0:
+            raise ValueError(f"FlightRecorderHook: max_entries must be positive, got {max_entries}")
+        self._max, self._isolated = int(max_entries), bool(isolated)
+        self._rings: dict[str, collections.deque] = {}
+        self._open: dict[tuple[str, int], dict] = {}
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self._ranks: dict[str, int] = {}
+
+    def _ring(self, comm_name: str) -> collections.deque:
+        key = comm_name if self._isolated else ""
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = collections.deque(maxlen=self._max)
+        return ring
+
+    def register_with_comm(self, comm: Any) -> None:
+        """Starts recording ``comm``'s operations."""
+        name, rank = comm.get_name(), comm.get_rank()
+        self._ranks[name] = rank
+
+        def pre(op, op_id, args):
+            entry = {
+                "op_id": op_id,
+                "comm": name,
+                "rank": rank,
+                "op": getattr(op, "value", str(op)),
+                "tensors": [
+                    {"arg": label, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
+                    for label, t in _tensors(args)
+                ],
+                "async_op": bool(getattr(args, "async_op", False)),
+                "state": "started",
+                "time_started_ns": time.time_ns(),
+                "time_issued_ns": None,
+            }
+            with self._lock:
+                self._ring(name).append(entry)
+                self._open[(name, op_id)] = entry
+
+        def post(op_id, args):
+            with self._lock:
+                entry = self._open.pop((name, op_id), None)
+                if entry is not None:
+                    entry["state"] = "issued"  # sync ops are complete here, async ones enqueued
+                    entry["time_issued_ns"] = time.time_ns()
+
+        def on_abort():
+            self.dump_file(rank)
+
+        self._handles += [
+            comm.register_pre_hook(pre),
+            comm.register_post_hook(post),
+            comm.register_abort_hook(on_abort),
+        ]
+
+    def unregister(self) -> None:
+        """Stops recording (the entries stay until ``reset``)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _entries(self, include_completed: bool) -> list[dict]:
+        with self._lock:
+            entries = [dict(e) for ring in self._rings.values() for e in ring]
+        if not include_completed:
+            entries = [e for e in entries if e["state"] != "issued" or e["async_op"]]
+        return sorted(entries, key=lambda e: e["time_started_ns"])
+
+    def dump_json(self, include_completed: bool = True) -> str:
+        """The recorded operations as JSON: ``{"version": 1, "entries": [...]}``; without
+        ``include_completed``, only operations not known to be finished (started, or async)."""
+        return json.dumps({"version": 1, "entries": self._entries(include_completed)})
+
+    def dump_file(self, rank: int, include_completed: bool = True) -> str:
+        """Writes ``dump_json`` to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<rank>`` (default prefix
+        ``/tmp/torchcomm_fr_trace_``) and returns the path."""
+        prefix = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE", "/tmp/torchcomm_fr_trace_")
+        path = f"{prefix}{rank}"
+        with open(path, "w") as f:
+            f.write(self.dump_json(include_completed))
+        return path
+
+    def reset(self) -> None:
+        with self._lock:
+            self._rings.clear()
+            self._open.clear()
+
+    def is_enabled(self) -> bool:
+        return bool(self._handles)
+
+    def size(self) -> int:
+        with self._lock:
+            return sum(len(r) for r in self._rings.values())
+
+
+class NanCheckHook:
+    """Raises ``RuntimeError`` naming the communicator, operation and argument before an
+    operation whose input (or in-place tensor) holds a NaN. Costs one reduction per floating
+    input."""
+
+    def __init__(self) -> None:
+        self._handles: list[Any] = []
+
+    def register_with_comm(self, comm: Any) -> None:
+        name = comm.get_name()
+
+        def pre(op, op_id, args):
+            for label, t in _tensors(args):
+                if label.startswith("output") and not label.startswith("output_"):
+                    continue  # outputs are written by the op, not read
+                if t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()):
+                    raise RuntimeError(
+                        f"[{name} {getattr(op, 'value', op)}] NaN in {label} "
+                        f"({tuple(t.shape)} {str(t.dtype).split('.')[-1]}) before the operation"
+                    )
+
+        self._handles.append(comm.register_pre_hook(pre))
+
+    def unregister(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
