@@ -29,7 +29,7 @@ def _tensors(args: Any) -> list[tuple[str, Any]]:
         v = getattr(args, label, None) if label in getattr(args, "_fields", ()) else None
         if isinstance(v, torch.Tensor):
             out.append((label, v))
-        elif isinstance(v, (list, tuple)):
+        elif isinstance(v, list | tuple):
             out.extend((f"{label}[{i}]", t) for i, t in enumerate(v) if isinstance(t, torch.Tensor))
     return out
 
