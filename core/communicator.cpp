@@ -39,7 +39,7 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // before that incarnation's rendezvous completes (which every rank needs before it can start
   // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
   // An unknown backend fails with the factory's message before the store is touched.
-  if (!backend_known(backend_name)) create_backend(backend_name, init);
+  require_backend_known(backend_name);
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
   init.options.store =

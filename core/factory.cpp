@@ -52,10 +52,17 @@ bool is_backend_registered(const std::string& name) {
   return r.creators.count(name) > 0;
 }
 
-bool backend_known(const std::string& name) {
-  if (is_backend_registered(name)) return true;
-  const char* path = std::getenv(env_name(name).c_str());
-  return path != nullptr && *path != '\0';
+void require_backend_known(const std::string& name) {
+  if (is_backend_registered(name)) return;
+  const std::string var = env_name(name);
+  const char* path = std::getenv(var.c_str());
+  if (path != nullptr && *path != '\0') return;
+  std::string known;
+  for (const auto& n : registered_backends()) known += (known.empty() ? "" : ", ") + n;
+  throw Error(ErrorCode::kInvalidArgument,
+              detail::cat("backend '", name,
+                          "' is not built in (built in: ", known.empty() ? "none" : known, ") and ",
+                          var, " is not set to a backend library"));
 }
 
 std::vector<std::string> registered_backends() {
@@ -76,16 +83,9 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendIn
   }
   if (creator) return creator(init);
 
+  require_backend_known(name);
   const std::string var = env_name(name);
   const char* path = std::getenv(var.c_str());
-  if (path == nullptr || *path == '\0') {
-    std::string known;
-    for (const auto& n : registered_backends()) known += (known.empty() ? "" : ", ") + n;
-    throw Error(ErrorCode::kInvalidArgument,
-                detail::cat("backend '", name,
-                            "' is not built in (built in: ", known.empty() ? "none" : known,
-                            ") and ", var, " is not set to a backend library"));
-  }
   check_trusted_library(path, var);  // before dlopen: loading runs the library's code
   void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {

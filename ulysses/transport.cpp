@@ -120,9 +120,10 @@ std::array<int64_t, 4> UlyssesTransport::output_shape(const TensorView& x,
 
 int64_t UlyssesTransport::max_out_bytes(const std::array<int64_t, 4>& shape, int64_t element_size,
                                         const UlyssesArgs& args) const {
-  return plan::make_ulysses_plan(ulysses_request(shape, element_size, args, rank_, size_, name_,
-                                                 plan::Path::kCollective))
-      .max_out_bytes;
+  // Cached: the lent ring asks on every async call.
+  return plans_
+      .get(ulysses_request(shape, element_size, args, rank_, size_, name_, plan::Path::kCollective))
+      ->max_out_bytes;
 }
 
 void UlyssesTransport::check_input(const TensorView&) const {}

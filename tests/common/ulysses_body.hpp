@@ -15,32 +15,24 @@
 #include <vector>
 
 #include "fastcomms/plan/reference.hpp"
+#include "fastcomms/plan/simulate.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 
 namespace fastcomms::test {
 
-/// One random call of a world, with every rank's input and the reference outputs.
+/// One random call of a world (its geometry as plan/'s WorldSpec), with every rank's input and
+/// the reference outputs.
 struct UlyssesCase {
-  int mode = 0;
+  plan::WorldSpec spec;
   DType dt = DType::kUInt8;
-  int64_t b = 1, d = 1;
-  std::vector<int64_t> seq, heads;
-  bool pass_splits = false;
   plan::RankBuffers inputs, want;
-  std::array<int64_t, 4> in_shape(int r) const {
-    int64_t S = 0, N = 0;
-    for (auto v : seq) S += v;
-    for (auto v : heads) N += v;
-    return mode == 0 ? std::array<int64_t, 4>{b, seq[r], N, d}
-                     : std::array<int64_t, 4>{b, S, heads[r], d};
-  }
   UlyssesArgs args(bool async_op) const {
     UlyssesArgs a;
-    a.mode = mode;
+    a.mode = spec.mode;
     a.async_op = async_op;
-    if (pass_splits) {
-      a.seq_splits = seq;
-      a.head_splits = heads;
+    if (spec.pass_splits) {
+      a.seq_splits = spec.seq_splits;
+      a.head_splits = spec.head_splits;
     }
     return a;
   }
@@ -57,32 +49,35 @@ inline std::vector<UlyssesCase> random_cases(int P, int count, std::mt19937_64& 
   std::vector<UlyssesCase> out;
   while (static_cast<int>(out.size()) < count) {
     UlyssesCase c;
-    c.mode = static_cast<int>(pick(0, 1));
+    plan::WorldSpec& w = c.spec;
+    w.world_size = P;
+    w.mode = static_cast<int>(pick(0, 1));
     c.dt = types[pick(0, 5)];
-    const auto e = static_cast<int64_t>(dtype_size(c.dt));
-    c.b = pick(1, 3);
-    c.d = align16 ? (16 / e) * pick(1, 4) : pick(1, 9);
-    c.pass_splits = pick(0, 2) != 0;
+    w.element_size = static_cast<int64_t>(dtype_size(c.dt));
+    w.b = pick(1, 3);
+    w.d = align16 ? (16 / w.element_size) * pick(1, 4) : pick(1, 9);
+    w.pass_splits = pick(0, 2) != 0;
     for (int r = 0; r < P; ++r) {
-      c.seq.push_back(c.pass_splits ? pick(0, 6) : 0);
-      c.heads.push_back(c.pass_splits ? pick(0, 4) : 0);
+      w.seq_splits.push_back(w.pass_splits ? pick(0, 6) : 0);
+      w.head_splits.push_back(w.pass_splits ? pick(0, 4) : 0);
     }
-    if (!c.pass_splits) {
-      c.seq.assign(P, pick(1, 6));
-      c.heads.assign(P, pick(1, 4));
+    if (!w.pass_splits) {
+      w.seq_splits.assign(P, pick(1, 6));
+      w.head_splits.assign(P, pick(1, 4));
     }
-    c.seq[pick(0, P - 1)] += 1;
-    c.heads[pick(0, P - 1)] += 1;
-    if (!c.pass_splits) {  // even shards must stay even
-      c.seq.assign(P, c.seq[0] + 1);
-      c.heads.assign(P, c.heads[0] + 1);
+    w.seq_splits[pick(0, P - 1)] += 1;
+    w.head_splits[pick(0, P - 1)] += 1;
+    if (!w.pass_splits) {  // even shards must stay even
+      w.seq_splits.assign(P, w.seq_splits[0] + 1);
+      w.head_splits.assign(P, w.head_splits[0] + 1);
     }
     for (int r = 0; r < P; ++r) {
-      const auto s = c.in_shape(r);
-      c.inputs.emplace_back(static_cast<size_t>(s[0] * s[1] * s[2] * s[3] * e));
+      const auto s = w.input_shape(r);
+      c.inputs.emplace_back(static_cast<size_t>(s[0] * s[1] * s[2] * s[3] * w.element_size));
       for (auto& byte : c.inputs.back()) byte = static_cast<std::byte>(rng());
     }
-    c.want = plan::reference_all_to_all_4d(c.mode, c.b, c.d, e, c.seq, c.heads, c.inputs);
+    c.want = plan::reference_all_to_all_4d(w.mode, w.b, w.d, w.element_size, w.seq_splits,
+                                           w.head_splits, c.inputs);
     out.push_back(std::move(c));
   }
   return out;
@@ -118,7 +113,7 @@ inline int run_ulysses_body(UlyssesTransport& t, const std::vector<UlyssesCase>&
   int failed = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const UlyssesCase& c = cases[i];
-    const auto s = c.in_shape(rank);
+    const auto s = c.spec.input_shape(rank);
     const std::vector<std::byte>& in = c.inputs[rank];
     void* xb = mem.alloc(std::max<size_t>(in.size(), 1));
     mem.upload(xb, in.data(), in.size());
@@ -139,7 +134,7 @@ inline int run_ulysses_body(UlyssesTransport& t, const std::vector<UlyssesCase>&
       if (got != c.want[rank] || back != in) {
         ++failed;
         std::printf("%s: rank %d case %zu (mode %d, %s, poison 0x%X): %s\n", name.c_str(), rank, i,
-                    c.mode, std::string(dtype_name(c.dt)).c_str(), poison,
+                    c.spec.mode, std::string(dtype_name(c.dt)).c_str(), poison,
                     got != c.want[rank] ? "output differs from the reference" : "input modified");
       }
     }

@@ -66,7 +66,7 @@ def spawn(target, size, *args, timeout=180):
         pytest.fail(f"exit codes {codes}\n{msg}")
 
 
-def _worker(rank, world, path, errq, module, fn_name):
+def _worker(rank, world, path, errq, module, fn_name, comm_kwargs):
     _hang_guard()
     import fastcomms
     import torch.distributed as dist
@@ -77,8 +77,7 @@ def _worker(rank, world, path, errq, module, fn_name):
             "gloo",
             "cpu",
             store=dist.PrefixStore("fc", store),
-            name="t",
-            timeout=datetime.timedelta(seconds=60),
+            **{"name": "t", "timeout": datetime.timedelta(seconds=60), **comm_kwargs},
         )
         mod = __import__(module)
         getattr(mod, fn_name)(comm, rank, world)
@@ -91,10 +90,11 @@ def _worker(rank, world, path, errq, module, fn_name):
 
 @pytest.fixture
 def world():
-    """world(fn, size): runs fn(comm, rank, size) on `size` processes, each with a fastcomms gloo
-    communicator and a torch.distributed gloo group; fails with every rank's traceback."""
+    """world(fn, size, **new_comm_kwargs): runs fn(comm, rank, size) on `size` processes, each
+    with a fastcomms gloo communicator (new_comm_kwargs added to its arguments) and a
+    torch.distributed gloo group; fails with every rank's traceback."""
 
-    def run(fn, size):
-        spawn(_worker, size, fn.__module__, fn.__name__)
+    def run(fn, size, **comm_kwargs):
+        spawn(_worker, size, fn.__module__, fn.__name__, comm_kwargs)
 
     return run

@@ -7,6 +7,7 @@ get shapes or a clear error, never a crash."""
 import gc
 import random
 import time
+import traceback
 
 import pytest
 import torch
@@ -278,63 +279,38 @@ def _mismatch_cases(rank):
     ]
 
 
-def _mismatch_worker(rank, size, path, errq, check):
-    """Mismatched collectives on a gloo communicator. check=True (the hint gloo.check_calls=1):
-    every case raises on every rank and the communicator stays in step. check=False, the armed
-    control: SUM on one rank against MAX on the other raises nothing and the data is not SUM's
-    on every rank, the failure the check exists for."""
-    import datetime as dt
-    import traceback
-
-    import fastcomms
+def mismatched_calls(comm, rank, size):
+    """Mismatched collectives on a gloo communicator. With the check (the hint
+    gloo.check_calls=1): every case raises on every rank and the communicator stays in step.
+    Without it, the armed control: SUM on one rank against MAX on the other raises nothing and the
+    data is not SUM's on every rank, the failure the check exists for."""
     import torch.distributed as dist
-    from conftest import _hang_guard, init_rank
 
-    _hang_guard()
-    try:
-        store = init_rank(rank, size, path)
-        comm = fastcomms.new_comm(
-            "gloo",
-            "cpu",
-            "m",
-            store=dist.PrefixStore("fc", store),
-            timeout=dt.timedelta(30),
-            hints={"gloo.check_calls": "1" if check else "0"},
-        )
-        if check:
-            for name, fn in _mismatch_cases(rank):
-                with pytest.raises(ValueError, match="ranks issued different collectives: rank 0"):
-                    fn(comm)
-                t = torch.full((4,), float(rank + 1))  # nothing moved: still in step
-                comm.all_reduce(t, ReduceOp.SUM, False)
-                assert torch.equal(t, torch.full((4,), float(sum(range(1, size + 1))))), name
-        else:
-            t = torch.full((8,), float(rank + 1))
-            comm.all_reduce(t, ReduceOp.SUM if rank else ReduceOp.MAX, False)  # raises nothing
-            results = [torch.empty(8) for _ in range(size)]
-            dist.all_gather(results, t)
-            want = torch.full((8,), float(sum(range(1, size + 1))))
-            assert not all(torch.equal(r, want) for r in results), "the mismatch went right"
-        comm.finalize()
-        dist.destroy_process_group()
-    except BaseException:
-        errq.put((rank, traceback.format_exc()))
-        raise
+    if comm.get_options().hints.get("gloo.check_calls") == "1":
+        for name, fn in _mismatch_cases(rank):
+            with pytest.raises(ValueError, match="ranks issued different collectives: rank 0"):
+                fn(comm)
+            t = torch.full((4,), float(rank + 1))  # nothing moved: still in step
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            assert torch.equal(t, torch.full((4,), float(sum(range(1, size + 1))))), name
+    else:
+        t = torch.full((8,), float(rank + 1))
+        comm.all_reduce(t, ReduceOp.SUM if rank else ReduceOp.MAX, False)  # raises nothing
+        results = [torch.empty(8) for _ in range(size)]
+        dist.all_gather(results, t)
+        want = torch.full((8,), float(sum(range(1, size + 1))))
+        assert not all(torch.equal(r, want) for r in results), "the mismatch went right"
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_mismatched_calls_raise_on_every_rank(size):
-    from conftest import spawn
-
-    spawn(_mismatch_worker, size, True)
+def test_mismatched_calls_raise_on_every_rank(world, size):
+    world(mismatched_calls, size, hints={"gloo.check_calls": "1"})
 
 
-def test_armed_control_unchecked_mismatch_goes_unnoticed():
+def test_armed_control_unchecked_mismatch_goes_unnoticed(world):
     """Without the check the SUM/MAX mismatch raises nothing and the data is wrong: the check,
     not luck, is what the test above sees."""
-    from conftest import spawn
-
-    spawn(_mismatch_worker, 2, False)
+    world(mismatched_calls, 2, hints={"gloo.check_calls": "0"})
 
 
 def _reuse_worker(rank, size, path, errq):
@@ -362,9 +338,7 @@ def _reuse_worker(rank, size, path, errq):
             c.finalize()
         dist.destroy_process_group()
     except BaseException:
-        import traceback as tb
-
-        errq.put((rank, tb.format_exc()))
+        errq.put((rank, traceback.format_exc()))
         raise
 
 

@@ -48,9 +48,9 @@ void register_backend(const std::string& name, BackendCreator creator);
 /// True when `name` is registered statically (dlopen-able ones are not listed).
 bool is_backend_registered(const std::string& name);
 
-/// Whether create_backend(name) has something to create: registered, or a library named by
-/// FASTCOMMS_BACKEND_LIB_PATH_<NAME> (not yet checked or loaded).
-bool backend_known(const std::string& name);
+/// Throws create_backend's kInvalidArgument error unless `name` is registered or a library is
+/// named for it by FASTCOMMS_BACKEND_LIB_PATH_<NAME> (not yet checked or loaded).
+void require_backend_known(const std::string& name);
 /// The statically registered names, sorted.
 std::vector<std::string> registered_backends();
 /// Creates backend `name`: a static registration first, else the library named by

@@ -158,7 +158,7 @@ class UlyssesTransport : public std::enable_shared_from_this<UlyssesTransport> {
   std::string name_;
 
  private:
-  UlyssesPlanCache plans_;
+  mutable UlyssesPlanCache plans_;  // thread-safe; shape queries fill it too
 };
 
 using UlyssesTransportPtr = std::shared_ptr<UlyssesTransport>;
