@@ -2,6 +2,9 @@
 # Builds and runs every GPU test and the GPU benchmark on a machine with 2+ NVLink GPUs, in one
 # call (the device machine has cmake, ninja, nvcc, NCCL in python's nvidia-nccl package, no
 # registry). Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
+# Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
+# SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
+# BENCH_ULYSSES_ARGS passes it arguments), SKIP_NCCL_BENCH=1; GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -43,7 +46,7 @@ summary() {
   }
   bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log cli.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
-  bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log
+  bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
 trap summary EXIT
 
@@ -79,7 +82,7 @@ start=$(date +%s)
 if cmake -S . -B "$BUILD" -G Ninja -DFASTCOMMS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DCMAKE_CXX_COMPILER="$SYS_CXX" -DCMAKE_CUDA_HOST_COMPILER="$SYS_CXX" \
      -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$(nproc)" --clean-first --target test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops \
+   cmake --build "$BUILD" -j "$(nproc)" --target test_nvlink_ulysses test_nccl_backend bench_a2a bench_nccl_ops \
      >"$LOGS/build.log" 2>&1; then
   result[build]="ok ($(( $(date +%s) - start )) s)"
 else
@@ -115,32 +118,38 @@ if [ "${SKIP_TEST:-0}" != 1 ] && enough; then
   esac
 fi
 
-if [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
+# The Python extension against the machine's torch (the Python tests, the CLI and bench_ulysses).
+if [ "${SKIP_PYTEST:-0}" != 1 ] || [ "${SKIP_BENCH:-0}" != 1 ]; then
   t0=$SECONDS
-  # The Python extension against the machine's torch, then the GPU tier of the Python tests.
   if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
        >"$LOGS/configure-python.log" 2>&1 &&
      cmake --build "$BUILD" -j "$(nproc)" --target _C >"$LOGS/build-python.log" 2>&1; then
-    # -s: the ranks' own output (faulthandler's native-crash stacks included) lands in the log.
-    # Each file on its own, so one that hangs cannot hide the others (a stuck rank dumps its
-    # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
-    rc=0
-    : >"$LOGS/pytest_gpu.log"
-    for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
-      enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
-      PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
-        "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
-    done
-    tail -40 "$LOGS/pytest_gpu.log"
-    result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$LOGS/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
-                         echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
+    result[build]="${result[build]}; extension ok ($((SECONDS - t0)) s)"
   else
-    result[pytest_gpu]="FAILED to build the extension (build-python.log)"
+    result[build]="${result[build]}; extension FAILED (build-python.log)"
     tail -20 "$LOGS/configure-python.log" "$LOGS/build-python.log"
   fi
 fi
+have_ext() { compgen -G "$BUILD/python/fastcomms/_C*.so" >/dev/null; }
 
-if [ "${SKIP_PYTEST:-0}" != 1 ] && compgen -G "$BUILD/python/fastcomms/_C*.so" >/dev/null && enough; then
+if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
+  t0=$SECONDS
+  # -s: the ranks' own output (faulthandler's native-crash stacks included) lands in the log.
+  # Each file on its own, so one that hangs cannot hide the others (a stuck rank dumps its
+  # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
+  rc=0
+  : >"$LOGS/pytest_gpu.log"
+  for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
+    enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
+      "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
+  done
+  tail -40 "$LOGS/pytest_gpu.log"
+  result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$LOGS/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
+                       echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
+fi
+
+if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
   # The CLI on the GPUs: doctor, then bench over each GPU transport (checked bit for bit).
   (
@@ -155,7 +164,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && compgen -G "$BUILD/python/fastcomms/_C*.so" >
   result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor; bench --backend nvlink and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_BENCH:-0}" != 1 ] && enough; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_A2A:-0}" != 1 ] && enough; then
   t0=$SECONDS
   timeout "$(cap 300)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
     tee "$LOGS/bench_a2a.log"
@@ -163,11 +172,16 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && enough; then
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_PYTEST:-0}" != 1 ] && enough; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_ULYSSES_BENCH:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
-  # The Python-level modes (padding, overlap under a GEMM chain, zero-SM) through UlyssesGroup.
-  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 200)" python3 tools/gpu/exclusive.py -- \
-    python3 tools/gpu/bench_ulysses.py 2>&1 | tee "$LOGS/bench_ulysses.log"
+  # The anchor (fast-ulysses) beside us where its sdist was carried in .anchor/.
+  anchor=$(timeout "$(cap 240)" tools/gpu/build_anchor.sh 2>"$LOGS/build_anchor.log") || anchor=""
+  result[build]="${result[build]}; anchor $([ -n "$anchor" ] && echo "built ($((SECONDS - t0)) s)" || echo "not built (build_anchor.log)")"
+  t0=$SECONDS
+  # The Python-level table against BASE and the anchor, padding, overlap under GEMM chains.
+  PYTHONPATH="$BUILD_ABS/python:$PWD/python${anchor:+:$anchor}" timeout "$(cap 300)" \
+    python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_ulysses.py ${BENCH_ULYSSES_ARGS:-} 2>&1 |
+    tee "$LOGS/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi

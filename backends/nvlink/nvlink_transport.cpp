@@ -9,7 +9,7 @@
 
 namespace fastcomms {
 
-NvlinkTransport::NvlinkTransport(const TransportInit& init, bool owned)
+NvlinkTransport::NvlinkTransport(const TransportInit& init, bool owned, const NvlinkTuning& tuning)
     : UlyssesTransport(init.rank, init.size, init.name), init_(init), owned_(owned) {
   FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0, kInvalidArgument,
                   prefix(), "the NVLink transport serves a CUDA device, got ", init.device.str());
@@ -22,6 +22,7 @@ NvlinkTransport::NvlinkTransport(const TransportInit& init, bool owned)
   o.store = init.store;
   o.name = init.name;
   o.timeout = init.timeout;
+  o.tuning = tuning;
   engine_ = std::make_shared<NvlinkUlysses>(std::move(o));
 }
 
@@ -41,8 +42,7 @@ WorkPtr NvlinkTransport::run(const TensorView& x, const TensorView& out, const U
                              const plan::UlyssesRequest& req,
                              const std::shared_ptr<const plan::UlyssesPlan>& plan, void* stream) {
   NvlinkUlysses& e = engine();
-  e.run(x, out, req, *plan, static_cast<cudaStream_t>(stream),
-        engine_override_.value_or(e.tuning().engine));
+  e.run(x, out, req, *plan, static_cast<cudaStream_t>(stream), e.tuning().engine);
   return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
 }
 
@@ -60,8 +60,7 @@ std::shared_ptr<UlyssesTransport> NvlinkTransport::async_lane() {
     TransportInit init = init_;
     init.name = init_.name + "/async";
     init.store = std::make_shared<PrefixStore>("async", init_.store);
-    async_ = std::make_shared<NvlinkTransport>(init, true);
-    async_->engine_override_ = engine_override_;
+    async_ = std::make_shared<NvlinkTransport>(init, true, engine().tuning());
   }
   return async_;
 }
@@ -94,15 +93,11 @@ void NvlinkTransport::destroy() {
 }
 
 void NvlinkTransport::tune(const std::string& knob, const std::string& value) {
-  FASTCOMMS_CHECK(knob == "engine", kInvalidArgument, prefix(),
-                  "the nvlink transport has no knob '", knob, "' (it has: engine)");
-  FASTCOMMS_CHECK(value == "auto" || value == "ce" || value == "sm" || value == "hybrid",
-                  kInvalidArgument, prefix(), "engine must be auto, ce, sm or hybrid, got '", value,
-                  "'");
-  engine_override_ = value == "ce"       ? TransferEngine::kCopyEngine
-                     : value == "sm"     ? TransferEngine::kSM
-                     : value == "hybrid" ? TransferEngine::kHybrid
-                                         : TransferEngine::kAuto;
+  try {
+    engine().tune(knob, value);
+  } catch (const Error& e) {
+    throw Error(e.code(), prefix() + e.what());
+  }
   std::shared_ptr<NvlinkTransport> a;
   {
     std::lock_guard<std::mutex> lock(mu_);

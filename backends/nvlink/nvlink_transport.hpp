@@ -7,7 +7,6 @@
 
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "backends/nvlink/nvlink_ulysses.hpp"
@@ -18,7 +17,8 @@ namespace fastcomms {
 class NvlinkTransport final : public UlyssesTransport {
  public:
   /// Collective over init.store: sets up the engine's pads and buffers.
-  NvlinkTransport(const TransportInit& init, bool owned);
+  NvlinkTransport(const TransportInit& init, bool owned,
+                  const NvlinkTuning& tuning = NvlinkTuning::from_env());
   std::string kind() const override { return "nvlink"; }
   std::shared_ptr<void> empty_output(int64_t bytes) override;
   std::shared_ptr<UlyssesTransport> async_lane() override;
@@ -42,7 +42,6 @@ class NvlinkTransport final : public UlyssesTransport {
   std::shared_ptr<NvlinkUlysses> engine_;
   std::mutex mu_;
   std::shared_ptr<NvlinkTransport> async_;
-  std::optional<TransferEngine> engine_override_;
 };
 
 }  // namespace fastcomms

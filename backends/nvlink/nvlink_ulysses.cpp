@@ -16,44 +16,96 @@ constexpr int kSlotEntry = 0, kSlotExit = 1;
 }  // namespace
 
 namespace {
-// A whole-string integer from the environment variable `name`, or `fallback` when unset.
-int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == 0) return fallback;
+// A whole-string integer in [lo, hi] for knob `name`.
+int64_t parse_int(const std::string& name, const std::string& value, int64_t lo, int64_t hi) {
   char* end = nullptr;
-  const long long v = std::strtoll(e, &end, 10);
-  FASTCOMMS_CHECK(end != nullptr && *end == 0 && v >= lo && v <= hi, kInvalidArgument, name,
-                  " must be an integer in [", lo, ", ", hi, "], got '", e, "'");
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  FASTCOMMS_CHECK(!value.empty() && end != nullptr && *end == 0 && v >= lo && v <= hi,
+                  kInvalidArgument, "nvlink tuning: ", name, " must be an integer in [", lo, ", ",
+                  hi, "], got '", value, "'");
   return v;
 }
+constexpr int64_t kMaxBytes = std::numeric_limits<int64_t>::max();
+// Every knob and its environment variable (README's run-time settings).
+const std::pair<const char*, const char*> kKnobs[] = {
+    {"engine", "FASTCOMMS_ENGINE"},
+    {"ce_crossover", "FASTCOMMS_CE_CROSSOVER"},
+    {"hybrid_ce_percent", "FASTCOMMS_HYBRID_CE_PERCENT"},
+    {"ce_streams", "FASTCOMMS_CE_STREAMS"},
+    {"ce_own", "FASTCOMMS_CE_OWN"},
+    {"flagged_max_bytes", "FASTCOMMS_FLAGGED_MAX_BYTES"},
+    {"fused_max_bytes", "FASTCOMMS_FUSED_MAX_BYTES"},
+    {"fused_blocks", "FASTCOMMS_FUSED_BLOCKS"},
+};
 }  // namespace
+
+const std::vector<std::string>& NvlinkTuning::knobs() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [knob, env] : kKnobs) v.emplace_back(knob);
+    return v;
+  }();
+  return names;
+}
+
+void NvlinkTuning::set(const std::string& name, const std::string& value) {
+  if (name == "engine") {
+    FASTCOMMS_CHECK(value == "auto" || value == "ce" || value == "sm" || value == "hybrid",
+                    kInvalidArgument, "nvlink tuning: engine must be auto, ce, sm or hybrid, got '",
+                    value, "'");
+    engine = value == "ce"       ? TransferEngine::kCopyEngine
+             : value == "sm"     ? TransferEngine::kSM
+             : value == "hybrid" ? TransferEngine::kHybrid
+                                 : TransferEngine::kAuto;
+  } else if (name == "ce_crossover") {
+    ce_crossover = parse_int(name, value, 0, kMaxBytes);
+  } else if (name == "hybrid_ce_percent") {
+    hybrid_ce_percent = static_cast<int>(parse_int(name, value, 0, 100));
+  } else if (name == "ce_streams") {
+    ce_streams = static_cast<int>(parse_int(name, value, 1, 64));
+  } else if (name == "ce_own") {
+    FASTCOMMS_CHECK(value == "ce" || value == "sm", kInvalidArgument,
+                    "nvlink tuning: ce_own must be ce or sm, got '", value, "'");
+    own_share_sm = value == "sm";
+  } else if (name == "flagged_max_bytes") {
+    flagged_max_bytes = parse_int(name, value, 0, int64_t{1} << 30) / 8 * 8;
+  } else if (name == "fused_max_bytes") {
+    fused_max_bytes = parse_int(name, value, 0, kMaxBytes);
+  } else if (name == "fused_blocks") {
+    fused_blocks = static_cast<int>(parse_int(name, value, 0, 1 << 20));
+  } else {
+    std::string all;
+    for (const auto& k : knobs()) all += (all.empty() ? "" : ", ") + k;
+    throw Error(ErrorCode::kInvalidArgument,
+                detail::cat("nvlink tuning: no knob '", name, "' (there are: ", all, ")"));
+  }
+}
 
 const NvlinkTuning& NvlinkTuning::from_env() {
   static const NvlinkTuning t = [] {
     NvlinkTuning v;
-    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-    if (const char* e = std::getenv("FASTCOMMS_ENGINE"); e != nullptr && *e != 0) {
-      const std::string s = e;
-      FASTCOMMS_CHECK(s == "auto" || s == "ce" || s == "sm" || s == "hybrid", kInvalidArgument,
-                      "FASTCOMMS_ENGINE must be auto, ce, sm or hybrid, got '", s, "'");
-      v.engine = s == "ce"       ? TransferEngine::kCopyEngine
-                 : s == "sm"     ? TransferEngine::kSM
-                 : s == "hybrid" ? TransferEngine::kHybrid
-                                 : TransferEngine::kAuto;
+    for (const auto& [knob, env] : kKnobs) {
+      const char* e = std::getenv(env);
+      if (e == nullptr || *e == 0) continue;
+      try {
+        v.set(knob, e);
+      } catch (const Error& err) {
+        throw Error(err.code(), detail::cat(env, ": ", err.what()));
+      }
     }
-    v.ce_crossover = env_int("FASTCOMMS_CE_CROSSOVER", v.ce_crossover, 0, kMax);
-    v.hybrid_ce_percent =
-        static_cast<int>(env_int("FASTCOMMS_HYBRID_CE_PERCENT", v.hybrid_ce_percent, 0, 100));
-    v.ce_streams = static_cast<int>(env_int("FASTCOMMS_CE_STREAMS", v.ce_streams, 1, 64));
-    v.flagged_max_bytes =
-        env_int("FASTCOMMS_FLAGGED_MAX_BYTES", v.flagged_max_bytes, 0, int64_t{1} << 30) / 8 * 8;
-    v.fused_max_bytes = env_int("FASTCOMMS_FUSED_MAX_BYTES", v.fused_max_bytes, 0, kMax);
-    v.fused_blocks =
-        static_cast<int>(env_int("FASTCOMMS_FUSED_BLOCKS", v.fused_blocks, 0, 1 << 20));
     return v;
   }();
   return t;
 }
+
+void NvlinkUlysses::tune(const std::string& knob, const std::string& value) {
+  NvlinkTuning t = opt_.tuning;
+  t.set(knob, value);
+  if (knob == "flagged_max_bytes") set_flagged_max_bytes(t.flagged_max_bytes);
+  if (knob == "fused_blocks") set_fused_max_blocks(t.fused_blocks);
+  opt_.tuning = t;
+}
+
 std::string NvlinkUlysses::prefix() const {
   return detail::cat("[rank ", opt_.rank, "/", opt_.size, " ", opt_.name, "] all_to_all_4d: ");
 }
@@ -90,10 +142,6 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     flagged_max_ = flagged_cap_;
   }
   set_fused_max_blocks(opt_.tuning.fused_blocks);
-  for (int k = 0; k < std::max(1, opt_.tuning.ce_streams); ++k) {
-    ce_streams_.emplace_back(false);
-    ce_join_.emplace_back(false);
-  }
   FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
   // Every pad must be zeroed before any peer signals into it.
   opt_.store->set_string(detail::cat(opt_.name, "/pads_zeroed/", opt_.rank), "1");
@@ -284,18 +332,18 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
   const bool copying = &dest == &window_;
   // Ranks must agree on zero copy or not: the key carries the choice.
   const uint64_t key = p.geometry_key ^ (copying ? 0 : 0x9e3779b97f4a7c15ull);
-  std::vector<cuda::CopyJob> jobs;
-  int64_t max_chunk = 0;
-  for (int q = 0; q < opt_.size; ++q) {
-    // Rotate the start so that ranks do not all hit peer 0 first.
-    const int peer = (opt_.rank + q) % opt_.size;
+  // This rank's own share (it never crosses a link: straight into `out` when copying) and the
+  // remote blocks, rotated so that ranks do not all hit peer 0 first.
+  const cuda::CopyJob own{x.data, copying ? out.data : dest.ptrs[opt_.rank], p.puts[opt_.rank]};
+  std::vector<cuda::CopyJob> remote;
+  int64_t max_chunk = p.puts[opt_.rank].bytes();
+  for (int k = 1; k < opt_.size; ++k) {
+    const int peer = (opt_.rank + k) % opt_.size;
     max_chunk = std::max(max_chunk, p.puts[peer].bytes());
-    if (p.puts[peer].empty()) continue;
-    void* target = copying && peer == opt_.rank ? out.data : dest.ptrs[peer];
-    jobs.push_back({x.data, target, p.puts[peer]});
+    if (!p.puts[peer].empty()) remote.push_back({x.data, dest.ptrs[peer], p.puts[peer]});
   }
   ++epoch_;
-  transfer(std::move(jobs), out, barrier_args(key), engine, max_chunk, stream);
+  transfer(std::move(remote), own, barrier_args(key), engine, max_chunk, stream);
   if (copying && p.out_bytes > 0) copy_out(out, p, req, stream);
 }
 
@@ -347,15 +395,19 @@ cuda::BarrierArgs NvlinkUlysses::barrier_args(uint64_t key) const {
   return b;
 }
 
-void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> jobs, const TensorView& out,
+void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::CopyJob& own,
                              cuda::BarrierArgs b, TransferEngine engine, int64_t max_chunk,
                              cudaStream_t stream) {
   if (engine == TransferEngine::kAuto)
-    engine = max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kHybrid : TransferEngine::kSM;
+    engine =
+        max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kCopyEngine : TransferEngine::kSM;
   if (engine == TransferEngine::kSM && max_chunk <= opt_.tuning.fused_max_bytes &&
       !faults_.skip_entry_barrier && !faults_.unfused && !faults_.skip_transfer &&
-      static_cast<int>(jobs.size()) <= 16) {
+      remote.size() < 16) {
     // One launch: entry barrier, push, exit barrier (NOTE [fused push]).
+    std::vector<cuda::CopyJob> jobs;
+    if (!own.desc.empty()) jobs.push_back(own);
+    jobs.insert(jobs.end(), remote.begin(), remote.end());
     cuda::FusedPushArgs f;
     f.bar = b;
     f.go = static_cast<uint64_t*>(sync_.get()) + 1;
@@ -366,45 +418,33 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> jobs, const TensorView& 
   }
   b.slot = kSlotEntry;
   if (!faults_.skip_entry_barrier) cuda::barrier_async(b, stream);
-  // Pieces for the copy engines and jobs for the SM kernel, per the engine.
+  // NOTE [copy-engine path]: the remote blocks go to the copy engines as pitched 2D/3D copies
+  // (one per peer and block, every batch element in one 3D copy) on one side stream, forked
+  // from the caller's stream after the entry barrier and joined back before the exit barrier;
+  // this rank's own share moves on the caller's stream meanwhile. The hybrid gives the copy
+  // engines `hybrid_ce_percent` of every remote block's rows and the SM kernel the rest.
   std::vector<cuda::CopyJob> ce_jobs, sm_jobs;
   if (engine == TransferEngine::kHybrid) {
     const int ce_percent = opt_.tuning.hybrid_ce_percent;
-    for (const auto& j : jobs) {
-      const bool remote = j.dst != out.data;
+    for (const auto& j : remote) {
       const auto tenths = plan::split_desc(j.desc, 10);
-      const size_t to_ce = remote ? (tenths.size() * ce_percent + 50) / 100 : 0;
+      const size_t to_ce = (tenths.size() * ce_percent + 50) / 100;
       for (size_t i = 0; i < tenths.size(); ++i)
         (i < to_ce ? ce_jobs : sm_jobs).push_back({j.src, j.dst, tenths[i]});
     }
   } else if (engine == TransferEngine::kCopyEngine) {
-    ce_jobs = std::move(jobs);
+    ce_jobs = std::move(remote);
   } else {
-    sm_jobs = std::move(jobs);
+    sm_jobs = std::move(remote);
   }
-  if (faults_.skip_transfer) {
-    ce_jobs.clear();
-    sm_jobs.clear();
-  }
-  if (!ce_jobs.empty()) {
-    // Split every copy over the side streams (each picks a copy engine of its own).
-    const int fan = static_cast<int>(ce_streams_.size());
-    std::vector<cuda::CopyJob> pieces;
-    for (const auto& j : ce_jobs)
-      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
-        pieces.push_back({j.src, j.dst, d});
-    if (fan <= 1 || pieces.size() <= 1) {
-      for (const auto& j : pieces) cuda::copy_engine_async(j, stream);
-    } else {
-      ce_fork_.record(stream);
-      for (int k = 0; k < fan; ++k) {
-        ce_fork_.wait_on(ce_streams_[k].get());
-        if (faults_.delay_ce_ns > 0) cuda::spin_async(faults_.delay_ce_ns, ce_streams_[k].get());
-      }
-      for (size_t i = 0; i < pieces.size(); ++i)
-        cuda::copy_engine_async(pieces[i], ce_streams_[i % fan].get());
-      for (int k = 0; k < fan; ++k) ce_join_[k].record(ce_streams_[k].get());
-    }
+  const bool own_on_sm = engine != TransferEngine::kCopyEngine || opt_.tuning.own_share_sm;
+  if (faults_.skip_transfer) ce_jobs.clear(), sm_jobs.clear();
+  if (!ce_jobs.empty()) copy_engine_remote(ce_jobs, stream);
+  if (!own.desc.empty() && !faults_.skip_transfer) {
+    if (own_on_sm)
+      sm_jobs.insert(sm_jobs.begin(), own);
+    else
+      cuda::copy_engine_async(own, stream);
   }
   if (!sm_jobs.empty()) {
     cuda::copy_sm_async(sm_jobs.data(), static_cast<int>(sm_jobs.size()), 0, stream,
@@ -412,12 +452,37 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> jobs, const TensorView& 
   }
   // The exit barrier tells peers their payload has landed, so it waits for the copy engines
   // (a copy is complete once the stream that issued it reaches the join).
-  if (!ce_jobs.empty() && ce_streams_.size() > 1 && !faults_.skip_ce_join) {
-    for (auto& ev : ce_join_) ev.wait_on(stream);
+  if (!ce_jobs.empty() && !faults_.skip_ce_join) {
+    for (size_t k = 0; k < ce_streams_.size(); ++k) ce_join_[k].wait_on(stream);
   }
   b.slot = kSlotExit;
   b.advance = true;
   cuda::barrier_async(b, stream);
+}
+
+void NvlinkUlysses::copy_engine_remote(const std::vector<cuda::CopyJob>& remote,
+                                       cudaStream_t stream) {
+  const int fan = std::max(1, opt_.tuning.ce_streams);
+  while (static_cast<int>(ce_streams_.size()) < fan) {
+    ce_streams_.emplace_back(false);
+    ce_join_.emplace_back(false);
+  }
+  // Every side stream made so far is forked and joined (a knob lowered later leaves idle ones,
+  // which join at once), so the exit barrier's wait list never misses a stream in use.
+  ce_fork_.record(stream);
+  for (auto& s : ce_streams_) {
+    ce_fork_.wait_on(s.get());
+    if (faults_.delay_ce_ns > 0) cuda::spin_async(faults_.delay_ce_ns, s.get());
+  }
+  if (fan == 1) {
+    for (const auto& j : remote) cuda::copy_engine_async(j, ce_streams_[0].get());
+  } else {
+    size_t i = 0;
+    for (const auto& j : remote)
+      for (const plan::CopyDesc& d : plan::split_desc(j.desc, fan))
+        cuda::copy_engine_async({j.src, j.dst, d}, ce_streams_[i++ % fan].get());
+  }
+  for (size_t k = 0; k < ce_streams_.size(); ++k) ce_join_[k].record(ce_streams_[k].get());
 }
 
 void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,

@@ -31,34 +31,48 @@ namespace fastcomms {
 
 /// How the bytes cross.
 enum class TransferEngine {
-  kAuto,        ///< The hybrid above the measured crossover, the SM kernel below.
-  kCopyEngine,  ///< One pitched cudaMemcpy per peer: zero SMs.
+  kAuto,        ///< The copy engines above the measured crossover, the SM kernel below.
+  kCopyEngine,  ///< Pitched cudaMemcpy2D/3D, one per peer, on one side stream: zero SMs.
   kSM,          ///< One kernel pushing 16-byte vectors into every peer.
   kHybrid,      ///< Both at once: the copy engines take a share of every peer's rows
-                ///< (FASTCOMMS_HYBRID_CE_PERCENT, default 45), the SM kernel the rest.
+                ///< (hybrid_ce_percent), the SM kernel the rest.
 };
 
-/// Every tuning knob of the engine, in one place. from_env() reads README's run-time settings
-/// once per process (a malformed value throws there, not on a call path).
+/// Every tuning knob of the engine, in one place. Each knob has a name (the `tune` knob of the
+/// transport and of UlyssesGroup._tune) and an environment variable (README's run-time settings,
+/// read once per process by from_env(); a malformed value throws there, not on a call path).
 struct NvlinkTuning {
-  /// FASTCOMMS_ENGINE=auto|ce|sm|hybrid: the engine of transport calls.
+  /// engine | FASTCOMMS_ENGINE = auto|ce|sm|hybrid: the engine of transport calls.
   TransferEngine engine = TransferEngine::kAuto;
-  /// FASTCOMMS_CE_CROSSOVER: per-peer chunk bytes from which kAuto takes the hybrid. Measured on
-  /// 2xH200 (docs/benchmarks.md): the SM engine beat the copy engines alone at every size from
-  /// 0.16 to 1107 MiB per rank; the hybrid beat the SM engine by 4-7% at 185 MiB per peer chunk
-  /// and above and lost at 20 MiB and below; 64 MiB sits inside that bracket.
-  int64_t ce_crossover = int64_t{64} << 20;
-  /// FASTCOMMS_HYBRID_CE_PERCENT: the copy engines' share of every remote chunk's rows.
+  /// ce_crossover | FASTCOMMS_CE_CROSSOVER: per-peer chunk bytes from which kAuto takes the copy
+  /// engines (docs/benchmarks.md, "copy-engine path": where ce0 overtook sm0 on 2xH200).
+  int64_t ce_crossover = int64_t{16} << 20;
+  /// hybrid_ce_percent | FASTCOMMS_HYBRID_CE_PERCENT: the copy engines' share of every remote
+  /// chunk's rows in the hybrid engine.
   int hybrid_ce_percent = 45;
-  /// FASTCOMMS_CE_STREAMS: copy-engine streams a transfer is spread over.
-  int ce_streams = 4;
-  /// FASTCOMMS_FLAGGED_MAX_BYTES: capacity (and initial threshold) of the flagged path per peer
-  /// chunk; on 2xH200 it beat the barrier path at every chunk measured (up to 1.25 MiB).
+  /// ce_streams | FASTCOMMS_CE_STREAMS: side streams the remote copies are issued on. 1 (the
+  /// measured best): every peer's block is one pitched copy, all on one stream, since several
+  /// streams only contend for the same egress; n > 1 splits every block's rows over n streams.
+  int ce_streams = 1;
+  /// ce_own | FASTCOMMS_CE_OWN = ce|sm: what moves this rank's own share on the copy-engine
+  /// path, beside the remote copies on the caller's stream (ce: zero SMs).
+  bool own_share_sm = false;
+  /// flagged_max_bytes | FASTCOMMS_FLAGGED_MAX_BYTES: capacity (and initial threshold) of the
+  /// flagged path per peer chunk; on 2xH200 it beat the barrier path at every chunk measured (up
+  /// to 1.25 MiB). Fixed at construction (it sizes buffers): environment only.
   int64_t flagged_max_bytes = int64_t{1} << 20;
-  /// FASTCOMMS_FUSED_MAX_BYTES: largest per-peer chunk of the one-kernel barrier path.
+  /// fused_max_bytes | FASTCOMMS_FUSED_MAX_BYTES: largest per-peer chunk of the one-kernel
+  /// barrier path.
   int64_t fused_max_bytes = int64_t{2} << 20;
-  /// FASTCOMMS_FUSED_BLOCKS: grid cap of the fused and flagged kernels (0: one block per SM).
+  /// fused_blocks | FASTCOMMS_FUSED_BLOCKS: grid cap of the fused and flagged kernels (0: one
+  /// block per SM).
   int fused_blocks = 0;
+
+  /// Sets knob `name` from its text form; throws kInvalidArgument naming the knob, the value
+  /// and what is accepted.
+  void set(const std::string& name, const std::string& value);
+  /// The knob names set() accepts.
+  static const std::vector<std::string>& knobs();
   /// The process's settings (parsed on first use).
   static const NvlinkTuning& from_env();
 };
@@ -149,6 +163,10 @@ class NvlinkUlysses {
   uint64_t device_epoch() const;
   /// The engine knobs this group runs with.
   const NvlinkTuning& tuning() const { return opt_.tuning; }
+  /// Sets one knob for later calls (NvlinkTuning::set; flagged_max_bytes is clamped to the
+  /// capacity allocated at construction). Host state only: safe between calls on every rank
+  /// alike, since every knob that changes the path is decided on the agreed geometry.
+  void tune(const std::string& knob, const std::string& value);
   /// This group's setup.
   const NvlinkUlyssesOptions& options() const { return opt_; }
 
@@ -166,8 +184,11 @@ class NvlinkUlysses {
   bool flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const;
   const Window& destination(const TensorView& out, const plan::UlyssesPlan& p, cudaStream_t stream);
   cuda::BarrierArgs barrier_args(uint64_t key) const;
-  void transfer(std::vector<cuda::CopyJob> jobs, const TensorView& out, cuda::BarrierArgs b,
+  void transfer(std::vector<cuda::CopyJob> remote, const cuda::CopyJob& own, cuda::BarrierArgs b,
                 TransferEngine engine, int64_t max_chunk, cudaStream_t stream);
+  // The remote copies of the copy-engine share on the side streams, forked from and joined back
+  // into `stream` (which the exit barrier then follows).
+  void copy_engine_remote(const std::vector<cuda::CopyJob>& remote, cudaStream_t stream);
   void copy_out(const TensorView& out, const plan::UlyssesPlan& p, const plan::UlyssesRequest& req,
                 cudaStream_t stream);
   void flagged_call(const TensorView& x, const TensorView& out, const plan::UlyssesPlan& p,
@@ -190,8 +211,7 @@ class NvlinkUlysses {
   int64_t flagged_cap_ = 0;           // data bytes per slot
   int64_t flagged_max_ = 0;           // current threshold (<= cap)
   std::vector<std::unique_ptr<Window>> user_windows_;
-  // Copy-engine fan-out: one transfer is split over several streams so that several copy
-  // engines work at once (a single cudaMemcpy uses one).
+  // The copy-engine side streams (tuning.ce_streams of them, made on first use).
   std::vector<cuda::Stream> ce_streams_;
   cuda::Event ce_fork_;
   std::vector<cuda::Event> ce_join_;

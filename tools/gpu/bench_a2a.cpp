@@ -2,8 +2,9 @@
 // bench_a2a (a benchmark, not a test): the peer-to-peer Ulysses all-to-all over NVLink against
 // the collective path on NCCL (permute kernel + grouped ncclSend/ncclRecv + permute kernel, i.e.
 // permute + all_to_all_single + permute with fast permutes) and against the NCCL exchange alone,
-// in the same run; bf16, mode 0, 2 ranks, the shapes of DESIGN.md. Each variant: 5 warm-up
-// iterations, then 7 timed batches of `iters` back-to-back calls (CUDA events), median of the
+// in the same run; bf16, mode 0, 2 ranks, the shapes of DESIGN.md plus two batched ones. Each
+// variant: 5 warm-up iterations, then 7 rounds in which every variant in turn times a batch of
+// `iters` back-to-back calls (CUDA events; interleaved, so drift hits all alike), median of the
 // per-call times. Every variant's output is checked bit for bit against the plan reference first.
 #include <nccl.h>
 
@@ -36,7 +37,8 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 32, 128},     {1, 4, 40, 128},     {1, 16, 40, 128},
                          {1, 51, 40, 128},    {1, 64, 40, 128},    {1, 128, 40, 128},
                          {1, 256, 40, 128},   {1, 1024, 40, 128},  {1, 4096, 40, 128},
-                         {1, 37800, 40, 128}, {1, 16380, 40, 384}, {1, 37800, 40, 384}};
+                         {1, 37800, 40, 128}, {1, 16380, 40, 384}, {1, 37800, 40, 384},
+                         {2, 8192, 32, 128},  {4, 4096, 32, 128}};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -86,11 +88,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
                 prop.name, drv, rt, nv);
     std::printf(
-        "%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s | %7s "
-        "%7s\n",
+        "%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s | %8s "
+        "%8s %6s | %7s %7s\n",
         "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us",
         "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0", "hyb us",
-        "hyb0 us", "graph0", "host0");
+        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "graph0", "host0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -195,6 +197,16 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         [&] { staged(zv, false); },
         [&] { staged(zv, true); },
         [&] { staged(ov, false); },
+        // The copy-engine path's measured alternatives (NOTE [copy-engine path]): every block's
+        // rows split over 4 side streams, and this rank's own share moved by the SM kernel.
+        [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+        [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+    };
+    // Knobs a variant runs with (reset to the defaults before every other variant).
+    const NvlinkTuning defaults = group.tuning();
+    auto setup = [&](size_t v) {
+      group.tune("ce_streams", v == 14 ? "4" : std::to_string(defaults.ce_streams));
+      group.tune("ce_own", v == 15 ? "sm" : (defaults.own_share_sm ? "sm" : "ce"));
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -212,9 +224,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                            std::vector<int64_t>(P, n / P), inputs)[rank];
     }
     int bad = 0;
-    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13}) {
-      void* dst = (v == 2 || v == 3 || v == 10 || v == 11) ? zc : out.get();
+    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13, 14, 15}) {
+      void* dst = (v == 2 || v == 3 || v == 10 || v == 11 || v >= 14) ? zc : out.get();
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
+      setup(v);
       variants[v]();
       std::vector<std::byte> got(bytes);
       FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(got.data(), dst, bytes, cudaMemcpyDeviceToHost, st));
@@ -239,10 +252,26 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     };
     std::vector<double> us(variants.size());
     const int iters = bytes < (16u << 20) ? 50 : 10;
+    std::vector<std::vector<double>> rounds(variants.size());
     for (size_t v = 0; v < variants.size(); ++v) {
+      setup(v);
       for (int w = 0; w < 5; ++w) variants[v]();
-      us[v] = eager_time(variants[v], iters);
     }
+    for (int rep = 0; rep < 7; ++rep) {
+      for (size_t v = 0; v < variants.size(); ++v) {
+        setup(v);
+        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
+        t0.record(st);
+        for (int it = 0; it < iters; ++it) variants[v]();
+        t1.record(st);
+        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
+        float ms = 0;
+        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
+        rounds[v].push_back(1000.0 * ms / iters);
+      }
+    }
+    setup(0);
+    for (size_t v = 0; v < variants.size(); ++v) us[v] = median(rounds[v]);
     // Graph replay (device time per call) and host cost per eager call, zero copy, SM engine.
     double graph_us = 0, host_us = 0;
     const int calls = 20;
@@ -294,14 +323,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       char name[48];
       std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", (long long)sh.b, (long long)sh.s,
                     (long long)n, (long long)sh.d);
-      const double best = std::min({us[0], us[1], us[2], us[3], us[9], us[10]});
+      const double best = std::min({us[0], us[1], us[2], us[3], us[9], us[10], us[14], us[15]});
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
-          "%8.1f %8.1f | %8.1f %8.1f | %7.1f %7.1f %s\n",
+          "%8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %5.1f%% | %7.1f %7.1f %s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
           us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9], us[10],
-          graph_us, host_us,
+          us[14], us[15], 100.0 * us[6] / us[2], graph_us, host_us,
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
@@ -338,7 +367,10 @@ int main() {
       "copy-out; ce0/sm0 = zero copy (out = empty_output); nccl+perm = pack kernel + "
       "ncclSend/Recv + unpack kernel; nccl = the exchange alone; best/p and ce0/p = "
       "speed-up over nccl+perm; flatCE/flatSM = one flat copy of the crossing bytes into the peer "
-      "(the link ceiling per engine); GB/s = bytes crossing NVLink per rank / time; graph0 = "
+      "(the link ceiling per engine; both ranks copy at once, so both directions are busy); "
+      "ce0x4 = ce0 with every block split over 4 side streams; ce0ownSM = ce0 with the own share "
+      "moved by the SM kernel; ce0/fl = flatCE / ce0, the share of the flat copy-engine rate the "
+      "zero-copy copy-engine path reaches; GB/s = bytes crossing NVLink per rank / time; graph0 = "
       "device "
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
       "eager sm0 call; stages = the SM engine with three kernels per call (entry barrier, "

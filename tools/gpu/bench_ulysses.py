@@ -1,13 +1,19 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """The Python-level Ulysses benchmark on 2+ GPUs (one rank per GPU), run by scripts/gpu.sh under
-tools/gpu/exclusive.py. Modes (each against permute + torch.distributed NCCL all_to_all_single +
-permute in the same run, CUDA events, median after warm-up, every result checked bit for bit):
+tools/gpu/exclusive.py. Sections (each against BASE = permute + torch.distributed NCCL
+all_to_all_single + permute in the same run, CUDA events, every result checked bit for bit):
 
+  anchor   the shapes of DESIGN.md's anchor table: BASE, fastcomms copying and zero-copy (auto and
+           each engine) and, where it is importable (tools/gpu/build_anchor.sh builds it from its
+           sdist), fast-ulysses copying and zero-copy; every variant in turn times a batch of
+           back-to-back calls, 7 interleaved rounds, median per variant, the slowest rank shown
   padding  uneven shards vs the same data padded to even shards (ours and the permute path)
   overlap  the share of an async all-to-all hidden under a chain of bf16 GEMMs on the caller's
-           stream: (T_gemm + T_a2a - T_both) / T_a2a, for the SM engine and the zero-SM
-           (copy-engine) engine
-and prints the group's memory_stats(). Usage: python3 tools/gpu/bench_ulysses.py [--nproc N]
+           stream, (T_gemm + T_a2a - T_both) / T_a2a from interleaved medians, for our SM and
+           zero-SM engines and fast-ulysses, under a short chain (about twice the a2a) and a long
+           one
+and prints the group's memory_stats().
+Usage: python3 tools/gpu/bench_ulysses.py [--nproc N] [--only anchor,padding,overlap]
 """
 
 import argparse
@@ -21,6 +27,123 @@ import torch
 import torch.multiprocessing as mp
 
 WARMUP, ITERS = 5, 20
+ROUNDS = 7
+
+# (mode, mode-0 geometry (b, s_local, h, d)): DESIGN.md's anchor table.
+ANCHOR_SHAPES = [
+    (0, (1, 64, 40, 128)),
+    (0, (1, 1024, 40, 128)),
+    (0, (1, 4096, 40, 128)),
+    (0, (1, 37800, 40, 128)),
+    (0, (1, 16380, 40, 384)),
+    (0, (1, 37800, 40, 384)),
+    (1, (1, 37800, 40, 128)),
+    (0, (2, 8192, 32, 128)),
+    (0, (4, 4096, 32, 128)),
+    (1, (2, 8192, 32, 128)),
+]
+
+
+def _interleaved(variants, iters, rounds=ROUNDS, warmup=WARMUP):
+    """Per variant (name -> (setup, fn)): median µs per call over `rounds` rounds, each round
+    timing a batch of `iters` back-to-back calls of every variant in turn."""
+    for setup, fn in variants.values():
+        setup()
+        for _ in range(warmup):
+            fn()
+    samples = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, (setup, fn) in variants.items():
+            setup()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            b.synchronize()
+            samples[k].append(a.elapsed_time(b) * 1e3 / iters)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _base(x, mode, size, pg=None):
+    """BASE: permute + all_to_all_single + permute (even shards), as Ulysses code usually has it."""
+    import torch.distributed as dist
+
+    b, s, h, d = x.shape
+    if mode == 0:  # (b, s, h, d) -> (b, s * ws, h / ws, d)
+        send = x.reshape(b, s, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=pg)
+        return recv.permute(1, 0, 2, 3, 4).reshape(b, size * s, h // size, d)
+    send = x.reshape(b, size, s // size, h, d).permute(1, 0, 2, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=pg)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s // size, size * h, d)
+
+
+def _anchor_module():
+    try:
+        import fast_ulysses
+
+        return fast_ulysses
+    except ImportError:
+        return None
+
+
+def _same(a, b):
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _anchor_row(g, fu, mode, geometry, size, dev, gen):
+    """One shape of the anchor table: (label, {variant: µs}, every output bit-exact)."""
+    b, s, h, d = geometry
+    shape = (b, s, h, d) if mode == 0 else (b, s * size, h // size, d)
+    x = torch.randn(shape, generator=gen, device=dev, dtype=torch.bfloat16)
+    want = _base(x, mode, size)
+    zo = g.empty_output(x, mode=mode)
+    fz = fu.empty_output(x, mode=mode) if fu is not None else None
+
+    def engine(e):
+        return lambda: g._tune("engine", e)
+
+    def keep():
+        pass
+
+    v = {
+        "BASE": (keep, lambda: _base(x, mode, size)),
+        "copy": (engine("auto"), lambda: g.all_to_all_4d(x, mode=mode)),
+        "zero": (engine("auto"), lambda: g.all_to_all_4d(x, mode=mode, out=zo)),
+        "zero ce": (engine("ce"), lambda: g.all_to_all_4d(x, mode=mode, out=zo)),
+        "zero sm": (engine("sm"), lambda: g.all_to_all_4d(x, mode=mode, out=zo)),
+        "zero hyb": (engine("hybrid"), lambda: g.all_to_all_4d(x, mode=mode, out=zo)),
+    }
+    if fu is not None:
+        v["fu copy"] = (keep, lambda: fu.all_to_all_4d(x, mode=mode))
+        v["fu zero"] = (keep, lambda: fu.all_to_all_4d(x, mode=mode, out=fz))
+    ok = True
+    for setup, fn in v.values():  # poisoned outputs first, then checked bit for bit
+        setup()
+        for buf in (zo, fz):
+            if buf is not None:
+                buf.view(torch.uint8).fill_(0xA5)
+        ok = ok and _same(fn(), want)
+    mib = x.numel() * x.element_size() / 2**20
+    t = _interleaved(v, 50 if mib < 16 else 10)
+    g._tune("engine", "auto")
+    return f"mode {mode} {geometry} {mib:.1f} MiB", t, ok
+
+
+def _anchor_section(rank, size, g, dev, gen):
+    """The anchor table: rows of (label, {variant: µs}, ok)."""
+    fu_mod = _anchor_module()
+    fu = fu_mod.UlyssesGroup(None, device=dev) if fu_mod is not None else None
+    rows = []
+    for mode, geometry in ANCHOR_SHAPES:
+        rows.append(_anchor_row(g, fu, mode, geometry, size, dev, gen))
+    if fu is not None:
+        fu.destroy()
+    return rows, (f"fast-ulysses {fu_mod.__version__}" if fu_mod is not None else None)
 
 
 def _timed(fn, iters=ITERS, warmup=WARMUP):
@@ -38,23 +161,63 @@ def _timed(fn, iters=ITERS, warmup=WARMUP):
     return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)  # µs
 
 
-def _rank(rank, size, path, q):
-    import torch.distributed as dist
-    from fastcomms.ulysses import UlyssesGroup
+def _overlap_section(g, dev, gen, size):
+    """Async all-to-all under GEMM chains: rows of (label, {gemm, a2a, both, hidden %}, ok)."""
+    fu_mod = _anchor_module()
+    fu = fu_mod.UlyssesGroup(None, device=dev) if fu_mod is not None else None
+    heads, d = 40, 128
+    xo = torch.randn(1, 37800 // size, heads, d, generator=gen, device=dev, dtype=torch.bfloat16)
+    want = _base(xo, 0, size)
+    n = 4096
+    a_m = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen) / 64
+    rows = []
+    lanes = [("zero-SM (copy engines)", "ce"), ("SM engine", "sm"), ("auto", "auto")]
+    if fu is not None:
+        lanes.append(("fast-ulysses", None))
+    for chain in (4, 16):
 
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.FileStore(path, size)
-    dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=dev)
-    g = UlyssesGroup(None, device=dev, transport="nvlink")
-    ref = UlyssesGroup(None, device=dev, transport="collective")
-    out = []
-    gen = torch.Generator(device=dev).manual_seed(rank)
+        def gemms(chain=chain):
+            y = a_m
+            for _ in range(chain):
+                y = y @ a_m
+            return y
 
-    def same(a, b):
-        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        for label, engine in lanes:
+            if engine is None:
+                setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo))
+            else:
+                setup, call = (
+                    (lambda e=engine: g._tune("engine", e)),
+                    (lambda: g.all_to_all_4d_async(xo)),
+                )
+            setup()
+            ok = _same(call().wait(), want)
 
-    # -- padding: uneven shards vs padded to the largest shard ---------------------------------
+            def both(call=call, gemms=gemms):
+                w = call()
+                gemms()
+                w.wait()
+
+            t = _interleaved(
+                {
+                    "gemm chain": (setup, gemms),
+                    "a2a alone": (setup, lambda call=call: call().wait()),
+                    "both": (setup, both),
+                },
+                iters=5,
+                rounds=9,
+                warmup=3,
+            )
+            t["hidden %"] = 100 * (t["gemm chain"] + t["a2a alone"] - t["both"]) / t["a2a alone"]
+            what = f"{label}, async (1,{37800 // size},40,128) bf16 vs {chain} GEMMs {n}^3"
+            rows.append((what, t, ok))
+    g._tune("engine", "auto")
+    if fu is not None:
+        fu.destroy()
+    return rows
+
+
+def _padding_section(g, ref, dev, gen, rank, size):
     heads, d, total = 40, 128, 75600
     base = total // size
     seq = [base + (size - 1 - 2 * p) * 600 for p in range(size)]  # uneven, same total
@@ -64,62 +227,90 @@ def _rank(rank, size, path, q):
     pad = max(seq)
     xp = torch.zeros(1, pad, heads, d, device=dev, dtype=torch.bfloat16)
     xp[:, : seq[rank]] = x
-    ok = same(
-        g.all_to_all_4d(x, seq_splits=seq, head_splits=hs),
-        ref.all_to_all_4d(x, seq_splits=seq, head_splits=hs),
-    )
+    got = g.all_to_all_4d(x, seq_splits=seq, head_splits=hs)
+    ok = _same(got, ref.all_to_all_4d(x, seq_splits=seq, head_splits=hs))
     zo = g.empty_output(x, seq_splits=seq, head_splits=hs)
     zp = g.empty_output(xp)
-    t = {
-        "ours uneven (zero copy)": _timed(
-            lambda: g.all_to_all_4d(x, out=zo, seq_splits=seq, head_splits=hs)
-        ),
-        "ours padded (zero copy)": _timed(lambda: g.all_to_all_4d(xp, out=zp)),
-        "permute uneven": _timed(lambda: ref.all_to_all_4d(x, seq_splits=seq, head_splits=hs)),
-        "permute padded": _timed(lambda: ref.all_to_all_4d(xp)),
-    }
-    out.append(("padding", f"seq splits {seq}, 40 heads, d=128, bf16", t, ok))
+    keep = lambda: None  # noqa: E731
+    t = _interleaved(
+        {
+            "ours uneven (zero copy)": (
+                keep,
+                lambda: g.all_to_all_4d(x, out=zo, seq_splits=seq, head_splits=hs),
+            ),
+            "ours padded (zero copy)": (keep, lambda: g.all_to_all_4d(xp, out=zp)),
+            "permute uneven": (keep, lambda: ref.all_to_all_4d(x, seq_splits=seq, head_splits=hs)),
+            "permute padded": (keep, lambda: _base(xp, 0, size)),
+        },
+        iters=10,
+    )
+    return [(f"seq splits {seq}, 40 heads, d=128, bf16", t, ok)]
 
-    # -- overlap: async all-to-all under a GEMM chain -------------------------------------------
-    n = 8192
-    a_m = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen)
-    chain = 6
-    xo = torch.randn(1, 37800 // size, heads, d, generator=gen, device=dev, dtype=torch.bfloat16)
 
-    def gemms():
-        y = a_m
-        for _ in range(chain):
-            y = y @ a_m
-        return y
+def _rank(rank, size, path, q, only):
+    import torch.distributed as dist
+    from fastcomms.ulysses import UlyssesGroup
 
-    for engine in ("sm", "ce"):
-        g._tune("engine", engine)  # FASTCOMMS_ENGINE is read once per process
-        want = ref.all_to_all_4d(xo)
-        ok = same(g.all_to_all_4d_async(xo).wait(), want)
-        t_gemm = _timed(gemms, iters=10, warmup=3)
-        t_a2a = _timed(lambda: g.all_to_all_4d_async(xo).wait(), iters=10, warmup=3)
-
-        def both():
-            w = g.all_to_all_4d_async(xo)
-            gemms()
-            w.wait()
-
-        t_both = _timed(both, iters=10, warmup=3)
-        hidden = (t_gemm + t_a2a - t_both) / t_a2a if t_a2a > 0 else 0.0
-        label = "zero-SM (copy engines)" if engine == "ce" else "SM engine"
-        t = {"gemm chain": t_gemm, "a2a alone": t_a2a, "both": t_both, "hidden %": 100 * hidden}
-        out.append(("overlap", f"{label}, (1,37800,40,128) bf16 vs {chain} GEMMs {n}^3", t, ok))
-    g._tune("engine", "auto")
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.FileStore(path, size)
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=dev)
+    g = UlyssesGroup(None, device=dev, transport="nvlink")
+    ref = UlyssesGroup(None, device=dev, transport="collective")
+    gen = torch.Generator(device=dev).manual_seed(rank)
+    sections, anchor = [], None
+    if "anchor" in only:
+        rows, anchor = _anchor_section(rank, size, g, dev, gen)
+        sections.append(("anchor", rows))
+    if "padding" in only:
+        sections.append(("padding", _padding_section(g, ref, dev, gen, rank, size)))
+    if "overlap" in only:
+        sections.append(("overlap", _overlap_section(g, dev, gen, size)))
     stats = g.memory_stats()
-    q.put((rank, out, stats, f"{g.transport} ({g.transport_reason})"))
+    q.put((rank, sections, stats, f"{g.transport} ({g.transport_reason})", anchor))
     g.destroy()
     dist.destroy_process_group()
+
+
+def _print_anchor(rows_by_rank):
+    """The anchor table: per variant the slowest rank's median, then the ratios that matter."""
+    first = rows_by_rank[0]
+    cols = list(first[0][1].keys())
+    head = f"{'shape':42s} " + " ".join(f"{c:>9s}" for c in cols)
+    ratios = ["BASE/zero", "fu/zero", "fu/copy"] if "fu zero" in cols else ["BASE/zero"]
+    print(head + " | " + " ".join(f"{r:>9s}" for r in ratios))
+    bad = 0
+    for i, (what, _, _) in enumerate(first):
+        t = {c: max(r[i][1][c] for r in rows_by_rank) for c in cols}
+        ok = all(r[i][2] for r in rows_by_rank)
+        bad += not ok
+        rat = {
+            "BASE/zero": t["BASE"] / t["zero"],
+            "fu/zero": t.get("fu zero", 0) / t["zero"],
+            "fu/copy": t.get("fu copy", 0) / t["copy"],
+        }
+        print(
+            f"{what:42s} "
+            + " ".join(f"{t[c]:9.1f}" for c in cols)
+            + " | "
+            + " ".join(f"{rat[r]:8.2f}x" for r in ratios)
+            + f" [{'OK' if ok else 'FAIL'}]"
+        )
+    print(
+        "columns: µs per call (median of interleaved rounds, slowest rank); copy/zero = "
+        "fastcomms auto engine into a fresh tensor / into empty_output (zero copy); zero ce/sm/hyb "
+        "= zero copy with the engine forced; fu = fast-ulysses; ratios > 1 mean fastcomms is "
+        "faster"
+    )
+    return bad
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--only", default="anchor,padding,overlap")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     if torch.cuda.device_count() < args.nproc:
         print(f"SKIPPED: bench_ulysses needs {args.nproc} GPUs, found {torch.cuda.device_count()}")
         return 0
@@ -128,7 +319,7 @@ def main():
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_rank, args=(r, args.nproc, os.path.join(d, "s"), q))
+            ctx.Process(target=_rank, args=(r, args.nproc, os.path.join(d, "s"), q, only))
             for r in range(args.nproc)
         ]
         for p in procs:
@@ -149,17 +340,26 @@ def main():
             p.join()
     print(
         f"bench_ulysses: {args.nproc} ranks, {torch.cuda.get_device_name(0)}, torch "
-        f"{torch.__version__}, NCCL {torch.cuda.nccl.version()}; transport {res[0][3]}"
+        f"{torch.__version__}, NCCL {torch.cuda.nccl.version()}; transport {res[0][3]}; anchor: "
+        f"{res[0][4] or 'not built (tools/gpu/build_anchor.sh)'}"
     )
     bad = 0
-    for i, (mode, what, _, _) in enumerate(res[0][1]):
-        ok = all(r[1][i][3] for r in res)
-        bad += not ok
-        cols = res[0][1][i][2].keys()
-        # per column the slowest rank (times) / the smallest share (hidden %)
-        vals = {c: (min if c == "hidden %" else max)(r[1][i][2][c] for r in res) for c in cols}
-        cells = ", ".join(f"{c} {v:.1f}{'' if c == 'hidden %' else ' us'}" for c, v in vals.items())
-        print(f"{mode:8s} {what}: {cells} [{'OK' if ok else 'FAIL'}]")
+    for j, (section, rows) in enumerate(res[0][1]):
+        per_rank = [r[1][j][1] for r in res]
+        if section == "anchor":
+            bad += _print_anchor(per_rank)
+            continue
+        for i, (what, t0, _) in enumerate(rows):
+            ok = all(pr[i][2] for pr in per_rank)
+            bad += not ok
+            # per column the slowest rank (times) / the smallest share (hidden %)
+            vals = {
+                c: (min if c == "hidden %" else max)(pr[i][1][c] for pr in per_rank) for c in t0
+            }
+            cells = ", ".join(
+                f"{c} {v:.1f}{'' if c == 'hidden %' else ' us'}" for c, v in vals.items()
+            )
+            print(f"{section:8s} {what}: {cells} [{'OK' if ok else 'FAIL'}]")
     st = res[0][2]
     print(
         f"memory_stats (rank 0): {st['device_bytes'] / 2**20:.1f} MiB on the device "
