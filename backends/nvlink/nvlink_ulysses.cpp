@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include <unistd.h>
+
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/error.hpp"
@@ -33,6 +35,7 @@ const std::pair<const char*, const char*> kKnobs[] = {
     {"hybrid_ce_percent", "FASTCOMMS_HYBRID_CE_PERCENT"},
     {"ce_streams", "FASTCOMMS_CE_STREAMS"},
     {"ce_own", "FASTCOMMS_CE_OWN"},
+    {"window_alloc", "FASTCOMMS_WINDOW_ALLOC"},
     {"flagged_max_bytes", "FASTCOMMS_FLAGGED_MAX_BYTES"},
     {"fused_max_bytes", "FASTCOMMS_FUSED_MAX_BYTES"},
     {"fused_blocks", "FASTCOMMS_FUSED_BLOCKS"},
@@ -67,6 +70,10 @@ void NvlinkTuning::set(const std::string& name, const std::string& value) {
     FASTCOMMS_CHECK(value == "ce" || value == "sm", kInvalidArgument,
                     "nvlink tuning: ce_own must be ce or sm, got '", value, "'");
     own_share_sm = value == "sm";
+  } else if (name == "window_alloc") {
+    FASTCOMMS_CHECK(value == "auto" || value == "vmm" || value == "ipc", kInvalidArgument,
+                    "nvlink tuning: window_alloc must be auto, vmm or ipc, got '", value, "'");
+    window_alloc = value;
   } else if (name == "flagged_max_bytes") {
     flagged_max_bytes = parse_int(name, value, 0, int64_t{1} << 30) / 8 * 8;
   } else if (name == "fused_max_bytes") {
@@ -99,6 +106,8 @@ const NvlinkTuning& NvlinkTuning::from_env() {
 }
 
 void NvlinkUlysses::tune(const std::string& knob, const std::string& value) {
+  FASTCOMMS_CHECK(knob != "window_alloc", kInvalidArgument, prefix(),
+                  "window_alloc is fixed when the group is made (FASTCOMMS_WINDOW_ALLOC)");
   NvlinkTuning t = opt_.tuning;
   t.set(knob, value);
   if (knob == "flagged_max_bytes") set_flagged_max_bytes(t.flagged_max_bytes);
@@ -115,8 +124,28 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   FASTCOMMS_CHECK(opt_.size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.size, kInvalidArgument,
                   prefix(), "rank ", opt_.rank, " is not in a group of ", opt_.size);
   cuda::DeviceGuard guard(opt_.device);
+  // NOTE [vmm windows]: every rank says what it can do; VMM only when all can (and were asked).
+  const std::string& alloc = opt_.tuning.window_alloc;
+  std::string why;
+  const bool can = opt_.size > 1 && alloc != "ipc" && cuda::vmm_supported(opt_.device, &why);
+  FASTCOMMS_CHECK(alloc != "vmm" || can || opt_.size == 1, kUnsupported, prefix(),
+                  "FASTCOMMS_WINDOW_ALLOC=vmm, but ", why);
+  if (can) fds_ = std::make_unique<FdChannel>();
+  opt_.store->set_string(detail::cat(opt_.name, "/fdchannel/", opt_.rank),
+                         can ? fds_->address() : std::string("-"));
+  fd_addresses_.resize(opt_.size);
+  bool all = can;
+  for (int q = 0; q < opt_.size; ++q) {
+    fd_addresses_[q] =
+        opt_.store->get_string(detail::cat(opt_.name, "/fdchannel/", q), opt_.timeout);
+    all = all && fd_addresses_[q] != "-";
+  }
+  FASTCOMMS_CHECK(alloc != "vmm" || all || opt_.size == 1, kUnsupported, prefix(),
+                  "FASTCOMMS_WINDOW_ALLOC=vmm, but a peer cannot share VMM memory");
+  vmm_windows_ = all;
+  if (!all) fds_.reset();
   pads_ = exchange(static_cast<int64_t>(cuda::pad_bytes(opt_.size)), "pads");
-  FASTCOMMS_CUDA_CHECK(cudaMemset(pads_.local.get(), 0, pads_.bytes));
+  FASTCOMMS_CUDA_CHECK(cudaMemset(pads_.local(), 0, pads_.bytes));
   peer_pad_table_ = cuda::DeviceBuffer(sizeof(void*) * opt_.size);
   FASTCOMMS_CUDA_CHECK(cudaMemcpy(peer_pad_table_.get(), pads_.ptrs.data(),
                                   sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
@@ -135,7 +164,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     // here, on the sizes, instead of disagreeing at every call.
     const int64_t lines = 2 * int64_t{opt_.size} * (1 + flagged_cap_ / 8);
     flagged_ = exchange(flagged_cap_ > 0 ? lines * 16 : 16, "flagged");
-    FASTCOMMS_CUDA_CHECK(cudaMemset(flagged_.local.get(), 0, flagged_.bytes));
+    FASTCOMMS_CUDA_CHECK(cudaMemset(flagged_.local(), 0, flagged_.bytes));
     flagged_table_ = cuda::DeviceBuffer(sizeof(void*) * opt_.size);
     FASTCOMMS_CUDA_CHECK(cudaMemcpy(flagged_table_.get(), flagged_.ptrs.data(),
                                     sizeof(void*) * opt_.size, cudaMemcpyHostToDevice));
@@ -155,22 +184,48 @@ NvlinkUlysses::~NvlinkUlysses() {
   (void)cudaDeviceSynchronize();
 }
 
-NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& tag) {
+NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& tag, bool vmm) {
   Window w;
   w.bytes = bytes;
-  w.local = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(bytes, 16)));
-  cudaIpcMemHandle_t handle;
-  FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, w.local.get()));
-  const std::string base = detail::cat(opt_.name, "/", tag, "/", generation_++, "/");
-  std::vector<uint8_t> value(sizeof handle + sizeof bytes);
+  w.vmm = vmm;
+  const uint64_t generation = generation_++;
+  const std::string base = detail::cat(opt_.name, "/", tag, "/", generation, "/");
+  // The record every peer checks: the size and how it is shared; for legacy IPC the handle.
+  cudaIpcMemHandle_t handle{};
+  int fd = -1;
+  int64_t mapped = bytes;
+  if (vmm) {
+    w.vmm_local = cuda::VmmBuffer(static_cast<size_t>(std::max<int64_t>(bytes, 16)), opt_.device);
+    mapped = static_cast<int64_t>(w.vmm_local.size());
+    fd = w.vmm_local.export_fd();
+  } else {
+    w.ipc_local = cuda::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+    FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, w.ipc_local.get()));
+  }
+  const int64_t kind = vmm ? 1 : 0;
+  std::vector<uint8_t> value(sizeof handle + 2 * sizeof(int64_t));
   std::memcpy(value.data(), &handle, sizeof handle);
   std::memcpy(value.data() + sizeof handle, &bytes, sizeof bytes);
+  std::memcpy(value.data() + sizeof handle + sizeof bytes, &kind, sizeof kind);
   opt_.store->set(base + std::to_string(opt_.rank), value);
   w.maps.resize(opt_.size);
+  w.imports.resize(opt_.size);
   w.ptrs.resize(opt_.size);
+  try {
+    // VMM: the descriptor goes to every peer first (a listener keeps what it has not asked for
+    // yet), then each peer's comes in.
+    for (int k = 1; vmm && k < opt_.size; ++k) {
+      const int q = (opt_.rank + k) % opt_.size;
+      FdChannel::send(fd_addresses_[q], {generation, opt_.rank, mapped}, fd, opt_.timeout);
+    }
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    throw;
+  }
+  if (fd >= 0) ::close(fd);
   for (int q = 0; q < opt_.size; ++q) {
     if (q == opt_.rank) {
-      w.ptrs[q] = w.local.get();
+      w.ptrs[q] = w.local();
       continue;
     }
     std::vector<uint8_t> v;
@@ -182,14 +237,30 @@ NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& 
     }
     FASTCOMMS_CHECK(v.size() == value.size(), kInternal, prefix(), "malformed window record");
     cudaIpcMemHandle_t peer;
-    int64_t peer_bytes = 0;
+    int64_t peer_bytes = 0, peer_kind = 0;
     std::memcpy(&peer, v.data(), sizeof peer);
     std::memcpy(&peer_bytes, v.data() + sizeof peer, sizeof peer_bytes);
+    std::memcpy(&peer_kind, v.data() + sizeof peer + sizeof peer_bytes, sizeof peer_kind);
     FASTCOMMS_CHECK(peer_bytes == bytes, kInvalidArgument, prefix(), "rank ", q, " sized its ", tag,
                     " window ", peer_bytes, " bytes, this rank ", bytes,
                     ": the ranks issued different calls");
-    w.maps[q] = cuda::IpcMapping(peer);
-    w.ptrs[q] = w.maps[q].get();
+    FASTCOMMS_CHECK(peer_kind == kind, kInternal, prefix(), "rank ", q, " shares its ", tag,
+                    " window by ", peer_kind ? "vmm" : "ipc", ", this rank by ",
+                    vmm ? "vmm" : "ipc");
+    if (vmm) {
+      const FdChannel::Received r = fds_->receive(generation, q, opt_.timeout);
+      try {
+        w.imports[q] = cuda::VmmImport(r.fd, static_cast<size_t>(r.bytes), opt_.device);
+      } catch (...) {
+        ::close(r.fd);
+        throw;
+      }
+      ::close(r.fd);
+      w.ptrs[q] = w.imports[q].get();
+    } else {
+      w.maps[q] = cuda::IpcMapping(peer);
+      w.ptrs[q] = w.maps[q].get();
+    }
   }
   return w;
 }
@@ -205,7 +276,7 @@ void NvlinkUlysses::ensure_window(int64_t bytes, cudaStream_t stream) {
                   " bytes, which cannot happen while the stream captures a CUDA graph; run the "
                   "call once outside the capture first (or pass an empty_output() buffer as out)");
   FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  Window fresh = exchange(std::max(bytes, window_.bytes * 2), "window");
+  Window fresh = exchange(std::max(bytes, window_.bytes * 2), "window", vmm_windows_);
   FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
   window_ = std::move(fresh);
 }
@@ -228,7 +299,7 @@ void NvlinkUlysses::flagged_call(const TensorView& x, const TensorView& out,
   cuda::FlaggedPushArgs f;
   f.epoch = static_cast<uint64_t*>(sync_.get());
   f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
-  f.local = static_cast<const uint4*>(flagged_.local.get());
+  f.local = static_cast<const uint4*>(flagged_.local());
   f.peers = static_cast<uint4* const*>(flagged_table_.get());
   f.rank = opt_.rank;
   f.size = opt_.size;
@@ -246,8 +317,8 @@ void* NvlinkUlysses::empty_output(int64_t bytes) {
   FASTCOMMS_CHECK(bytes > 0, kInvalidArgument, prefix(), "empty_output needs bytes > 0, got ",
                   bytes);
   cuda::DeviceGuard guard(opt_.device);
-  user_windows_.push_back(std::make_unique<Window>(exchange(bytes, "user")));
-  return user_windows_.back()->local.get();
+  user_windows_.push_back(std::make_unique<Window>(exchange(bytes, "user", vmm_windows_)));
+  return user_windows_.back()->local();
 }
 
 std::shared_ptr<const plan::UlyssesPlan> NvlinkUlysses::peer_plan(const plan::UlyssesPlan& mine,
@@ -264,7 +335,7 @@ std::shared_ptr<const plan::UlyssesPlan> NvlinkUlysses::peer_plan(const plan::Ul
 
 void* NvlinkUlysses::peer_window(const void* local, int q) const {
   for (const auto& w : user_windows_)
-    if (w->local.get() == local && q >= 0 && q < opt_.size) return w->ptrs[q];
+    if (w->local() == local && q >= 0 && q < opt_.size) return w->ptrs[q];
   return nullptr;
 }
 
@@ -364,7 +435,7 @@ const NvlinkUlysses::Window& NvlinkUlysses::destination(const TensorView& out,
                                                         cudaStream_t stream) {
   // A user window when `out` is one (zero copy), else the group's window.
   for (const auto& w : user_windows_) {
-    if (w->local.get() != out.data) continue;
+    if (w->local() != out.data) continue;
     FASTCOMMS_CHECK(w->bytes >= p.max_out_bytes, kInvalidArgument, prefix(),
                     "the empty_output buffer holds ", w->bytes, " bytes, the call needs ",
                     p.max_out_bytes, " on some rank");
@@ -376,7 +447,7 @@ const NvlinkUlysses::Window& NvlinkUlysses::destination(const TensorView& out,
 
 cuda::BarrierArgs NvlinkUlysses::barrier_args(uint64_t key) const {
   cuda::BarrierArgs b;
-  b.local_pad = static_cast<uint64_t*>(pads_.local.get());
+  b.local_pad = static_cast<uint64_t*>(pads_.local());
   b.peer_pads = static_cast<uint64_t* const*>(peer_pad_table_.get());
   b.rank = opt_.rank;
   b.size = opt_.size;
@@ -389,7 +460,7 @@ cuda::BarrierArgs NvlinkUlysses::barrier_args(uint64_t key) const {
   b.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
   if (flagged_cap_ > 0) {  // NOTE [one call, two paths]
     b.flag_peers = static_cast<uint4* const*>(flagged_table_.get());
-    b.flag_local = static_cast<const uint4*>(flagged_.local.get());
+    b.flag_local = static_cast<const uint4*>(flagged_.local());
     b.flag_slot_lines = 1 + flagged_cap_ / 8;
   }
   return b;
@@ -500,7 +571,7 @@ void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,
     c.src_offset = in.dst_offset;
     c.src_pitch = in.dst_pitch;
     c.src_slice_pitch = in.dst_slice_pitch;
-    out_jobs.push_back({window_.local.get(), out.data, c});
+    out_jobs.push_back({window_.local(), out.data, c});
   }
   cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
 }

@@ -19,11 +19,13 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/nvlink/fd_channel.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/tensor.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/cuda/runtime.hpp"
+#include "fastcomms/cuda/vmm.hpp"
 #include "fastcomms/plan/ulysses_plan.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 
@@ -57,6 +59,10 @@ struct NvlinkTuning {
   /// ce_own | FASTCOMMS_CE_OWN = ce|sm: what moves this rank's own share on the copy-engine
   /// path, beside the remote copies on the caller's stream (ce: zero SMs).
   bool own_share_sm = false;
+  /// window_alloc | FASTCOMMS_WINDOW_ALLOC = auto|vmm|ipc: how the windows peers write are
+  /// allocated and shared (NOTE [vmm windows]); auto takes vmm where the driver supports it.
+  /// Fixed at construction: environment only.
+  std::string window_alloc = "auto";
   /// flagged_max_bytes | FASTCOMMS_FLAGGED_MAX_BYTES: capacity (and initial threshold) of the
   /// flagged path per peer chunk; on 2xH200 it beat the barrier path at every chunk measured (up
   /// to 1.25 MiB). Fixed at construction (it sizes buffers): environment only.
@@ -156,6 +162,8 @@ class NvlinkUlysses {
   int64_t window_bytes() const { return window_.bytes; }
   /// Bytes of device memory this group holds (windows, user windows, pads).
   int64_t memory_bytes() const;
+  /// How the windows peers write are allocated: "vmm" or "ipc" (NOTE [vmm windows]).
+  const char* window_alloc() const { return vmm_windows_ ? "vmm" : "ipc"; }
   /// Calls issued from the host so far (a captured call counts once).
   uint64_t epoch() const { return epoch_; }
   /// Calls completed on the device (NOTE [device epoch]; replays of a captured call count each
@@ -172,12 +180,21 @@ class NvlinkUlysses {
 
  private:
   struct Window {
-    cuda::DeviceBuffer local;
-    std::vector<cuda::IpcMapping> maps;  // index q: peer q's buffer (empty for q == rank)
-    std::vector<void*> ptrs;             // index q: where to write for peer q
+    // This rank's memory: a cudaMalloc buffer shared by legacy IPC, or (NOTE [vmm windows]) a
+    // cuMemCreate allocation shared as a file descriptor.
+    cuda::DeviceBuffer ipc_local;
+    cuda::VmmBuffer vmm_local;
+    std::vector<cuda::IpcMapping> maps;    // index q: peer q's buffer (empty for q == rank)
+    std::vector<cuda::VmmImport> imports;  // the same for VMM windows
+    std::vector<void*> ptrs;               // index q: where to write for peer q
     int64_t bytes = 0;
+    bool vmm = false;
+    void* local() const { return vmm ? vmm_local.get() : ipc_local.get(); }
   };
-  Window exchange(int64_t bytes, const std::string& tag);
+  // Collective: `bytes` of device memory mapped into every peer; `vmm` picks the allocation.
+  Window exchange(int64_t bytes, const std::string& tag, bool vmm = false);
+  // Whether windows peers write (the group window, user windows) are VMM allocations.
+  bool vmm_windows() const { return vmm_windows_; }
   void ensure_window(int64_t bytes, cudaStream_t stream);
   // The steps of run(): the path choice, the destination, the barrier arguments, the transfer
   // between the barriers, and the copy-out of a copying call.
@@ -198,6 +215,9 @@ class NvlinkUlysses {
                                                      plan::UlyssesRequest req, int q);
 
   NvlinkUlyssesOptions opt_;
+  bool vmm_windows_ = false;
+  std::unique_ptr<FdChannel> fds_;         // NOTE [vmm windows]: descriptors from peers
+  std::vector<std::string> fd_addresses_;  // index q: peer q's channel address
   Window pads_;
   cuda::DeviceBuffer peer_pad_table_;  // device array of P pad pointers
   cuda::DeviceBuffer skip_;            // device int: transfer kernels skip when set

@@ -55,6 +55,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   o.name = "bench";
   o.timeout = std::chrono::seconds(120);
   NvlinkUlysses group(o);
+  // The same engine with legacy-IPC windows, for the comparison of NOTE [vmm windows].
+  o.name = "bench-ipc";
+  o.tuning.window_alloc = "ipc";
+  NvlinkUlysses ipc_group(o);
   // NCCL for the baseline (unique id through the store).
   ncclUniqueId id;
   if (rank == 0) {
@@ -85,14 +89,15 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     ncclGetVersion(&nv);
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, device);
-    std::printf("bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0\n", P,
-                prop.name, drv, rt, nv);
+    std::printf(
+        "bench_a2a: %d ranks, %s, CUDA driver %d runtime %d, NCCL %d, bf16 mode 0, windows %s\n", P,
+        prop.name, drv, rt, nv, group.window_alloc());
     std::printf(
         "%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s | %8s "
-        "%8s %6s | %7s %7s\n",
+        "%8s %6s | %8s %8s | %7s %7s\n",
         "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us",
         "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0", "hyb us",
-        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "graph0", "host0");
+        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "ce0 ipc", "flatIPC", "graph0", "host0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -108,11 +113,13 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     }
     cuda::DeviceBuffer xin(bytes), out(bytes), send(bytes), recv(bytes);
     void* zc = group.empty_output(static_cast<int64_t>(bytes));
+    void* zc_ipc = ipc_group.empty_output(static_cast<int64_t>(bytes));
     FASTCOMMS_CUDA_CHECK(cudaMemcpy(xin.get(), host.data(), bytes, cudaMemcpyHostToDevice));
     TensorView x = TensorView::contiguous(xin.get(), DType::kBFloat16, {sh.b, sh.s, n, sh.d}, dev);
     TensorView ov =
         TensorView::contiguous(out.get(), DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);
     TensorView zv = TensorView::contiguous(zc, DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);
+    TensorView zi = TensorView::contiguous(zc_ipc, DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);
     plan::UlyssesRequest req;
     req.world_size = P;
     req.rank = rank;
@@ -201,6 +208,14 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         // rows split over 4 side streams, and this rank's own share moved by the SM kernel.
         [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
         [&] { group.all_to_all_4d(x, zv, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+        // NOTE [vmm windows]: ce0 and the flat copy into legacy-IPC windows.
+        [&] { ipc_group.all_to_all_4d(x, zi, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
+        [&] {
+          for (int q = 1; q < P; ++q)
+            FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(ipc_group.peer_window(zc_ipc, (rank + q) % P),
+                                                 xin.get(), bytes / P, cudaMemcpyDeviceToDevice,
+                                                 st));
+        },
     };
     // Knobs a variant runs with (reset to the defaults before every other variant).
     const NvlinkTuning defaults = group.tuning();
@@ -224,8 +239,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                            std::vector<int64_t>(P, n / P), inputs)[rank];
     }
     int bad = 0;
-    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13, 14, 15}) {
-      void* dst = (v == 2 || v == 3 || v == 10 || v == 11 || v >= 14) ? zc : out.get();
+    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13, 14, 15, 16}) {
+      void* dst = v == 16                                               ? zc_ipc
+                  : (v == 2 || v == 3 || v == 10 || v == 11 || v >= 14) ? zc
+                                                                        : out.get();
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
       setup(v);
       variants[v]();
@@ -233,6 +250,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(got.data(), dst, bytes, cudaMemcpyDeviceToHost, st));
       FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
       group.check_errors();
+      ipc_group.check_errors();
       if (!want.empty() && got != want) ++bad;
     }
     // Eager device time per call of `fn`: median of 7 runs of `iters` back-to-back calls.
@@ -327,10 +345,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
-          "%8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %5.1f%% | %7.1f %7.1f %s\n",
+          "%8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %5.1f%% | %8.1f %8.1f | %7.1f %7.1f %s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
           us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9], us[10],
-          us[14], us[15], 100.0 * us[6] / us[2], graph_us, host_us,
+          us[14], us[15], 100.0 * us[6] / us[2], us[16], us[17], graph_us, host_us,
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
@@ -370,7 +388,9 @@ int main() {
       "(the link ceiling per engine; both ranks copy at once, so both directions are busy); "
       "ce0x4 = ce0 with every block split over 4 side streams; ce0ownSM = ce0 with the own share "
       "moved by the SM kernel; ce0/fl = flatCE / ce0, the share of the flat copy-engine rate the "
-      "zero-copy copy-engine path reaches; GB/s = bytes crossing NVLink per rank / time; graph0 = "
+      "zero-copy copy-engine path reaches; ce0 ipc / flatIPC = ce0 and flatCE into windows shared "
+      "by legacy CUDA IPC instead of VMM file descriptors; GB/s = bytes crossing NVLink per rank / "
+      "time; graph0 = "
       "device "
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "
       "eager sm0 call; stages = the SM engine with three kernels per call (entry barrier, "

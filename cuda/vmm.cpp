@@ -1,0 +1,209 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// NOTE [vmm windows] (fastcomms/cuda/vmm.hpp). Driver calls go through entry points the runtime
+// hands out, so nothing links libcuda.
+#include "fastcomms/cuda/vmm.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "fastcomms/cuda/check.hpp"
+#include "fastcomms/cuda/runtime.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::cuda {
+namespace {
+
+struct Driver {
+  decltype(&::cuGetErrorString) get_error_string = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+  std::string missing;  // the first entry point not found (empty: all found)
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver v;
+    auto load = [&v](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
+              cudaSuccess ||
+          status != cudaDriverEntryPointSuccess || p == nullptr) {
+        (void)cudaGetLastError();
+        if (v.missing.empty()) v.missing = name;
+        return;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    load("cuGetErrorString", v.get_error_string);
+    load("cuDeviceGet", v.device_get);
+    load("cuDeviceGetAttribute", v.device_get_attribute);
+    load("cuMemGetAllocationGranularity", v.granularity);
+    load("cuMemCreate", v.create);
+    load("cuMemRelease", v.release);
+    load("cuMemAddressReserve", v.reserve);
+    load("cuMemAddressFree", v.address_free);
+    load("cuMemMap", v.map);
+    load("cuMemUnmap", v.unmap);
+    load("cuMemSetAccess", v.set_access);
+    load("cuMemExportToShareableHandle", v.export_handle);
+    load("cuMemImportFromShareableHandle", v.import_handle);
+    return v;
+  }();
+  return d;
+}
+
+void check(CUresult r, const char* call) {
+  if (r == CUDA_SUCCESS) return;
+  const char* s = nullptr;
+  if (driver().get_error_string) driver().get_error_string(r, &s);
+  throw Error(ErrorCode::kCudaError, fastcomms::detail::cat(call, " failed: ", s ? s : "error ",
+                                                            s ? "" : std::to_string(r)));
+}
+#define FASTCOMMS_CU_CHECK(call) check((call), #call)
+
+const Driver& checked_driver() {
+  const Driver& d = driver();
+  FASTCOMMS_CHECK(d.missing.empty(), kCudaError, "the CUDA driver has no entry point ", d.missing);
+  return d;
+}
+
+CUmemAllocationProp properties(CUdevice dev) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+CUdevice driver_device(int device) {
+  DeviceGuard guard(device);
+  FASTCOMMS_CUDA_CHECK(cudaFree(nullptr));  // the primary context is current from here
+  CUdevice dev = 0;
+  FASTCOMMS_CU_CHECK(checked_driver().device_get(&dev, device));
+  return dev;
+}
+
+// Reserves `size` bytes of address space, maps `handle` there and grants `device` read-write.
+CUdeviceptr map_for(unsigned long long handle, size_t size, CUdevice dev) {
+  const Driver& d = checked_driver();
+  CUdeviceptr ptr = 0;
+  FASTCOMMS_CU_CHECK(d.reserve(&ptr, size, 0, 0, 0));
+  CUresult r = d.map(ptr, size, 0, handle, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d.set_access(ptr, size, &access, 1);
+    if (r != CUDA_SUCCESS) (void)d.unmap(ptr, size);
+  }
+  if (r != CUDA_SUCCESS) {
+    (void)d.address_free(ptr, size);
+    check(r, "cuMemMap/cuMemSetAccess");
+  }
+  return ptr;
+}
+
+void unmap_release(unsigned long long ptr, size_t size, unsigned long long handle) {
+  const Driver& d = driver();
+  if (ptr != 0 && d.unmap != nullptr) {
+    (void)d.unmap(ptr, size);
+    (void)d.address_free(ptr, size);
+  }
+  if (handle != 0 && d.release != nullptr) (void)d.release(handle);
+}
+
+}  // namespace
+
+bool vmm_supported(int device, std::string* why) {
+  try {
+    const Driver& d = driver();
+    if (!d.missing.empty()) {
+      if (why) *why = "the CUDA driver has no entry point " + d.missing;
+      return false;
+    }
+    const CUdevice dev = driver_device(device);
+    int vmm = 0, fd = 0;
+    FASTCOMMS_CU_CHECK(
+        d.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
+    FASTCOMMS_CU_CHECK(d.device_get_attribute(
+        &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev));
+    if (!vmm || !fd) {
+      if (why)
+        *why = fastcomms::detail::cat(
+            "cuda:", device, " lacks ",
+            !vmm ? "virtual memory management" : "POSIX file-descriptor memory handles");
+      return false;
+    }
+    return true;
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+VmmBuffer::VmmBuffer(size_t bytes, int device) {
+  const Driver& d = checked_driver();
+  const CUdevice dev = driver_device(device);
+  DeviceGuard guard(device);
+  const CUmemAllocationProp prop = properties(dev);
+  size_t gran = 0;
+  FASTCOMMS_CU_CHECK(d.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  if (gran == 0) gran = size_t{2} << 20;
+  size_ = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h = 0;
+  FASTCOMMS_CU_CHECK(d.create(&h, size_, &prop, 0));
+  handle_ = h;
+  try {
+    ptr_ = map_for(handle_, size_, dev);
+  } catch (...) {
+    (void)d.release(h);
+    handle_ = 0;
+    throw;
+  }
+}
+
+VmmBuffer::~VmmBuffer() { unmap_release(ptr_, size_, handle_); }
+
+int VmmBuffer::export_fd() const {
+  int fd = -1;
+  FASTCOMMS_CU_CHECK(
+      checked_driver().export_handle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return fd;
+}
+
+VmmImport::VmmImport(int fd, size_t bytes, int device) : size_(bytes) {
+  const Driver& d = checked_driver();
+  const CUdevice dev = driver_device(device);
+  DeviceGuard guard(device);
+  CUmemGenericAllocationHandle h = 0;
+  FASTCOMMS_CU_CHECK(d.import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  handle_ = h;
+  try {
+    ptr_ = map_for(handle_, size_, dev);
+  } catch (...) {
+    (void)d.release(h);
+    handle_ = 0;
+    throw;
+  }
+}
+
+VmmImport::~VmmImport() { unmap_release(ptr_, size_, handle_); }
+
+}  // namespace fastcomms::cuda

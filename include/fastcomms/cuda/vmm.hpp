@@ -1,0 +1,82 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// Device memory through the CUDA virtual memory API (cuMemCreate / cuMemMap), shareable with
+/// other processes as a POSIX file descriptor. NOTE [vmm windows]: on 2xH200 the copy engines
+/// wrote into a legacy-IPC mapping (cudaIpcOpenMemHandle) of a large cudaMalloc buffer at a rate
+/// that fell with the copy's size (383 GB/s at 64 MiB, 272 at 185 MiB, 244 at 553 MiB), while
+/// into a cuMemMap mapping of an imported handle it held 377-380 GB/s at every size
+/// (docs/benchmarks.md, "copy-engine path"). Windows that peers write are made this way where
+/// the driver supports it. The driver entry points are looked up at run time (no link against
+/// libcuda, so a build with CUDA still loads on a machine without a driver).
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace fastcomms::cuda {
+
+/// True when `device` supports virtual memory management with POSIX file-descriptor handles;
+/// otherwise false and `why` says why.
+bool vmm_supported(int device, std::string* why);
+
+/// Memory of at least `bytes` on `device`, mapped read-write for it; its size is rounded up to
+/// the allocation granularity.
+class VmmBuffer {
+ public:
+  VmmBuffer() = default;
+  VmmBuffer(size_t bytes, int device);
+  ~VmmBuffer();
+  VmmBuffer(VmmBuffer&& o) noexcept { swap(o); }
+  VmmBuffer& operator=(VmmBuffer&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  VmmBuffer(const VmmBuffer&) = delete;
+  VmmBuffer& operator=(const VmmBuffer&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  /// The mapped size (a multiple of the granularity).
+  size_t size() const { return size_; }
+  /// A new file descriptor for the memory (the caller closes it).
+  int export_fd() const;
+
+ private:
+  void swap(VmmBuffer& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(size_, o.size_);
+    std::swap(handle_, o.handle_);
+  }
+  unsigned long long ptr_ = 0;
+  size_t size_ = 0;
+  unsigned long long handle_ = 0;
+};
+
+/// Another process's VmmBuffer imported from its file descriptor (`bytes`: its mapped size) and
+/// mapped read-write for `device`.
+class VmmImport {
+ public:
+  VmmImport() = default;
+  VmmImport(int fd, size_t bytes, int device);
+  ~VmmImport();
+  VmmImport(VmmImport&& o) noexcept { swap(o); }
+  VmmImport& operator=(VmmImport&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  VmmImport(const VmmImport&) = delete;
+  VmmImport& operator=(const VmmImport&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+
+ private:
+  void swap(VmmImport& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(size_, o.size_);
+    std::swap(handle_, o.handle_);
+  }
+  unsigned long long ptr_ = 0;
+  size_t size_ = 0;
+  unsigned long long handle_ = 0;
+};
+
+}  // namespace fastcomms::cuda
