@@ -23,11 +23,35 @@ from . import _C, TorchComm
 
 __all__ = ["UlyssesGroup", "UlyssesWork", "all_to_all_4d"]
 
+try:  # torch's work registry: an AsyncCollectiveTensor's first use waits on the registered work
+    from torch._C._distributed_c10d import _register_work
+    from torch.distributed import Work as _C10dWork
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+except ImportError:  # pragma: no cover - a torch without it: plain handles (UlyssesWork)
+    _register_work = _C10dWork = AsyncCollectiveTensor = None
+
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 
 
 def _where(rank, size):
     return f"[rank {rank}/{size}] all_to_all_4d:"
+
+
+def _refuse_vmap(t, rank, size, what):
+    """A vmapped collective would issue one exchange per batch row on ranks that may disagree on
+    the batch: refused with a clear error instead of hanging."""
+    f = torch._C._functorch
+    if isinstance(t, torch.Tensor) and (f.is_batchedtensor(t) or f.is_legacy_batchedtensor(t)):
+        raise _vmap_error(rank, size, what)
+
+
+def _vmap_error(rank, size, what):
+    return RuntimeError(
+        f"[rank {rank}/{size}] {what}: torch.vmap (or autograd.grad(is_grads_batched=True)) "
+        "over the Ulysses all-to-all is not supported: it would issue one collective per "
+        "batch row and ranks that disagree on the batch would hang; loop over the batch "
+        "explicitly or fold it into the tensor's batch dimension"
+    )
 
 
 class _AllToAll4d(torch.autograd.Function):
@@ -38,6 +62,7 @@ class _AllToAll4d(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _refuse_vmap(grad, ctx.group._rank, ctx.group._size, "all_to_all_4d backward")
         seq, heads = ctx.splits
         g = _AllToAll4d.apply(grad.contiguous(), ctx.group, 1 - ctx.mode, seq, heads)
         return g, None, None, None, None
@@ -175,8 +200,7 @@ class UlyssesGroup:
                 )
             group = group.get_group()
         self.group = group
-        self._ring = []  # lent async outputs
-        self._ring_next = 0
+        self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
         if isinstance(group, TorchComm):
@@ -244,6 +268,7 @@ class UlyssesGroup:
         return self._t
 
     def _check_x(self, x):
+        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(
@@ -285,6 +310,7 @@ class UlyssesGroup:
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(self, x, *, mode=0, out=None, seq_splits=None, head_splits=None):
         """The exchange of API.md §2; differentiable unless ``out=`` is given."""
+        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         seq, heads = self._args(mode, seq_splits, head_splits)
         if out is not None:
             if torch.is_grad_enabled() and x.requires_grad:
@@ -298,14 +324,19 @@ class UlyssesGroup:
     def all_to_all_4d_async(
         self, x, *, mode=0, out=None, seq_splits=None, head_splits=None, lend=False
     ):
-        """Starts the exchange and returns a UlyssesWork; its ``wait()`` returns the output and
-        orders the caller's current stream after the transfer without blocking the host (CPU
-        tensors: it blocks until the exchange is done). Not differentiable.
+        """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``
+        (torch.distributed._functional_collectives): ``.wait()`` returns the plain tensor, and the
+        first use by any aten op waits the same way; on CUDA that orders the caller's current
+        stream after the transfer without blocking the host (CPU: it blocks until the exchange is
+        done). The work is registered with torch's work registry, so wait on or use every result
+        (a dropped, never-used one stays there). Where torch lacks the registry a ``UlyssesWork``
+        handle is returned instead. Not differentiable.
 
-        ``lend=True`` (NVLink transport only): the output is a buffer of the group's own ring of
-        ``LEND_RING`` windows that peers write directly (no copy-out). It stays valid until the
-        ``LEND_RING``-th next lent call is issued; work the caller enqueued on its current stream
-        before that call is ordered before the buffer is written again."""
+        ``lend=True`` (NVLink transport only): the output is a window of the group's own ring of
+        ``LEND_RING`` (4) per dtype, which peers write directly (no copy-out). The ring rotates;
+        a call whose next window still backs a live result (one the caller holds, or never
+        waited on) raises instead of overwriting it, so at most four lent results per dtype live
+        at once. Every rank must release its results at the same point of its program."""
         seq, heads = self._args(mode, seq_splits, head_splits)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
@@ -332,7 +363,7 @@ class UlyssesGroup:
         if not x.is_cuda:  # CPU: the transport's own async path
             if out is None:
                 out = torch.empty(self._shape(t, x, mode, seq, heads), dtype=x.dtype)
-            return UlyssesWork(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True))
+            return self._async_result(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True))
         if self._lane is None:
             self._lane = t.async_lane()
         if self._astream is None:
@@ -353,20 +384,40 @@ class UlyssesGroup:
             lane.all_to_all_4d(x, out, mode, seq, heads, False)
             done = torch.cuda.Event()
             done.record(s)
-        return UlyssesWork(out, event=done)
+        return self._async_result(out, event=done)
 
-    LEND_RING = 2
+    @staticmethod
+    def _async_result(out, *, event=None, work=None):
+        if _register_work is None:
+            return UlyssesWork(out, event=event, work=work)
+        _register_work(out, _RegisteredWork(out, event, work))
+        return AsyncCollectiveTensor(out)
+
+    LEND_RING = 4
+
+    @staticmethod
+    def _storage_uses(t):
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
     def _lent(self, lane, x, shape, mode, seq, heads):
-        if not self._ring:
-            self._ring = [None] * self.LEND_RING
+        # One ring per dtype: [buffers, the storage use count of each with no result alive, next]
+        ring = self._ring.setdefault(x.dtype, [[None] * self.LEND_RING, [0] * self.LEND_RING, 0])
+        bufs, idle, k = ring
         need = max(16, lane.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads))
-        k = self._ring_next
-        self._ring_next = (k + 1) % self.LEND_RING
-        buf = self._ring[k]
+        buf = bufs[k]
+        if buf is not None and self._storage_uses(buf) > idle[k]:
+            raise RuntimeError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d_async(lend=True): the ring's "
+                f"{self.LEND_RING} {x.dtype} windows all back live results (the next one, "
+                f"window {k}, is still referenced or was never waited on); release a lent result "
+                "(drop it after using it) before lending another, or pass out="
+            )
+        ring[2] = (k + 1) % self.LEND_RING
         if buf is None or buf.numel() < need:  # grow-only; every rank grows at the same call
+            bufs[k] = None
             buf = lane.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
-            self._ring[k] = buf
+            bufs[k] = buf
+            idle[k] = self._storage_uses(buf)
         return buf.view(x.dtype)[: math.prod(shape)].view(shape)
 
     def _args(self, mode, seq_splits, head_splits):
@@ -403,7 +454,9 @@ class UlyssesGroup:
             "device_bytes": sync[0] + asyn[0],
             "sync_bytes": sync[0],
             "async_bytes": asyn[0],
-            "lend_ring_bytes": sum(b.numel() for b in self._ring if b is not None),
+            "lend_ring_bytes": sum(
+                b.numel() for ring in self._ring.values() for b in ring[0] if b is not None
+            ),
             "calls": sync[1] + asyn[1],
         }
 
@@ -427,7 +480,7 @@ class UlyssesGroup:
         if self._t is not None:
             self._t.destroy()
         self._t = self._lane = None
-        self._ring = []
+        self._ring = {}
         self.transport = "destroyed"
 
     def __enter__(self):
@@ -438,8 +491,34 @@ class UlyssesGroup:
         return False
 
 
+if _C10dWork is not None:
+
+    class _RegisteredWork(_C10dWork):
+        """What torch's work registry holds for an AsyncCollectiveTensor: its wait() orders the
+        caller's stream after the transfer (CUDA) or waits for the exchange (CPU)."""
+
+        def __init__(self, out, event, work):
+            super().__init__()
+            # Not `out` itself: the registry holds this object until the first wait, and a lent
+            # window counts its live results by references (UlyssesGroup._lent).
+            self._device, self._event, self._work = out.device, event, work
+
+        def wait(self, timeout=None):
+            if self._event is not None:
+                torch.cuda.current_stream(self._device).wait_event(self._event)
+            if self._work is not None:
+                self._work.wait()
+            return True
+
+        def is_completed(self):
+            if self._event is not None:
+                return self._event.query()
+            return self._work.is_completed() if self._work is not None else True
+
+
 class UlyssesWork:
-    """The handle of all_to_all_4d_async: ``wait()`` returns the output."""
+    """The handle of all_to_all_4d_async where torch has no work registry: ``wait()`` returns the
+    output."""
 
     def __init__(self, out, *, event=None, work=None):
         self._out, self._event, self._work = out, event, work
@@ -513,6 +592,12 @@ def _backward(ctx, grad):
 
 
 _ulysses_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@_ulysses_op.register_vmap
+def _(info, in_dims, x, handle, mode, seq_splits, head_splits):
+    g = _groups[handle]
+    raise _vmap_error(g._rank, g._size, "all_to_all_4d")
 
 
 def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fastcomms.ulysses import UlyssesGroup
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 
 def _geometries(size, count, seed):
@@ -153,6 +154,10 @@ def functional_and_compile(comm, rank, size):
         fx = mode.from_tensor(x)
         fy = ulysses.all_to_all_4d(fx, comm, mode=0, seq_splits=seq, head_splits=heads)
         assert tuple(fy.shape) == (2, sum(seq), heads[rank], 4)
+    with pytest.raises(RuntimeError, match="torch.vmap"):  # the functional op refuses it too
+        torch.vmap(lambda t: ulysses.all_to_all_4d(t, comm, seq_splits=seq, head_splits=heads))(
+            x[None]
+        )
 
     # torch.compile with fullgraph=True: no graph break, same result, gradients flow
     def f(t):
@@ -181,7 +186,10 @@ def async_and_transport(comm, rank, size):
         x = torch.randn(shape)
         want = pg.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads)
         w = g.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads)
-        assert torch.equal(w.wait(), want) and w.is_completed()
+        assert isinstance(w, AsyncCollectiveTensor)
+        assert torch.equal(w.wait(), want)
+        w = g.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads)
+        assert torch.equal(w + 0, want)  # the first use by an aten op waits
         out = g.empty_output(x, mode=mode, seq_splits=seq, head_splits=heads)
         out.fill_(float("nan"))
         w = g.all_to_all_4d_async(x, mode=mode, seq_splits=seq, head_splits=heads, out=out)
@@ -191,6 +199,13 @@ def async_and_transport(comm, rank, size):
     x = torch.randn(2, seq[rank], sum(heads), 5)
     with pytest.raises(ValueError, match="lend=True needs the NVLink transport"):
         g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True)
+    # vmap (and batched gradients) would issue one collective per row: refused, never hung
+    with pytest.raises(RuntimeError, match="torch.vmap"):
+        torch.vmap(lambda t: g.all_to_all_4d(t, seq_splits=seq, head_splits=heads))(x[None])
+    xg = x.clone().requires_grad_()
+    y = g.all_to_all_4d(xg, seq_splits=seq, head_splits=heads)
+    with pytest.raises(RuntimeError, match="torch.vmap"):
+        torch.autograd.grad(y, xg, torch.ones((2, *y.shape)), is_grads_batched=True)
     with pytest.raises(RuntimeError, match="async form is not differentiable"):
         g.all_to_all_4d_async(x.requires_grad_(), seq_splits=seq, head_splits=heads)
     with pytest.raises(RuntimeError, match="NVLink transport is not available: the group's device"):

@@ -168,6 +168,18 @@ def _nvlink_worker(store, rank, world):
     lent = [g.all_to_all_4d_async(x, lend=True).wait() for x in xs]
     for x, out in zip(xs, lent, strict=True):
         check(out, x, 0, seq, heads, "lend ring")
+    # a fifth live lent result raises (on every rank alike) instead of overwriting the oldest
+    with pytest.raises(RuntimeError, match="windows all back live results"):
+        g.all_to_all_4d_async(xs[0], lend=True)
+    lent.pop(0)  # released: its window may be lent again, the other three stay intact
+    again = g.all_to_all_4d_async(xs[0], lend=True).wait()
+    check(again, xs[0], 0, seq, heads, "lend ring reuse")
+    for x, out in zip(xs[1:], lent, strict=True):
+        check(out, x, 0, seq, heads, "lend ring after reuse")
+    del lent, again
+    # the first use by an aten op waits like wait() (no host block on CUDA)
+    w = g.all_to_all_4d_async(xs[1])
+    check(w * 1, xs[1], 0, seq, heads, "async first use")
     # autograd on CUDA: backward is the other mode with the same splits
     x = _input(rank, 0, b, d, seq, heads, torch.float32, gen, dev).requires_grad_()
     y = g.all_to_all_4d(x)

@@ -5,8 +5,8 @@
 /// Device memory through the CUDA virtual memory API (cuMemCreate / cuMemMap), shareable with
 /// other processes as a POSIX file descriptor. NOTE [vmm windows]: on 2xH200 the copy engines
 /// wrote into a legacy-IPC mapping (cudaIpcOpenMemHandle) of a large cudaMalloc buffer at a rate
-/// that fell with the copy's size (383 GB/s at 64 MiB, 272 at 185 MiB, 244 at 553 MiB), while
-/// into a cuMemMap mapping of an imported handle it held 377-380 GB/s at every size
+/// that fell with the copy's size (383 GB/s at 64 MiB, 274 at 185 MiB, 246 at 554 MiB), while
+/// into a cuMemMap mapping of an imported handle it held 382-391 GB/s at every size
 /// (docs/benchmarks.md, "copy-engine path"). Windows that peers write are made this way where
 /// the driver supports it. The driver entry points are looked up at run time (no link against
 /// libcuda, so a build with CUDA still loads on a machine without a driver).
