@@ -16,6 +16,11 @@ from pkgutil import extend_path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
+try:  # torch.compile takes instances of these classes as opaque objects (NOTE [ulysses custom op])
+    from torch._opaque_base import OpaqueBase as _OpaqueBase
+except ImportError:  # pragma: no cover
+    _OpaqueBase = object
+
 __path__ = extend_path(__path__, __name__)  # the built extension may live in a build tree
 
 
@@ -445,7 +450,7 @@ def _op(op) -> tuple[RedOpType, float]:
     raise TypeError(f"op must be a ReduceOp, got {type(op).__name__}")
 
 
-class TorchComm:
+class TorchComm(_OpaqueBase):
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
 
@@ -780,6 +785,40 @@ class TorchComm:
         engine where it lends one (nvlink), else NVLink peer-to-peer or the collective path as
         ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
         return self._c.select_transport(str(transport), bool(require_nvlink))
+
+
+# torch.compile passes communicators through as opaque objects and evaluates these two members on
+# the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a communicator]);
+# each asks the module that owns the mapping, imported on first use.
+def _ulysses_group(self):
+    from .ulysses import _ulysses_group_of
+
+    return _ulysses_group_of(self)
+
+
+def _process_group_name(self):
+    from .functional import _process_group_name_of
+
+    return _process_group_name_of(self)
+
+
+TorchComm._ulysses_group = property(_ulysses_group)
+TorchComm._process_group_name = property(_process_group_name)
+
+try:
+    from torch._library.opaque_object import MemberType as _MemberType
+    from torch._library.opaque_object import register_opaque_type as _register_opaque_type
+
+    _register_opaque_type(
+        TorchComm,
+        typ="reference",
+        members={
+            "_ulysses_group": _MemberType.USE_REAL,
+            "_process_group_name": _MemberType.USE_REAL,
+        },
+    )
+except ImportError:  # pragma: no cover - an older torch: communicators are not traceable
+    pass
 
 
 def _rank_size() -> tuple[int, int]:

@@ -1,7 +1,10 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """A drop-in for the torch.distributed functions (API.md §1): the same signatures, run on
-fastcomms communicators. Groups are fastcomms communicators split from the default one; ranks in
-arguments (src, dst, ranks) are global ranks, as in torch.distributed."""
+fastcomms communicators. Groups are fastcomms communicators split from the default one, each a
+real ``torch.distributed.ProcessGroup`` registered with torch (fastcomms.device_mesh), so torch's
+own functions (``torch.distributed.get_rank(g)``, ``P2POp``, DeviceMesh, FSDP2) accept them; the
+default group becomes torch's default group when the process has none. Ranks in arguments (src,
+dst, ranks) are global ranks, as in torch.distributed."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch
 
 import fastcomms
 from fastcomms import RedOpType, ReduceOp, TorchComm
+from fastcomms.device_mesh import _CommProcessGroup, _register, _unregister
 
 __all__ = [
     "init_process_group",
@@ -52,18 +56,16 @@ class GroupMember:
     NON_GROUP_MEMBER = _NonMember()
 
 
-class _Group:
-    """A process group: a fastcomms communicator and the global ranks it spans."""
+class _Group(_CommProcessGroup):
+    """A process group: a fastcomms communicator and the global ranks it spans, registered with
+    torch.distributed as ``fastcomms/<communicator name>``."""
 
     def __init__(self, comm: TorchComm, ranks: list[int]) -> None:
-        self.comm = comm
+        super().__init__(comm)
         self.ranks = ranks
-
-    def rank(self) -> int:
-        return self.comm.get_rank()
-
-    def size(self) -> int:
-        return self.comm.get_size()
+        _register(
+            self, f"fastcomms/{comm.get_name()}", "fastcomms", {g: i for i, g in enumerate(ranks)}
+        )
 
     def group_rank(self, global_rank: int) -> int:
         try:
@@ -152,6 +154,10 @@ def init_process_group(
         chosen, device, timeout=timeout, store=store, name=group_name or "default"
     )
     _default = _Group(comm, list(range(world_size)))
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # torch's functions then see it as the default group
+        dist.distributed_c10d._update_default_pg(_default)
 
 
 def is_initialized() -> bool:
@@ -162,6 +168,7 @@ def destroy_process_group(group=None) -> None:
     global _default
     g = _group(group)
     g.comm.finalize()
+    _unregister(g)
     if g is _default:
         _default = None
 

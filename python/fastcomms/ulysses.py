@@ -19,9 +19,15 @@ import uuid
 
 import torch
 
-from . import _C, TorchComm
+from . import _C, TorchComm, _OpaqueBase
 
 __all__ = ["UlyssesGroup", "UlyssesWork", "all_to_all_4d"]
+
+try:  # opaque objects for torch.compile (NOTE [ulysses custom op])
+    from torch._library.opaque_object import MemberType as _MemberType
+    from torch._library.opaque_object import register_opaque_type as _register_opaque_type
+except ImportError:  # pragma: no cover - an older torch: groups are traced as before
+    _MemberType = _register_opaque_type = None
 
 try:  # torch's work registry: an AsyncCollectiveTensor's first use waits on the registered work
     from torch._C._distributed_c10d import _register_work
@@ -166,7 +172,7 @@ class _TorchTransport:
         pass
 
 
-class UlyssesGroup:
+class UlyssesGroup(_OpaqueBase):
     """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, a 1-D DeviceMesh, or None:
     the default group).
 
@@ -199,6 +205,9 @@ class UlyssesGroup:
                     f"{group.ndim} dimensions"
                 )
             group = group.get_group()
+        from .device_mesh import comm_of  # a process group over a communicator: use the comm
+
+        group = comm_of(group) or group
         self.group = group
         self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
@@ -279,6 +288,10 @@ class UlyssesGroup:
     def _shape(self, t, x, mode, seq, heads):
         return tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads))
 
+    def _fake_shape(self, shape, itemsize, mode, seq, heads):
+        """The output shape for the custom op's fake kernel (NOTE [ulysses custom op])."""
+        return tuple(self._live().output_shape([int(v) for v in shape], itemsize, mode, seq, heads))
+
     def _meta(self, x, mode, seq, heads, out):
         """Shapes only: a meta x gives a meta result of the output's shape (nothing moves)."""
         shape = self._shape(self._live(), x, mode, seq, heads)
@@ -310,6 +323,8 @@ class UlyssesGroup:
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(self, x, *, mode=0, out=None, seq_splits=None, head_splits=None):
         """The exchange of API.md §2; differentiable unless ``out=`` is given."""
+        if out is None and torch.compiler.is_compiling():  # NOTE [ulysses custom op]
+            return all_to_all_4d(x, self, mode=mode, seq_splits=seq_splits, head_splits=head_splits)
         _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         seq, heads = self._args(mode, seq_splits, head_splits)
         if out is not None:
@@ -537,53 +552,69 @@ class UlyssesWork:
 
 
 # -- the functional form: a torch.library custom op -------------------------------------------
-# NOTE [ulysses custom op]: torch.compile cannot trace a Python group object, so the op takes an
-# integer handle into this registry (filled by the functional all_to_all_4d below). The fake
-# kernel derives the output shape from the group's rank and size; the backward is the same op in
-# the other mode with the same splits.
-_groups: dict[int, UlyssesGroup] = {}
-_group_ids: dict[int, int] = {}
+# NOTE [ulysses custom op]: the op takes the UlyssesGroup itself, registered with torch.compile as
+# an opaque reference type: Dynamo passes it through without tracing it and guards on its identity
+# (one compile per group, none per call). A TorchComm (or a process group over one,
+# fastcomms.device_mesh) reaches its UlyssesGroup through the `_ulysses_group` member, which the
+# compiler evaluates on the real object while tracing; the fake kernel asks the group for the
+# output shape through `_fake_shape`, the other member the compiler may call. So compiling needs
+# no eager call first. The backward is the same op in the other mode with the same splits.
+_by_comm: dict[object, UlyssesGroup] = {}  # keyed by the communicator object itself
 
 
-def _group_handle(group) -> int:
-    key = id(group) if group is not None else 0
-    if key not in _group_ids:
-        handle = len(_groups) + 1
-        _groups[handle] = group if isinstance(group, UlyssesGroup) else UlyssesGroup(group)
-        _group_ids[key] = handle
-    return _group_ids[key]
+def _ulysses_group_of(comm) -> UlyssesGroup:
+    g = _by_comm.get(comm)
+    if g is None:
+        g = _by_comm[comm] = UlyssesGroup(comm)
+    return g
 
 
-def _out_shape(g: UlyssesGroup, x, mode, seq_splits, head_splits):
-    return g._shape(g._live(), x, mode, seq_splits, head_splits)
+if _register_opaque_type is not None:
+    _register_opaque_type(
+        UlyssesGroup,
+        typ="reference",
+        members={"_fake_shape": _MemberType.USE_REAL, "all_to_all_4d": _MemberType.INLINED},
+    )
+
+
+def _resolve(group) -> UlyssesGroup:
+    if isinstance(group, UlyssesGroup):
+        return group
+    if isinstance(group, TorchComm):
+        return group._ulysses_group
+    from .device_mesh import comm_of
+
+    comm = comm_of(group)
+    return comm._ulysses_group if comm is not None else _ulysses_group_of(group)
 
 
 @torch.library.custom_op("fastcomms::ulysses_all_to_all_4d", mutates_args=())
 def _ulysses_op(
     x: torch.Tensor,
-    handle: int,
+    group: UlyssesGroup,
     mode: int,
     seq_splits: list[int] | None,
     head_splits: list[int] | None,
 ) -> torch.Tensor:
-    return _groups[handle]._exchange(x, mode, seq_splits, head_splits, None)
+    return group._exchange(x, mode, seq_splits, head_splits, None)
 
 
 @_ulysses_op.register_fake
-def _(x, handle, mode, seq_splits, head_splits):
-    g = _groups[handle]
-    return x.new_empty(_out_shape(g, x, mode, seq_splits, head_splits))
+def _(x, group, mode, seq_splits, head_splits):
+    return x.new_empty(
+        group._fake_shape(tuple(x.shape), x.element_size(), mode, seq_splits, head_splits)
+    )
 
 
 def _setup_context(ctx, inputs, output):
-    _, handle, mode, seq_splits, head_splits = inputs
-    ctx.args = (handle, mode, seq_splits, head_splits)
+    _, group, mode, seq_splits, head_splits = inputs
+    ctx.args = (group, mode, seq_splits, head_splits)
 
 
 def _backward(ctx, grad):
-    handle, mode, seq_splits, head_splits = ctx.args
+    group, mode, seq_splits, head_splits = ctx.args
     return (
-        _ulysses_op(grad.contiguous(), handle, 1 - mode, seq_splits, head_splits),
+        _ulysses_op(grad.contiguous(), group, 1 - mode, seq_splits, head_splits),
         None,
         None,
         None,
@@ -595,17 +626,17 @@ _ulysses_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_ulysses_op.register_vmap
-def _(info, in_dims, x, handle, mode, seq_splits, head_splits):
-    g = _groups[handle]
-    raise _vmap_error(g._rank, g._size, "all_to_all_4d")
+def _(info, in_dims, x, group, mode, seq_splits, head_splits):
+    raise _vmap_error(group._rank, group._size, "all_to_all_4d")
 
 
 def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None):
     """The functional form (API.md §2): a torch.library custom op that torch.compile(fullgraph=True)
-    traces without a graph break. `group` is a TorchComm, a ProcessGroup, a UlyssesGroup, or None.
-    """
+    traces without a graph break and without an eager call first. ``group`` is a UlyssesGroup, a
+    TorchComm, a process group (a ProcessGroup from fastcomms.device_mesh compiles; torch's own
+    process groups run eagerly), or None (torch's default group, eager)."""
     if mode not in (0, 1):
         raise ValueError(f"all_to_all_4d: mode must be 0 or 1, got {mode}")
     seq = None if seq_splits is None else [int(v) for v in seq_splits]
     heads = None if head_splits is None else [int(v) for v in head_splits]
-    return _ulysses_op(x, _group_handle(group), mode, seq, heads)
+    return _ulysses_op(x, _resolve(group), mode, seq, heads)

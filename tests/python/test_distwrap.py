@@ -58,6 +58,13 @@ def distwrap_matches(comm, rank, size):
         fd.broadcast(t, src=size - 1, group=sub)
         assert t.item() == size - 1
         assert fd.get_world_size(sub) == 2
+        # a real torch ProcessGroup: torch's own functions take it
+        assert isinstance(sub, dist.ProcessGroup)
+        assert dist.get_rank(sub) == (0 if rank == 0 else 1) and dist.get_world_size(sub) == 2
+        assert dist.get_process_group_ranks(sub) == [0, size - 1]
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=sub)
+        assert t.item() == size - 1
     else:
         assert sub is fd.GroupMember.NON_GROUP_MEMBER
     part = fd.split_group(split_ranks=[[0, 1], list(range(2, size))])
@@ -81,3 +88,34 @@ def _entry(comm, rank, size):
     # (under another prefix); the fixture's communicator is not used here.
     _STORE.append(dist.distributed_c10d._get_default_store())
     distwrap_matches(comm, rank, size)
+
+
+def _alone(rank, size, path, errq):
+    """distwrap in a process with no torch.distributed group: its default group becomes torch's."""
+    import traceback
+
+    try:
+        fd.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=size)
+        assert dist.is_initialized() and dist.get_rank() == rank and dist.get_world_size() == size
+        t = torch.full((2,), float(rank + 1))
+        dist.all_reduce(t)  # torch's function on fastcomms' default group
+        assert torch.equal(t, torch.full((2,), float(size * (size + 1) // 2)))
+        got = torch.zeros(2)
+        ops = [
+            dist.P2POp(dist.isend, t, (rank + 1) % size),
+            dist.P2POp(dist.irecv, got, (rank - 1) % size),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(got, t)
+        fd.destroy_process_group()
+        assert not dist.is_initialized()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_distwrap_default_group_is_torchs():
+    from conftest import spawn
+
+    spawn(_alone, 3)

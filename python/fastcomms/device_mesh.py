@@ -1,0 +1,309 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms communicators as torch.distributed process groups, and DeviceMesh over them.
+
+``_create_torchcomm_process_group(comm, group_name)`` wraps any ``TorchComm`` in a real
+``torch.distributed.ProcessGroup`` (registered with torch under ``group_name``): every
+``torch.distributed`` function, torch's functional collectives (so ``torch.compile`` traces them),
+DeviceMesh, DTensor, FSDP2 and DDP then run their collectives on the communicator.
+``init_device_mesh(comms, names)`` builds a ``DeviceMesh`` whose dimensions are such process
+groups, as torchcomms' function of the same name does.
+
+How (NOTE [process group over a communicator]): torch lets Python subclass ``ProcessGroup`` and
+calls the subclass's methods both from Python (``dist.all_reduce``) and from C++ (the functional
+collectives, DDP's reducer) through its trampoline. Each method issues the communicator's op with
+``async_op=True`` and returns a ``torch.distributed.Work`` whose ``wait()`` waits for it (on CUDA:
+the caller's stream waits, no host block) and whose ``get_future()`` waits, then hands back a
+completed future (DDP's reducer chains on it). Ranks in a group are the communicator's ranks;
+``global_ranks_mapping`` says which global rank each one is, for torch's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import ReduceOp, TorchComm
+
+__all__ = ["init_device_mesh", "comm_of"]
+
+_REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
+
+
+def _reduce_op(c10d_op, where):
+    for name in _REDUCE_OPS:
+        if c10d_op == getattr(dist.ReduceOp, name):
+            return getattr(ReduceOp, name)
+    raise ValueError(
+        f"{where}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
+        f"(supported: {', '.join(_REDUCE_OPS)})"
+    )
+
+
+class _CommWork(dist.Work):
+    """A torch Work over one or more fastcomms works (NOTE [process group over a communicator])."""
+
+    def __init__(self, works, result):
+        super().__init__()
+        self._works, self._result = [w for w in works if w is not None], result
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait()
+        self._works = []
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return self.is_completed()
+
+    def get_future(self):
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class _CommProcessGroup(dist.ProcessGroup):
+    """A torch.distributed ProcessGroup whose collectives run on a fastcomms TorchComm."""
+
+    def __init__(self, comm: TorchComm):
+        super().__init__(comm.get_rank(), comm.get_size())
+        self._comm = comm
+
+    # -- identity ----------------------------------------------------------------------------
+    def getBackendName(self):  # noqa: N802 (torch's name)
+        return "fastcomms"
+
+    def name(self):
+        return "fastcomms"
+
+    @property
+    def comm(self) -> TorchComm:
+        return self._comm
+
+    def _where(self, op):
+        return (
+            f"[rank {self._comm.get_rank()}/{self._comm.get_size()}] fastcomms process group {op}"
+        )
+
+    def _each(self, issue, tensors, result=None):
+        return _CommWork([issue(t) for t in tensors], tensors if result is None else result)
+
+    # -- collectives -------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = _reduce_op(
+            opts.reduceOp if opts is not None else dist.ReduceOp.SUM, self._where("allreduce")
+        )
+        return self._each(lambda t: self._comm.all_reduce(t, op, True), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        return self._each(lambda t: self._comm.broadcast(t, root, True), tensors)
+
+    def reduce(self, tensors, opts=None):
+        op = _reduce_op(opts.reduceOp, self._where("reduce"))
+        return self._each(lambda t: self._comm.reduce(t, opts.rootRank, op, True), tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        works = [
+            self._comm.all_gather(o, i, True) for o, i in zip(output_lists, inputs, strict=True)
+        ]
+        return _CommWork(works, output_lists)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002
+        return _CommWork([self._comm.all_gather_single(output, input, True)], [output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [
+            self._comm.all_gather_single(o, i, True) for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return _CommWork(works, outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter"))
+        works = [
+            self._comm.reduce_scatter(o, i, op, True)
+            for o, i in zip(outputs, input_lists, strict=True)
+        ]
+        return _CommWork(works, outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter_tensor"))
+        return _CommWork([self._comm.reduce_scatter_single(output, input, op, True)], [output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter_tensor"))
+        works = [
+            self._comm.reduce_scatter_single(o, i, op, True)
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return _CommWork(works, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        if not output_split_sizes and not input_split_sizes:
+            work = self._comm.all_to_all_single(output, input, True)
+        else:
+            n = self._comm.get_size()
+            out_splits = list(output_split_sizes) or [output.shape[0] // n] * n
+            in_splits = list(input_split_sizes) or [input.shape[0] // n] * n
+            work = self._comm.all_to_all_v_single(output, input, out_splits, in_splits, True)
+        return _CommWork([work], [output])
+
+    def alltoall(self, outputs, inputs, opts=None):
+        return _CommWork([self._comm.all_to_all(outputs, inputs, True)], outputs)
+
+    def gather(self, output_lists, inputs, opts=None):
+        root = opts.rootRank
+        out = output_lists[0] if self._comm.get_rank() == root else []
+        return _CommWork([self._comm.gather(out, inputs[0], root, True)], output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        root = opts.rootRank
+        inp = input_lists[0] if self._comm.get_rank() == root else []
+        return _CommWork([self._comm.scatter(outputs[0], inp, root, True)], outputs)
+
+    def barrier(self, opts=None):
+        return _CommWork([self._comm.barrier(True)], [])
+
+    def send(self, tensors, dst, tag=0):
+        return self._each(lambda t: self._comm.send(t, dst, True), tensors)
+
+    def recv(self, tensors, src, tag=0):
+        return self._each(lambda t: self._comm.recv(t, src, True), tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError(
+            f"{self._where('recv')}: a receive from any source is not supported; name the peer"
+        )
+
+
+def _register(pg, group_name, backend_str, global_ranks_mapping):
+    """Records `pg` in torch's process-group tables (what torch.distributed's rank queries,
+    DeviceMesh and the functional collectives look up)."""
+    c10d = dist.distributed_c10d
+    pg._set_group_name(group_name)
+    store = dist.HashStore()  # torch's bookkeeping wants one; the communicator has its own
+    c10d._world.pg_map[pg] = (backend_str, store)
+    c10d._world.pg_names[pg] = group_name
+    c10d._world.pg_backend_config[pg] = f"{pg.comm.get_device().type}:{backend_str}"
+    c10d._register_process_group(group_name, pg)
+    c10d._world.pg_group_ranks[pg] = global_ranks_mapping
+    tag = f"ptd:{group_name}"
+    c10d._world.tags_to_pg.setdefault(tag, []).append(pg)
+    c10d._world.pg_to_tag[pg] = tag
+
+
+def _create_torchcomm_process_group(
+    comm: TorchComm,
+    group_name: str | None = None,
+    backend_str: str = "fastcomms",
+    global_ranks_mapping: dict[int, int] | None = None,
+) -> dist.ProcessGroup:
+    """A torch.distributed ProcessGroup whose every collective runs on ``comm``, registered with
+    torch under ``group_name`` (default: the communicator's name). ``global_ranks_mapping`` maps
+    each member's global rank to its rank in ``comm`` (default: the identity)."""
+    if not isinstance(comm, TorchComm):
+        raise TypeError(f"expected a fastcomms TorchComm, got {type(comm).__name__}")
+    pg = _CommProcessGroup(comm)
+    name = group_name or comm.get_name()
+    mapping = global_ranks_mapping or {i: i for i in range(comm.get_size())}
+    n = comm.get_size()
+    if len(mapping) != n or sorted(mapping.values()) != list(range(n)):
+        raise ValueError(
+            f"global_ranks_mapping must map {n} global ranks onto 0..{n - 1}, got {mapping}"
+        )
+    _register(pg, name, backend_str, dict(mapping))
+    return pg
+
+
+def _unregister(pg):
+    """Removes `pg` from torch's tables (and as the default group if it is that)."""
+    c10d = dist.distributed_c10d
+    w = c10d._world
+    for table in (w.pg_map, w.pg_names, w.pg_backend_config, w.pg_group_ranks):
+        table.pop(pg, None)
+    tag = w.pg_to_tag.pop(pg, None)
+    if tag is not None and pg in w.tags_to_pg.get(tag, []):
+        w.tags_to_pg[tag].remove(pg)
+    try:
+        c10d._unregister_process_group(pg.group_name)
+    except (AttributeError, RuntimeError, KeyError):
+        pass
+    if c10d.GroupMember.WORLD is pg:
+        c10d._update_default_pg(None)
+
+
+def comm_of(group) -> TorchComm | None:
+    """The TorchComm behind a process group made here (None for any other group)."""
+    return group.comm if isinstance(group, _CommProcessGroup) else None
+
+
+def init_device_mesh(
+    mesh_dim_comms: tuple[TorchComm, ...],
+    mesh_dim_names: tuple[str, ...],
+    _global_comm: TorchComm | None = None,
+) -> dist.DeviceMesh:
+    """A DeviceMesh whose dimension ``i`` runs on ``mesh_dim_comms[i]`` (each rank passes the
+    communicators of the groups it belongs to, one per dimension, in row-major mesh order: the
+    first dimension varies slowest). With more than one dimension ``_global_comm`` (over every
+    rank) is required; it (or the one dimension's group) becomes torch's default group unless the
+    process already has one (then that one stays, and must number the ranks the same way)."""
+    if len(mesh_dim_comms) != len(mesh_dim_names) or not mesh_dim_comms:
+        raise ValueError(
+            f"init_device_mesh: {len(mesh_dim_comms)} communicators for "
+            f"{len(mesh_dim_names)} dimension names"
+        )
+    if len(mesh_dim_comms) > 1 and _global_comm is None:
+        raise ValueError(
+            "init_device_mesh: a mesh of more than one dimension needs _global_comm (a "
+            "communicator over every rank) to serve as the default group"
+        )
+    device = mesh_dim_comms[0].get_device()
+    shape = tuple(c.get_size() for c in mesh_dim_comms)
+    world = math.prod(shape)
+    if _global_comm is not None and _global_comm.get_size() != world:
+        raise ValueError(
+            f"init_device_mesh: _global_comm has {_global_comm.get_size()} ranks, the mesh "
+            f"{shape} has {world}"
+        )
+    mesh = torch.arange(world, dtype=torch.int).view(shape)
+    coords = tuple(c.get_rank() for c in mesh_dim_comms)
+    rank = int(mesh[coords].item())
+    if _global_comm is not None and _global_comm.get_rank() != rank:
+        raise ValueError(
+            f"init_device_mesh: this rank sits at {coords} of the mesh (global rank {rank}) but "
+            f"is rank {_global_comm.get_rank()} of _global_comm; order the communicators' ranks "
+            "row-major"
+        )
+    default = None
+    if _global_comm is not None:
+        default = _create_torchcomm_process_group(_global_comm, _global_comm.get_name())
+    names = []
+    for dim, (comm, name) in enumerate(zip(mesh_dim_comms, mesh_dim_names, strict=True)):
+        # The global ranks of this rank's group along `dim`, in group-rank order.
+        index = list(coords)
+        index[dim] = slice(None)
+        members = mesh[tuple(index)].tolist()
+        pg = _create_torchcomm_process_group(
+            comm, name, global_ranks_mapping={g: i for i, g in enumerate(members)}
+        )
+        default = default or pg
+        names.append(name)
+    if not dist.is_initialized():  # torch's default group: ours unless the process has one
+        dist.distributed_c10d.GroupMember.WORLD = default
+    dm = dist.DeviceMesh(
+        device_type=device.type,
+        mesh=mesh,
+        mesh_dim_names=tuple(mesh_dim_names),
+        _init_backend=False,
+        _rank=rank,
+    )
+    dm._dim_group_names = names
+    return dm

@@ -1,0 +1,109 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Functional collectives on fastcomms communicators, traceable by torch.compile.
+
+Each function takes a tensor and a ``TorchComm`` (or a process group from fastcomms.device_mesh)
+and returns a new tensor; under ``torch.compile(fullgraph=True)`` it becomes torch's own
+functional collective op on the communicator's process group, so the compiler traces it, inserts
+the wait where the result is first used, and (inductor) schedules it like torch's. Eagerly the
+result is an ``AsyncCollectiveTensor`` whose first use waits.
+
+How (NOTE [functional over a communicator]): a communicator reaches its process group's
+registered name through its ``_process_group_name`` member, which torch.compile evaluates on the
+real object while tracing (the communicator is an opaque reference type), so the traced graph
+holds a constant group name and no communicator call. The process group is made and registered
+on first use (fastcomms.device_mesh); its "global" ranks are the communicator's ranks, so
+``src`` below is a rank of the communicator. The ``*_autograd`` forms are differentiable
+(backward: the adjoint collective).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as _funcol
+
+from . import ReduceOp, TorchComm
+from .device_mesh import _create_torchcomm_process_group, comm_of
+
+__all__ = [
+    "all_reduce",
+    "broadcast",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+]
+
+_names: dict[object, str] = {}  # communicator object -> its process group's name
+
+
+def _process_group_name_of(comm) -> str:
+    name = _names.get(comm)
+    if name is None:
+        name = f"fastcomms/functional/{len(_names)}/{comm.get_name()}"
+        _create_torchcomm_process_group(comm, name)
+        _names[comm] = name
+    return name
+
+
+def _group(comm):
+    if isinstance(comm, TorchComm):
+        return comm._process_group_name
+    if comm_of(comm) is not None:
+        return comm.group_name
+    raise TypeError(
+        f"fastcomms.functional: expected a TorchComm or a fastcomms process group, got "
+        f"{type(comm).__name__}"
+    )
+
+
+def _op(op) -> str:
+    if isinstance(op, str):
+        return op
+    if isinstance(op, ReduceOp):
+        return op.type.name.lower()
+    return str(getattr(op, "name", op)).split(".")[-1].lower()
+
+
+def all_reduce(tensor: torch.Tensor, op, comm) -> torch.Tensor:
+    """The reduction of ``tensor`` over the communicator (``op``: a ReduceOp or "sum", "avg",
+    "product", "min", "max", ...)."""
+    return _funcol.all_reduce(tensor, _op(op), _group(comm))
+
+
+def broadcast(tensor: torch.Tensor, src: int, comm) -> torch.Tensor:
+    """``tensor`` of rank ``src`` (a rank of the communicator) on every rank."""
+    return _funcol.broadcast(tensor, src, _group(comm))
+
+
+def all_gather_tensor(tensor: torch.Tensor, gather_dim: int, comm) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along ``gather_dim`` in rank order."""
+    return _funcol.all_gather_tensor(tensor, gather_dim, _group(comm))
+
+
+def all_gather_tensor_autograd(tensor: torch.Tensor, gather_dim: int, comm) -> torch.Tensor:
+    """all_gather_tensor with a backward (a reduce-scatter of the gradient)."""
+    return _funcol.all_gather_tensor_autograd(tensor, gather_dim, _group(comm))
+
+
+def reduce_scatter_tensor(tensor: torch.Tensor, op, scatter_dim: int, comm) -> torch.Tensor:
+    """The reduction over ranks, split along ``scatter_dim``; rank r keeps part r."""
+    return _funcol.reduce_scatter_tensor(tensor, _op(op), scatter_dim, _group(comm))
+
+
+def reduce_scatter_tensor_autograd(tensor, op, scatter_dim: int, comm) -> torch.Tensor:
+    """reduce_scatter_tensor with a backward (an all-gather of the gradient)."""
+    return _funcol.reduce_scatter_tensor_autograd(tensor, _op(op), scatter_dim, _group(comm))
+
+
+def all_to_all_single(tensor, output_split_sizes, input_split_sizes, comm) -> torch.Tensor:
+    """The all-to-all of dimension 0 (splits None: even)."""
+    return _funcol.all_to_all_single(tensor, output_split_sizes, input_split_sizes, _group(comm))
+
+
+def all_to_all_single_autograd(tensor, output_split_sizes, input_split_sizes, comm):
+    """all_to_all_single with a backward (the all-to-all with the splits swapped)."""
+    return _funcol.all_to_all_single_autograd(
+        tensor, output_split_sizes, input_split_sizes, _group(comm)
+    )

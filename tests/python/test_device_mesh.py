@@ -1,0 +1,230 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms communicators as torch.distributed process groups (issue 15): torch's functions,
+functional collectives, DeviceMesh, DDP and FSDP2 on them give what torch's own gloo groups give,
+bit for bit, on random data (CPU, gloo)."""
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from fastcomms.device_mesh import _create_torchcomm_process_group, comm_of, init_device_mesh
+from torch import nn
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def process_group_ops(comm, rank, size):
+    pg = _create_torchcomm_process_group(comm, "fc_world")
+    assert comm_of(pg) is comm and dist.get_rank(pg) == rank and dist.get_world_size(pg) == size
+    assert dist.get_process_group_ranks(pg) == list(range(size))
+    assert dist.get_backend(pg) == "fastcomms"
+    torch.manual_seed(1000 + rank)
+    n = 6 * size
+
+    def both(fn, *shapes_or_tensors):
+        """fn(group, *fresh copies) on ours and on torch's group; the tensors after each."""
+        outs = []
+        for group in (pg, None):
+            ts = [t.clone() for t in shapes_or_tensors]
+            fn(group, *ts)
+            outs.append(ts)
+        return outs
+
+    x = torch.randn(n)
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+        ours, theirs = both(lambda g, t, op=op: dist.all_reduce(t, op, group=g), x)
+        assert _same(ours[0], theirs[0]), op
+    ours, theirs = both(lambda g, t: dist.broadcast(t, src=size - 1, group=g), x)
+    assert _same(ours[0], theirs[0])
+    ours, theirs = both(lambda g, t: dist.reduce(t, dst=0, group=g), x)
+    if rank == 0:
+        assert _same(ours[0], theirs[0])
+    out = [torch.empty(n) for _ in range(size)]
+    for group in (pg, None):
+        res = [torch.full((n,), float("nan")) for _ in range(size)]
+        dist.all_gather(res, x, group=group)
+        out = res if group is pg else out
+        if group is None:
+            assert all(_same(a, b) for a, b in zip(out, res, strict=True))
+    ours, theirs = both(
+        lambda g, o, i: dist.all_gather_into_tensor(o, i, group=g), torch.empty(n * size), x
+    )
+    assert _same(ours[0], theirs[0])
+    ours, theirs = both(
+        lambda g, o, i: dist.reduce_scatter_tensor(o, i, group=g), torch.empty(6), x
+    )
+    assert _same(ours[0], theirs[0])
+    ours, theirs = both(lambda g, o, i: dist.all_to_all_single(o, i, group=g), torch.empty(n), x)
+    assert _same(ours[0], theirs[0])
+    # uneven splits: rank r sends q + 1 elements to rank q
+    send = torch.randn(sum(q + 1 for q in range(size)))
+    recv_sizes = [rank + 1] * size
+    ours, theirs = both(
+        lambda g, o, i: dist.all_to_all_single(
+            o, i, recv_sizes, [q + 1 for q in range(size)], group=g
+        ),
+        torch.empty(sum(recv_sizes)),
+        send,
+    )
+    assert _same(ours[0], theirs[0])
+    # point to point in a ring, as a batch
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for group in (pg, None):
+        got = torch.full((n,), float("nan"))
+        reqs = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, x, right, group), dist.P2POp(dist.irecv, got, left, group)]
+        )
+        for r in reqs:
+            r.wait()
+        if group is pg:
+            mine = got
+        else:
+            assert _same(mine, got)
+    dist.barrier(group=pg)
+    # torch's functional collectives (what DTensor and torch.compile use) by group name
+    y, w = torch.randn(n), dist.group.WORLD
+    assert _same(
+        funcol.all_reduce(y, "sum", "fc_world").wait(), funcol.all_reduce(y, "sum", w).wait()
+    )
+    assert _same(
+        funcol.all_gather_tensor(y, 0, "fc_world").wait(),
+        funcol.all_gather_tensor(y, 0, w).wait(),
+    )
+    assert _same(
+        funcol.reduce_scatter_tensor(y, "sum", 0, "fc_world").wait(),
+        funcol.reduce_scatter_tensor(y, "sum", 0, w).wait(),
+    )
+    assert _same(
+        funcol.all_to_all_single(y, None, None, "fc_world").wait(),
+        funcol.all_to_all_single(y, None, None, w).wait(),
+    )
+
+
+def test_process_group_ops(world):
+    world(process_group_ops, 2)
+
+
+def test_process_group_ops_world3(world):
+    world(process_group_ops, 3)
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+def _train(model, rank, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(77 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(4, 16, generator=gen), torch.randn(4, 8, generator=gen)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.detach()
+
+
+def ddp_and_fsdp2(comm, rank, size):
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pg = _create_torchcomm_process_group(comm, "fc_ddp")
+    # DDP: the same steps over our group and over torch's gloo group, bit for bit
+    ours, theirs = DDP(_model(5), process_group=pg), DDP(_model(5))
+    assert _same(_train(ours, rank), _train(theirs, rank))
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert _same(a.detach(), b.detach())
+    # FSDP2 over a 1-D DeviceMesh of our communicator vs torch's own mesh
+    mesh = init_device_mesh((comm,), ("dp",))
+    assert comm_of(mesh.get_group("dp")) is comm
+    ref_mesh = torch_mesh("cpu", (size,), mesh_dim_names=("dp",))
+    models = []
+    for m in (mesh, ref_mesh):
+        model = _model(9)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=m)
+        fully_shard(model, mesh=m)
+        models.append((model, _train(model, rank)))
+    (a, loss_a), (b, loss_b) = models
+    assert _same(loss_a, loss_b)
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert _same(pa.full_tensor(), pb.full_tensor())
+
+
+def test_ddp_and_fsdp2(world):
+    world(ddp_and_fsdp2, 2)
+
+
+def mesh_2d(comm, rank, size):
+    # a 2 x 2 mesh: rank r sits at (r // 2, r % 2); "dp" groups share the column, "sp" the row
+    dp = comm.split([rank % 2, rank % 2 + 2], "dp")
+    sp = comm.split([2 * (rank // 2), 2 * (rank // 2) + 1], "sp")
+    mesh = init_device_mesh((dp, sp), ("dp", "sp"), _global_comm=comm)
+    assert list(mesh.get_coordinate()) == [rank // 2, rank % 2], mesh.get_coordinate()
+    assert comm_of(mesh.get_group("dp")) is dp and comm_of(mesh.get_group("sp")) is sp
+    assert dist.get_process_group_ranks(mesh.get_group("sp")) == [
+        2 * (rank // 2),
+        2 * (rank // 2) + 1,
+    ]
+    assert mesh["sp"].get_local_rank() == rank % 2
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t, group=mesh.get_group("sp"))
+    assert _same(t, torch.full((3,), float(4 * (rank // 2) + 1)))
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t, group=mesh["dp"].get_group())
+    assert _same(t, torch.full((3,), float(2 * (rank % 2) + 2)))
+    # UlyssesGroup over a mesh dimension runs on that dimension's communicator
+    from fastcomms.ulysses import UlyssesGroup
+
+    g = UlyssesGroup(mesh["sp"])
+    assert g.group is sp and g.transport == "collective"
+    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(rank))
+    assert _same(g.all_to_all_4d(x), UlyssesGroup(sp).all_to_all_4d(x))
+
+
+def test_mesh_2d(world):
+    world(mesh_2d, 4)
+
+
+def functional_compiled(comm, rank, size):
+    from fastcomms import functional as fcf
+
+    w = dist.group.WORLD
+    x = torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(rank))
+
+    # compiled first (no eager call on this communicator before), fullgraph, forward and backward
+    def f(t):
+        a = fcf.all_reduce(t, "sum", comm)
+        g = fcf.all_gather_tensor_autograd(t * 2, 0, comm)
+        r = fcf.reduce_scatter_tensor_autograd(g, "sum", 0, comm)
+        s = fcf.all_to_all_single_autograd(r + 1, None, None, comm)
+        return a, g, s
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xr = x.clone().requires_grad_(True)
+    a, g, s = compiled(xr)
+    assert _same(a, funcol.all_reduce(x, "sum", w).wait())
+    assert _same(g, funcol.all_gather_tensor(x * 2, 0, w).wait())
+    want_r = funcol.reduce_scatter_tensor(funcol.all_gather_tensor(x * 2, 0, w), "sum", 0, w)
+    assert _same(s, funcol.all_to_all_single(want_r.wait() + 1, None, None, w).wait())
+    s.sum().backward()
+    assert xr.grad is not None and xr.grad.shape == x.shape
+    # eager: the same ops, results wait on first use
+    assert _same(fcf.broadcast(x, 0, comm).wait(), funcol.broadcast(x, 0, w).wait())
+    assert _same(
+        fcf.all_reduce(x, fastcomms_sum(), comm) + 0, funcol.all_reduce(x, "sum", w).wait()
+    )
+
+
+def fastcomms_sum():
+    from fastcomms import ReduceOp
+
+    return ReduceOp.SUM
+
+
+def test_functional_compiled(world):
+    world(functional_compiled, 2)
