@@ -32,7 +32,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu cli bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -44,7 +44,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log cli.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -147,6 +147,18 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   tail -40 "$LOGS/pytest_gpu.log"
   result[pytest_gpu]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$LOGS/pytest_gpu.log" | tr -d '=' | tr '\n' ';'))" ||
                        echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
+fi
+
+if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
+  t0=$SECONDS
+  # The end-to-end example on the GPUs: Ulysses over NVLink, FSDP2, checked against one process.
+  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 180)" \
+    python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --steps 5 --check \
+    >"$LOGS/example.log" 2>&1
+  rc=$?
+  tail -5 "$LOGS/example.log"
+  result[example]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -o 'largest relative difference [^ ]*' "$LOGS/example.log"))" ||
+                    echo "FAILED (rc $rc, see example.log)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then

@@ -1,0 +1,269 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""A small transformer trained with Ulysses sequence parallelism on one mesh dimension ("sp") and
+FSDP2 on the other ("dp"), on fastcomms communicators, with synthetic data.
+
+Every rank holds a shard of the sequence; attention runs over the whole sequence on a slice of the
+heads (the Ulysses all-to-all before and after it); parameters are sharded over "dp" and
+replicated over "sp" (FSDP2's hybrid mode over the 2-D mesh), so gradients are averaged over all
+ranks. With ``--check`` rank 0 also trains the same model on the same data in one process, without
+any communication, and compares the losses step by step (float32; they differ only by the order
+of floating-point reductions, tolerance ``--rtol``).
+
+  python examples/train_ulysses_fsdp.py --backend gloo --sp 2 --dp 2 --check     # CPU, 4 procs
+  python examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --check   # 2 GPUs
+
+It starts its own ranks with torch.multiprocessing, or runs as one rank under torchrun (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set). A progress bar shows loss and tokens/s
+when tqdm is installed (``pip install tqdm``); otherwise one line per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads, ulysses=None, fault=False):
+        super().__init__()
+        self.heads, self.ulysses, self.fault = heads, ulysses, fault
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):  # x: (b, s_local, dim)
+        b, s, dim = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, dim // self.heads).unbind(2)
+        if self.ulysses is not None and not self.fault:  # (b, s_local, h, d) -> (b, s, h_local, d)
+            q, k, v = (self.ulysses.all_to_all_4d(t.contiguous(), mode=0) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ).transpose(1, 2)
+        if self.ulysses is not None and not self.fault:  # back to (b, s_local, h, d)
+            y = self.ulysses.all_to_all_4d(y.contiguous(), mode=1)
+        return self.out(y.reshape(b, s, dim))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, ulysses=None, fault=False):
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, ulysses, fault)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        return x + self.mlp(self.n2(x))
+
+
+class Model(nn.Module):
+    def __init__(self, vocab, dim, heads, layers, seq, ulysses=None, fault=False):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, dim), nn.Parameter(torch.randn(seq, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads, ulysses, fault) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, tokens, positions):
+        x = self.emb(tokens) + self.pos[positions]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x))
+
+
+def batches(args, step):
+    """The global batch of a step: (dp * batch, seq) tokens and next-token targets."""
+    g = torch.Generator().manual_seed(1000 + step)
+    data = torch.randint(0, args.vocab, (args.dp * args.batch, args.seq + 1), generator=g)
+    return data[:, :-1], data[:, 1:]
+
+
+def make_model(args, ulysses=None):
+    torch.manual_seed(args.seed)
+    fault = ulysses is not None and args.fault_local_attention
+    return Model(args.vocab, args.dim, args.heads, args.layers, args.seq, ulysses, fault)
+
+
+def reference_losses(args):
+    """The same training in one process, without communication."""
+    model = make_model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    positions = torch.arange(args.seq)
+    out = []
+    for step in range(args.steps):
+        tokens, targets = batches(args, step)
+        loss = F.cross_entropy(model(tokens, positions).flatten(0, 1), targets.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+def train(rank, size, args, store):
+    import fastcomms
+    from fastcomms.device_mesh import init_device_mesh
+    from fastcomms.ulysses import UlyssesGroup
+    from torch.distributed.fsdp import fully_shard
+
+    cuda = args.backend in ("nccl", "nvlink")
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    timeout = datetime.timedelta(seconds=300)
+    world = fastcomms.new_comm(args.backend, device, "world", store=store, timeout=timeout)
+    # rank r sits at (s, d) = (r // dp, r % dp) of the (sp, dp) mesh, row-major; FSDP2's hybrid
+    # mode replicates over the first dimension (sp) and shards over the second (dp)
+    s, d = divmod(rank, args.dp)
+    sp = world.split([i * args.dp + d for i in range(args.sp)], "sp")
+    dp = world.split([s * args.dp + i for i in range(args.dp)], "dp")
+    mesh = init_device_mesh((sp, dp), ("sp", "dp"), _global_comm=world)
+    ulysses = UlyssesGroup(mesh["sp"], device=device)
+    model = make_model(args, ulysses).to(device)
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    shard = args.seq // args.sp
+    positions = torch.arange(s * shard, (s + 1) * shard, device=device)
+    losses, bar = [], _progress(args, rank)
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        tokens, targets = batches(args, step)
+        rows = slice(d * args.batch, (d + 1) * args.batch)
+        cols = slice(s * shard, (s + 1) * shard)
+        tokens, targets = tokens[rows, cols].to(device), targets[rows, cols].to(device)
+        loss = F.cross_entropy(model(tokens, positions).flatten(0, 1), targets.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        # the global loss: every rank's shard has the same number of tokens
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=mesh.get_group("sp"))
+        dist.all_reduce(total, group=mesh.get_group("dp"))
+        losses.append(total.item() / size)
+        if cuda:
+            torch.cuda.synchronize()
+        tok_s = args.dp * args.batch * args.seq * (step + 1) / (time.perf_counter() - t0)
+        bar(step, losses[-1], tok_s)
+    ulysses.destroy()
+    for c in (sp, dp, world):
+        c.finalize()
+    return losses
+
+
+def _progress(args, rank):
+    if rank != 0:
+        return lambda *a: None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, desc="train", unit="step")
+
+        def show(step, loss, tok_s):
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}")
+            bar.update(1)
+
+        return show
+    except ImportError:
+        return lambda step, loss, tok_s: print(
+            f"step {step + 1}/{args.steps}: loss {loss:.5f}, {tok_s:,.0f} tokens/s", flush=True
+        )
+
+
+def _rank_main(rank, size, args, path, q):
+    store = dist.FileStore(path, size)
+    try:
+        q.put((rank, train(rank, size, args, store), None))
+    except BaseException as e:  # report, then fail
+        import traceback
+
+        q.put((rank, None, traceback.format_exc()))
+        raise SystemExit(1) from e
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "nvlink"])
+    ap.add_argument("--sp", type=int, default=2, help="sequence-parallel ranks (Ulysses)")
+    ap.add_argument("--dp", type=int, default=2, help="data-parallel ranks (FSDP2)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=2, help="sequences per dp rank")
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", action="store_true", help="compare with a one-process reference")
+    ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument(
+        "--fault-local-attention",
+        action="store_true",
+        help="(the test's armed control) skip the all-to-alls: each rank attends over its own "
+        "shard only, so --check must report a mismatch",
+    )
+    args = ap.parse_args(argv)
+    size = args.sp * args.dp
+    if args.seq % args.sp or args.heads % args.sp or args.dim % args.heads:
+        ap.error("seq and heads must divide by --sp, dim by --heads")
+    if "RANK" in os.environ:  # under torchrun: this process is one rank
+        rank = int(os.environ["RANK"])
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, rank == 0
+        )
+        results = {rank: train(rank, size, args, store)}
+    else:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        with tempfile.TemporaryDirectory() as d:
+            procs = [
+                ctx.Process(target=_rank_main, args=(r, size, args, os.path.join(d, "s"), q))
+                for r in range(size)
+            ]
+            for p in procs:
+                p.start()
+            results, errors = {}, []
+            for _ in procs:
+                r, losses, err = q.get(timeout=900)
+                results[r] = losses
+                if err:
+                    errors.append(f"rank {r}:\n{err}")
+            for p in procs:
+                p.join()
+        if errors:
+            print("\n".join(errors), file=sys.stderr)
+            return 1
+    if 0 not in results:
+        return 0
+    losses = results[0]
+    print(
+        f"losses ({args.backend}, sp={args.sp}, dp={args.dp}): "
+        + ", ".join(f"{v:.6f}" for v in losses)
+    )
+    if args.check:
+        ref = reference_losses(args)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+        print("reference (one process): " + ", ".join(f"{v:.6f}" for v in ref))
+        ok = worst <= args.rtol and all(math.isfinite(v) for v in losses)
+        print(
+            f"largest relative difference {worst:.2e} (rtol {args.rtol:.0e}): "
+            f"{'loss matches the reference' if ok else 'MISMATCH'}"
+        )
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
