@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/error.hpp"
@@ -19,6 +20,39 @@ struct Communicator::Hooks {
   std::map<uint64_t, PostHook> post;
   std::map<uint64_t, AbortHook> abort;
 };
+
+namespace {
+// NOTE [authenticated rendezvous]: every rank says whether it authenticates; each rank reads rank
+// 0's word (rank 0 the last rank's), so a rank whose setting differs gets a clear error here
+// instead of a garbled address later.
+void check_same_authentication(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                               const std::string& where) {
+  const bool mine =
+      dynamic_cast<AuthStore*>(&store) != nullptr ||
+      (dynamic_cast<PrefixStore*>(&store) != nullptr &&
+       std::dynamic_pointer_cast<AuthStore>(static_cast<PrefixStore&>(store).base()) != nullptr);
+  store.set_string(detail::cat("auth/", rank), mine ? "hmac-sha256" : "none");
+  if (size == 1) return;
+  const int peer = rank == 0 ? size - 1 : 0;
+  const std::string key = detail::cat("auth/", peer);
+  if (mine) {
+    try {
+      (void)store.get(key, timeout);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          detail::cat(where, "rank ", peer, " does not use this rank's FASTCOMMS_STORE_TOKEN",
+                      " (it has none or another one): ", e.what()));
+    }
+    return;
+  }
+  const auto v = store.get(key, timeout);
+  FASTCOMMS_CHECK(!looks_sealed(v), kInvalidArgument, where, "rank ", peer,
+                  " authenticates the rendezvous with FASTCOMMS_STORE_TOKEN and this rank has no "
+                  "token: set the same secret on every rank");
+}
+}  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const std::string& backend_name, int rank,
                                                    int size, Device device, CommOptions options) {
@@ -40,10 +74,18 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
   // An unknown backend fails with the factory's message before the store is touched.
   require_backend_known(backend_name);
+  // NOTE [authenticated rendezvous]: with a shared secret every value this communicator (and its
+  // splits) reads from the store is authenticated.
+  if (const auto secret = store_token_from_env();
+      secret && !std::dynamic_pointer_cast<AuthStore>(options.store)) {
+    options.store = std::make_shared<AuthStore>(options.store, *secret);
+    init.options.store = options.store;
+  }
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
   init.options.store =
       std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store);
+  check_same_authentication(*init.options.store, rank, size, options.timeout, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
                                         init.options.store);

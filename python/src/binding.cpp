@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
@@ -315,6 +316,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_transport", &has_transport);
   // The geometry of a call from shapes alone (fake tensors, the torch.distributed path):
   // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
+  // NOTE [authenticated rendezvous]: the store wrapper, for the tests' forged-value checks.
+  m.def("_auth_store_set",
+        [](py::object store, const std::string& secret, const std::string& key, py::bytes value) {
+          const std::string v = value;
+          AuthStore(std::make_shared<PyStore>(std::move(store)), secret)
+              .set(key, std::vector<uint8_t>(v.begin(), v.end()));
+        });
+  m.def("_auth_store_get", [](py::object store, const std::string& secret, const std::string& key) {
+    const auto v = AuthStore(std::make_shared<PyStore>(std::move(store)), secret).get(key);
+    return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+  });
   m.def("ulysses_geometry", [](const std::vector<int64_t>& shape, int64_t element_size, int mode,
                                std::optional<std::vector<int64_t>> seq,
                                std::optional<std::vector<int64_t>> heads, int rank, int size) {

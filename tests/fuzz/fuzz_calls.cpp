@@ -2,7 +2,9 @@
 // libFuzzer target over what ranks receive from each other before they trust it: a call
 // fingerprint (32 bytes from every peer, NOTE [call fingerprint]), turned into words for a
 // mismatch message, and the "host|device" entries the transport choice parses
-// (nvlink_decision), with an NVML answer drawn from the same bytes. Any input must end in a
+// (nvlink_decision), with an NVML answer drawn from the same bytes; and any bytes as a record of
+// the authenticated store (NOTE [authenticated rendezvous]), which must be refused unless it
+// carries the right MAC, while a sealed payload always opens to itself. Any input must end in a
 // result or a fastcomms::Error, never a crash or undefined behaviour (ASan and UBSan are on).
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/backend.hpp"
 #include "fastcomms/error.hpp"
 #include "fastcomms/ulysses/transport.hpp"
@@ -23,6 +26,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string s = describe(a);
     if (s.empty()) __builtin_trap();
     (void)(a == b);
+  }
+  if (auth_store_available()) {
+    static const AuthStore auth(std::make_shared<MemoryStore>(), "fuzz-secret");
+    const std::vector<uint8_t> record(data, data + size);
+    try {
+      (void)auth.open("k", record);
+      __builtin_trap();  // random bytes never carry the right MAC
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) __builtin_trap();
+    }
+    if (auth.open("k", auth.seal("k", record)) != record) __builtin_trap();
   }
   // The rest as newline-separated entries; the first byte steers the probe's answer.
   const uint8_t mode = size > 0 ? data[0] : 0;

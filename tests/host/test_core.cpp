@@ -338,3 +338,54 @@ TEST(NvmlProbe, UnknownWithoutNvmlNeverYes) {
 }  // namespace
 }  // namespace fastcomms::test
 #endif
+
+// NOTE [authenticated rendezvous]: sealed values open only with the same secret at the same key;
+// the token file must be private to its owner.
+#include "fastcomms/core/auth_store.hpp"
+
+TEST(AuthStore, SealedValuesOpenOnlyWithTheSecretAtTheirKey) {
+  if (!fastcomms::auth_store_available()) GTEST_SKIP() << "built without OpenSSL";
+  auto base = std::make_shared<fastcomms::MemoryStore>();
+  fastcomms::AuthStore a(base, "one"), b(base, "two");
+  a.set("addr", {1, 2, 3});
+  EXPECT_EQ(a.get("addr", std::chrono::milliseconds(100)), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_THROW(b.get("addr", std::chrono::milliseconds(100)), fastcomms::Error);  // other secret
+  base->set("copy", base->get("addr", std::chrono::milliseconds(100)));
+  EXPECT_THROW(a.get("copy", std::chrono::milliseconds(100)), fastcomms::Error);  // other key
+  auto rec = base->get("addr", std::chrono::milliseconds(100));
+  rec.back() ^= 1;
+  base->set("addr", rec);
+  try {
+    a.get("addr", std::chrono::milliseconds(100));
+    FAIL() << "a flipped bit was accepted";
+  } catch (const fastcomms::Error& e) {
+    EXPECT_EQ(e.code(), fastcomms::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'addr'"), std::string::npos) << e.what();
+  }
+  base->set("raw", {9});  // planted without the secret
+  EXPECT_THROW(a.get("raw", std::chrono::milliseconds(100)), fastcomms::Error);
+  EXPECT_EQ(a.add("n", 2), 2);  // counters pass through
+}
+
+TEST(AuthStore, TokenFromTheEnvironment) {
+  unsetenv("FASTCOMMS_STORE_TOKEN");
+  unsetenv("FASTCOMMS_STORE_TOKEN_FILE");
+  EXPECT_FALSE(fastcomms::store_token_from_env().has_value());
+  setenv("FASTCOMMS_STORE_TOKEN", "abc", 1);
+  EXPECT_EQ(fastcomms::store_token_from_env().value(), "abc");
+  char path[] = "/tmp/fastcomms_tokenXXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "s3cret\n", 7), 7);
+  close(fd);
+  setenv("FASTCOMMS_STORE_TOKEN_FILE", path, 1);
+  EXPECT_THROW(fastcomms::store_token_from_env(), fastcomms::Error);  // both set
+  unsetenv("FASTCOMMS_STORE_TOKEN");
+  chmod(path, 0600);
+  EXPECT_EQ(fastcomms::store_token_from_env().value(), "s3cret");
+  chmod(path, 0644);  // readable by others: refused
+  EXPECT_THROW(fastcomms::store_token_from_env(), fastcomms::Error);
+  unlink(path);
+  EXPECT_THROW(fastcomms::store_token_from_env(), fastcomms::Error);  // missing
+  unsetenv("FASTCOMMS_STORE_TOKEN_FILE");
+}
