@@ -1,0 +1,260 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The fault-injection tier on CPU (issue 16): a rank killed (SIGKILL) or stopped (SIGSTOP)
+before or during an op of each family, the store's host killed, an abort from another thread.
+Every survivor must end within its timeout (plus a margin for process start-up) with an error,
+``finalize()`` must return, and a fresh communicator among the survivors must work correctly
+afterwards (nothing corrupted). Ranks are processes; a victim is expected to die."""
+
+import datetime
+import os
+import queue
+import signal
+import tempfile
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 4.0
+MARGIN_S = 6.0  # detection may need up to one timeout; the rest is slack for a loaded machine
+
+
+def _op(comm, family, rank, size):
+    import fastcomms
+
+    t = torch.full((1024,), float(rank + 1))
+    if family == "all_reduce":
+        comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
+    elif family == "broadcast":
+        comm.broadcast(t, size - 1, False)
+    elif family == "all_gather_single":
+        comm.all_gather_single(torch.empty(1024 * size), t, False)
+    elif family == "all_to_all_single":
+        comm.all_to_all_single(torch.empty(1024 * size), torch.ones(1024 * size), False)
+    elif family == "barrier":
+        comm.barrier(False)
+    elif family == "send_recv":  # a ring: everyone sends right, receives from the left
+        b = comm.batch_op_create()
+        b.send(t, (rank + 1) % size)
+        b.recv(torch.empty(1024), (rank - 1) % size)
+        b.issue(False)
+    else:
+        raise AssertionError(family)
+
+
+def _rank(rank, size, path, q, scenario, family, victim):
+    import fastcomms
+    import torch.distributed as dist
+
+    try:
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(os.path.join(path, "store"), size)
+        timeout = datetime.timedelta(seconds=TIMEOUT_S)
+        comm = fastcomms.new_comm("gloo", "cpu", "faults", store=store, timeout=timeout)
+        _op(comm, "all_reduce", rank, size)  # a healthy op first: every connection is up
+        if rank == victim:
+            if scenario == "kill_before":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif scenario == "stop_during":
+                threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+                time.sleep(0.1)  # inside the op when the signal lands, or just before it
+                _op(comm, family, rank, size)
+            elif scenario == "kill_during":
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                for _ in range(10**6):  # keep issuing until the signal lands mid-op
+                    _op(comm, family, rank, size)
+            time.sleep(60)  # a stopped victim never gets here before the parent kills it
+            return
+        t0 = time.monotonic()
+        err = None
+        try:
+            for _ in range(10**6):  # the victim dies while we are in one of these
+                _op(comm, family, rank, size)
+                if time.monotonic() - t0 > 3 * TIMEOUT_S + MARGIN_S:
+                    break
+        except Exception as e:  # noqa: BLE001 - any error counts; which one is reported
+            err = e
+        took = time.monotonic() - t0
+        t1 = time.monotonic()
+        try:
+            comm.finalize()
+        except Exception:  # noqa: BLE001 - finalize may report the failure; it must return
+            pass
+        fin = time.monotonic() - t1
+        # a fresh communicator among the survivors (new names, a new store file) works
+        survivors = [r for r in range(size) if r != victim]
+        me = survivors.index(rank)
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(me), str(len(survivors))
+        store2 = dist.FileStore(os.path.join(path, "after"), len(survivors))
+        after = fastcomms.new_comm("gloo", "cpu", "after", store=store2, timeout=timeout)
+        t = torch.full((5,), float(me + 1))
+        after.all_reduce(t, fastcomms.ReduceOp.SUM, False)
+        ok_after = torch.equal(t, torch.full((5,), float(sum(range(1, len(survivors) + 1)))))
+        after.finalize()
+        q.put((rank, type(err).__name__ if err else None, str(err)[:300], took, fin, ok_after))
+    except BaseException:
+        q.put((rank, "HARNESS", traceback.format_exc(), 0, 0, False))
+        raise
+
+
+def _run(scenario, family, size=3, victim=2):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=_rank, args=(r, size, d, q, scenario, family, victim))
+            for r in range(size)
+        ]
+        for p in procs:
+            p.start()
+        results, deadline = {}, time.monotonic() + 120
+        while len(results) < size - 1 and time.monotonic() < deadline:
+            try:
+                r = q.get(timeout=1.0)
+                results[r[0]] = r[1:]
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i != victim):
+                    break
+        for p in procs:  # the victim may be stopped: kill it (SIGKILL ends a stopped process)
+            if p.is_alive():
+                p.kill()
+            p.join()
+    return results
+
+
+FAMILIES = [
+    "all_reduce",
+    "broadcast",
+    "all_gather_single",
+    "all_to_all_single",
+    "barrier",
+    "send_recv",
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_peer_killed_during_an_op(family):
+    res = _run("kill_during", family)
+    assert sorted(res) == [0, 1], res
+    for rank, (err, msg, took, fin, ok_after) in res.items():
+        assert err not in (None, "HARNESS"), (rank, err, msg)
+        assert took <= TIMEOUT_S + MARGIN_S, (rank, took, msg)
+        assert fin <= TIMEOUT_S + MARGIN_S, (rank, fin)
+        assert ok_after, rank
+
+
+@pytest.mark.parametrize("family", ["all_reduce", "send_recv"])
+def test_peer_killed_before_an_op(family):
+    res = _run("kill_before", family)
+    assert sorted(res) == [0, 1], res
+    for rank, (err, msg, took, _, ok_after) in res.items():
+        assert err not in (None, "HARNESS") and took <= TIMEOUT_S + MARGIN_S, (rank, err, msg, took)
+        assert ok_after, rank
+
+
+@pytest.mark.parametrize("family", ["all_reduce", "all_to_all_single"])
+def test_peer_stopped_during_an_op(family):
+    # a stopped peer keeps its sockets open: only the timeout can end the wait
+    res = _run("stop_during", family)
+    assert sorted(res) == [0, 1], res
+    for rank, (err, msg, took, fin, ok_after) in res.items():
+        assert err not in (None, "HARNESS"), (rank, err, msg)
+        assert took <= TIMEOUT_S + MARGIN_S, (rank, took, msg)
+        assert fin <= TIMEOUT_S + MARGIN_S, (rank, fin)
+        assert ok_after, rank
+
+
+def _abort_rank(rank, size, path, q):
+    import fastcomms
+    import torch.distributed as dist
+
+    try:
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(os.path.join(path, "store"), size)
+        comm = fastcomms.new_comm(
+            "gloo", "cpu", "abort", store=store, timeout=datetime.timedelta(seconds=60)
+        )
+        comm.barrier(False)
+        if rank == 0:  # a receive nobody matches, aborted from another thread after 0.5 s
+            threading.Timer(0.5, comm.abort).start()
+            t0 = time.monotonic()
+            try:
+                comm.recv(torch.empty(4), 1, False)
+                q.put((rank, "returned", time.monotonic() - t0))
+            except Exception as e:  # noqa: BLE001
+                q.put((rank, type(e).__name__, time.monotonic() - t0))
+        else:
+            q.put((rank, "idle", 0.0))
+            store.wait(["done"])
+        if rank == 0:
+            store.set("done", b"1")
+    except BaseException:
+        q.put((rank, "HARNESS " + traceback.format_exc(), 0.0))
+        raise
+
+
+def test_abort_from_another_thread_unblocks_the_op():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_abort_rank, args=(r, 2, d, q)) for r in range(2)]
+        for p in procs:
+            p.start()
+        res = dict((r, (what, took)) for r, what, took in (q.get(timeout=90) for _ in procs))
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    what, took = res[0]
+    assert what == "AbortedError" and took < 10, res
+
+
+def _store_host_rank(rank, size, port, q):
+    import fastcomms
+    import torch.distributed as dist
+
+    try:
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        timeout = datetime.timedelta(seconds=TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
+        if rank == 0:  # the store's host dies before anyone creates a communicator
+            store.set("ready", b"1")
+            os.kill(os.getpid(), signal.SIGKILL)
+        store.wait(["ready"])
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        try:
+            fastcomms.new_comm("gloo", "cpu", "nostore", store=store, timeout=timeout)
+            q.put((rank, None, time.monotonic() - t0))
+        except Exception as e:  # noqa: BLE001
+            q.put((rank, type(e).__name__, time.monotonic() - t0))
+    except BaseException:
+        q.put((rank, "HARNESS " + traceback.format_exc(), 0.0))
+        raise
+
+
+def test_store_host_killed():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_store_host_rank, args=(r, 3, port, q)) for r in range(3)]
+    for p in procs:
+        p.start()
+    res = {}
+    for _ in range(2):
+        r, what, took = q.get(timeout=90)
+        res[r] = (what, took)
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    for what, took in res.values():
+        assert what is not None and not what.startswith("HARNESS"), res
+        assert took <= TIMEOUT_S + MARGIN_S, res
