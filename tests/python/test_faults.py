@@ -258,3 +258,50 @@ def test_store_host_killed():
     for what, took in res.values():
         assert what is not None and not what.startswith("HARNESS"), res
         assert took <= TIMEOUT_S + MARGIN_S, res
+
+
+def _late_rank(rank, size, path, q, dies_mid_rendezvous=False):
+    import fastcomms
+    import torch.distributed as dist
+
+    try:
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(os.path.join(path, "store"), size)
+        if rank == size - 1 and not dies_mid_rendezvous:  # never joins the rendezvous
+            time.sleep(30)
+            return
+        if rank == size - 1:  # joins, then dies somewhere inside the rendezvous
+            delay = (int.from_bytes(os.urandom(2), "little") % 300) / 1000
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        try:
+            fastcomms.new_comm(
+                "gloo", "cpu", "late", store=store, timeout=datetime.timedelta(seconds=TIMEOUT_S)
+            )
+            q.put((rank, None, "", time.monotonic() - t0))
+        except Exception as e:  # noqa: BLE001
+            q.put((rank, type(e).__name__, str(e)[:300], time.monotonic() - t0))
+    except BaseException:
+        q.put((rank, "HARNESS", traceback.format_exc(), 0.0))
+        raise
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["never_joins", "dies_mid_rendezvous"])
+def test_rendezvous_without_a_rank_ends_within_the_timeout(dies):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_late_rank, args=(r, 3, d, q, dies)) for r in range(3)]
+        for p in procs:
+            p.start()
+        res = {}
+        for _ in range(2):
+            r, what, msg, took = q.get(timeout=90)
+            res[r] = (what, msg, took)
+        for p in procs:
+            p.kill()
+            p.join()
+    for what, _, took in res.values():
+        # never joined: a timeout; died inside: an error, or success when it died just after
+        assert what == "TimeoutError" or (dies and what != "HARNESS"), res
+        assert took <= TIMEOUT_S + 2.0, res  # one timeout, not several in a row
