@@ -35,6 +35,7 @@ const std::pair<const char*, const char*> kKnobs[] = {
     {"hybrid_ce_percent", "FASTCOMMS_HYBRID_CE_PERCENT"},
     {"ce_streams", "FASTCOMMS_CE_STREAMS"},
     {"ce_own", "FASTCOMMS_CE_OWN"},
+    {"copy_out", "FASTCOMMS_COPY_OUT"},
     {"window_alloc", "FASTCOMMS_WINDOW_ALLOC"},
     {"flagged_max_bytes", "FASTCOMMS_FLAGGED_MAX_BYTES"},
     {"fused_max_bytes", "FASTCOMMS_FUSED_MAX_BYTES"},
@@ -70,6 +71,12 @@ void NvlinkTuning::set(const std::string& name, const std::string& value) {
     FASTCOMMS_CHECK(value == "ce" || value == "sm", kInvalidArgument,
                     "nvlink tuning: ce_own must be ce or sm, got '", value, "'");
     own_share_sm = value == "sm";
+  } else if (name == "copy_out") {
+    FASTCOMMS_CHECK(value == "auto" || value == "ce" || value == "sm", kInvalidArgument,
+                    "nvlink tuning: copy_out must be auto, ce or sm, got '", value, "'");
+    copy_out = value == "ce"   ? CopyOutEngine::kCopyEngine
+               : value == "sm" ? CopyOutEngine::kSM
+                               : CopyOutEngine::kAuto;
   } else if (name == "window_alloc") {
     FASTCOMMS_CHECK(value == "auto" || value == "vmm" || value == "ipc", kInvalidArgument,
                     "nvlink tuning: window_alloc must be auto, vmm or ipc, got '", value, "'");
@@ -414,8 +421,16 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
     if (!p.puts[peer].empty()) remote.push_back({x.data, dest.ptrs[peer], p.puts[peer]});
   }
   ++epoch_;
+  if (engine == TransferEngine::kAuto)
+    engine =
+        max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kCopyEngine : TransferEngine::kSM;
   transfer(std::move(remote), own, barrier_args(key), engine, max_chunk, stream);
-  if (copying && p.out_bytes > 0) copy_out(out, p, req, stream);
+  // NOTE [copy-out engine]: on the copy-engine path the copy-out goes to the copy engines too
+  // (auto), so an async copying call needs no SM beyond its two barrier kernels.
+  const CopyOutEngine co = opt_.tuning.copy_out;
+  const bool ce_out = co == CopyOutEngine::kCopyEngine ||
+                      (co == CopyOutEngine::kAuto && engine == TransferEngine::kCopyEngine);
+  if (copying && p.out_bytes > 0) copy_out(out, p, req, stream, ce_out);
 }
 
 bool NvlinkUlysses::flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const {
@@ -469,9 +484,6 @@ cuda::BarrierArgs NvlinkUlysses::barrier_args(uint64_t key) const {
 void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::CopyJob& own,
                              cuda::BarrierArgs b, TransferEngine engine, int64_t max_chunk,
                              cudaStream_t stream) {
-  if (engine == TransferEngine::kAuto)
-    engine =
-        max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kCopyEngine : TransferEngine::kSM;
   if (engine == TransferEngine::kSM && max_chunk <= opt_.tuning.fused_max_bytes &&
       !faults_.skip_entry_barrier && !faults_.unfused && !faults_.skip_transfer &&
       remote.size() < 16) {
@@ -557,7 +569,7 @@ void NvlinkUlysses::copy_engine_remote(const std::vector<cuda::CopyJob>& remote,
 }
 
 void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,
-                             const plan::UlyssesRequest& req, cudaStream_t stream) {
+                             const plan::UlyssesRequest& req, cudaStream_t stream, bool ce) {
   if (faults_.delay_before_copy_out_ns > 0)
     cuda::spin_async(faults_.delay_before_copy_out_ns, stream);
   // The regions peer q wrote are q's puts to this rank, read back in place from the window.
@@ -572,6 +584,10 @@ void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,
     c.src_pitch = in.dst_pitch;
     c.src_slice_pitch = in.dst_slice_pitch;
     out_jobs.push_back({window_.local(), out.data, c});
+  }
+  if (ce) {
+    for (const auto& j : out_jobs) cuda::copy_engine_async(j, stream);
+    return;
   }
   cuda::copy_sm_async(out_jobs.data(), static_cast<int>(out_jobs.size()), 0, stream);
 }

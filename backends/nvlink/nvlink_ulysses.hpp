@@ -40,6 +40,13 @@ enum class TransferEngine {
                 ///< (hybrid_ce_percent), the SM kernel the rest.
 };
 
+/// What moves a copying call's copy-out (NOTE [copy-out engine]).
+enum class CopyOutEngine {
+  kAuto,        ///< The copy engines when the transfer used them, else the SM kernel.
+  kCopyEngine,  ///< Pitched local cudaMemcpy2D/3D.
+  kSM,          ///< The SM copy kernel.
+};
+
 /// Every tuning knob of the engine, in one place. Each knob has a name (the `tune` knob of the
 /// transport and of UlyssesGroup._tune) and an environment variable (README's run-time settings,
 /// read once per process by from_env(); a malformed value throws there, not on a call path).
@@ -59,6 +66,8 @@ struct NvlinkTuning {
   /// ce_own | FASTCOMMS_CE_OWN = ce|sm: what moves this rank's own share on the copy-engine
   /// path, beside the remote copies on the caller's stream (ce: zero SMs).
   bool own_share_sm = false;
+  /// copy_out | FASTCOMMS_COPY_OUT = auto|ce|sm: what moves a copying call's copy-out.
+  CopyOutEngine copy_out = CopyOutEngine::kAuto;
   /// window_alloc | FASTCOMMS_WINDOW_ALLOC = auto|vmm|ipc: how the windows peers write are
   /// allocated and shared (NOTE [vmm windows]); auto takes vmm where the driver supports it.
   /// Fixed at construction: environment only.
@@ -207,7 +216,7 @@ class NvlinkUlysses {
   // into `stream` (which the exit barrier then follows).
   void copy_engine_remote(const std::vector<cuda::CopyJob>& remote, cudaStream_t stream);
   void copy_out(const TensorView& out, const plan::UlyssesPlan& p, const plan::UlyssesRequest& req,
-                cudaStream_t stream);
+                cudaStream_t stream, bool ce);
   void flagged_call(const TensorView& x, const TensorView& out, const plan::UlyssesPlan& p,
                     const plan::UlyssesRequest& req, cudaStream_t stream);
   std::string prefix() const;

@@ -94,10 +94,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         prop.name, drv, rt, nv, group.window_alloc());
     std::printf(
         "%-20s %8s | %8s %8s %8s %8s | %9s %8s | %8s %8s %8s | %7s %7s %8s %8s | %8s %8s | %8s "
-        "%8s %6s | %8s %8s | %7s %7s\n",
+        "%8s %6s | %8s %8s | %8s | %7s %7s\n",
         "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us",
         "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0", "hyb us",
-        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "ce0 ipc", "flatIPC", "graph0", "host0");
+        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "ce0 ipc", "flatIPC", "ce outSM", "graph0",
+        "host0");
   }
   for (const Shape& sh : kShapes) {
     const int64_t n = sh.h, S = sh.s * P;
@@ -216,12 +217,15 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                                  xin.get(), bytes / P, cudaMemcpyDeviceToDevice,
                                                  st));
         },
+        // NOTE [copy-out engine]: the copying copy-engine call with its copy-out on the SM kernel.
+        [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
     };
     // Knobs a variant runs with (reset to the defaults before every other variant).
     const NvlinkTuning defaults = group.tuning();
     auto setup = [&](size_t v) {
       group.tune("ce_streams", v == 14 ? "4" : std::to_string(defaults.ce_streams));
       group.tune("ce_own", v == 15 ? "sm" : (defaults.own_share_sm ? "sm" : "ce"));
+      group.tune("copy_out", v == 18 ? "sm" : "auto");
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -239,10 +243,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                            std::vector<int64_t>(P, n / P), inputs)[rank];
     }
     int bad = 0;
-    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13, 14, 15, 16}) {
-      void* dst = v == 16                                               ? zc_ipc
-                  : (v == 2 || v == 3 || v == 10 || v == 11 || v >= 14) ? zc
-                                                                        : out.get();
+    for (int v : {0, 1, 2, 3, 4, 9, 10, 11, 13, 14, 15, 16, 18}) {
+      void* dst = v == 16                                                            ? zc_ipc
+                  : (v == 2 || v == 3 || v == 10 || v == 11 || (v >= 14 && v != 18)) ? zc
+                                                                                     : out.get();
       FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(dst, 0xA5, bytes, st));
       setup(v);
       variants[v]();
@@ -345,10 +349,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
       const double cross = bytes * (P - 1.0) / P;
       std::printf(
           "%-20s %8.2f | %8.1f %8.1f %8.1f %8.1f | %9.1f %8.1f | %8.1f %8.1f %8.1f | %6.2fx %6.2fx "
-          "%8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %5.1f%% | %8.1f %8.1f | %7.1f %7.1f %s\n",
+          "%8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %5.1f%% | %8.1f %8.1f | %8.1f | %7.1f %7.1f "
+          "%s\n",
           name, bytes / 1048576.0, us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7], us[8],
           us[4] / best, us[4] / us[3], cross / (us[2] * 1e3), cross / (us[3] * 1e3), us[9], us[10],
-          us[14], us[15], 100.0 * us[6] / us[2], us[16], us[17], graph_us, host_us,
+          us[14], us[15], 100.0 * us[6] / us[2], us[16], us[17], us[18], graph_us, host_us,
           want.empty() ? "(unchecked)"
           : bad        ? "MISMATCH"
                        : "ok");
@@ -389,7 +394,9 @@ int main() {
       "ce0x4 = ce0 with every block split over 4 side streams; ce0ownSM = ce0 with the own share "
       "moved by the SM kernel; ce0/fl = flatCE / ce0, the share of the flat copy-engine rate the "
       "zero-copy copy-engine path reaches; ce0 ipc / flatIPC = ce0 and flatCE into windows shared "
-      "by legacy CUDA IPC instead of VMM file descriptors; GB/s = bytes crossing NVLink per rank / "
+      "by legacy CUDA IPC instead of VMM file descriptors; ce = the copying copy-engine call "
+      "(copy-out by the copy engines), ce outSM = the same with the copy-out on the SM kernel; "
+      "GB/s = bytes crossing NVLink per rank / "
       "time; graph0 = "
       "device "
       "time per sm0 call replayed from a CUDA graph of 20 calls; host0 = host time to issue one "

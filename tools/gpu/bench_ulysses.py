@@ -171,9 +171,15 @@ def _overlap_section(g, dev, gen, size):
     n = 4096
     a_m = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen) / 64
     rows = []
-    lanes = [("zero-SM (copy engines)", "ce"), ("SM engine", "sm"), ("auto", "auto")]
+    lanes = [
+        ("zero-SM (copy engines)", "ce"),
+        ("SM engine", "sm"),
+        ("auto", "auto"),
+        ("zero-SM, lend=True", "ce-lend"),
+    ]
     if fu is not None:
         lanes.append(("fast-ulysses", None))
+        lanes.append(("fast-ulysses, lend=True", "fu-lend"))
     for chain in (4, 16):
 
         def gemms(chain=chain):
@@ -185,6 +191,13 @@ def _overlap_section(g, dev, gen, size):
         for label, engine in lanes:
             if engine is None:
                 setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo))
+            elif engine == "fu-lend":
+                setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo, lend=True))
+            elif engine == "ce-lend":
+                setup, call = (
+                    (lambda: g._tune("engine", "ce")),
+                    (lambda: g.all_to_all_4d_async(xo, lend=True)),
+                )
             else:
                 setup, call = (
                     (lambda e=engine: g._tune("engine", e)),
