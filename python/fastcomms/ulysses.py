@@ -349,9 +349,9 @@ class UlyssesGroup(_OpaqueBase):
 
         ``lend=True`` (NVLink transport only): the output is a window of the group's own ring of
         ``LEND_RING`` (4) per dtype, which peers write directly (no copy-out). The ring rotates;
-        a call whose next window still backs a live result (one the caller holds, or never
-        waited on) raises instead of overwriting it, so at most four lent results per dtype live
-        at once. Every rank must release its results at the same point of its program."""
+        a call whose next window still backs a live result (one the caller still holds, or a view
+        of it) raises instead of overwriting it, so at most four lent results per dtype live at
+        once. Every rank must release its results at the same point of its program."""
         seq, heads = self._args(mode, seq_splits, head_splits)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
@@ -397,12 +397,18 @@ class UlyssesGroup(_OpaqueBase):
         out.record_stream(s)
         with torch.cuda.stream(s):
             lane.all_to_all_4d(x, out, mode, seq, heads, False)
-            done = torch.cuda.Event()
-            done.record(s)
-        return self._async_result(out, event=done)
+        if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
+            # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
+            # caller's stream after the call
+            _C._register_stream_completion(out, s.cuda_stream)
+            return AsyncCollectiveTensor(out)
+        done = torch.cuda.Event()
+        done.record(s)
+        return UlyssesWork(out, event=done)
 
     @staticmethod
     def _async_result(out, *, event=None, work=None):
+        """CPU results: a Python work whose wait() waits for the exchange."""
         if _register_work is None:
             return UlyssesWork(out, event=event, work=work)
         _register_work(out, _RegisteredWork(out, event, work))
@@ -509,8 +515,9 @@ class UlyssesGroup(_OpaqueBase):
 if _C10dWork is not None:
 
     class _RegisteredWork(_C10dWork):
-        """What torch's work registry holds for an AsyncCollectiveTensor: its wait() orders the
-        caller's stream after the transfer (CUDA) or waits for the exchange (CPU)."""
+        """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
+        wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
+        waits])."""
 
         def __init__(self, out, event, work):
             super().__init__()

@@ -7,6 +7,8 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/factory.hpp"
@@ -15,6 +17,8 @@
 #include "fastcomms/error.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -316,6 +320,50 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_transport", &has_transport);
   // The geometry of a call from shapes alone (fake tensors, the torch.distributed path):
   // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
+#ifdef FASTCOMMS_WITH_CUDA
+  // NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
+  // an async Ulysses call, recording an event on the comm stream after the call.
+  // blockCurrentStream() makes the calling thread's current stream wait for it (no host block);
+  // wait() does too, after waiting for the event on the host, so it is right from whichever
+  // thread torch calls it. A Python Work subclass cannot override blockCurrentStream, whose
+  // default calls wait() on another thread, so this one is C++.
+  m.def("_register_stream_completion", [](const at::Tensor& t, uintptr_t stream) {
+    class StreamEventWork final : public c10d::Work {
+     public:
+      StreamEventWork(cudaEvent_t ev, c10::DeviceIndex device) : ev_(ev), device_(device) {}
+      ~StreamEventWork() override { (void)cudaEventDestroy(ev_); }
+      bool wait(std::chrono::milliseconds) override {
+        if (PyGILState_Check()) {  // the host wait must not hold the interpreter
+          py::gil_scoped_release release;
+          C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+        } else {
+          C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+        }
+        order();
+        return true;
+      }
+      void blockCurrentStream() override { order(); }
+      bool isCompleted() override { return cudaEventQuery(ev_) == cudaSuccess; }
+
+     private:
+      void order() {
+        c10::cuda::CUDAGuard guard(device_);
+        C10_CUDA_CHECK(
+            cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), ev_, 0));
+      }
+      cudaEvent_t ev_;
+      c10::DeviceIndex device_;
+    };
+    FASTCOMMS_CHECK(t.is_cuda(), kInvalidArgument, "_register_stream_completion: a CUDA tensor");
+    c10::cuda::CUDAGuard guard(t.device().index());
+    cudaEvent_t ev = nullptr;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    const cudaError_t rec = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
+    if (rec != cudaSuccess) (void)cudaEventDestroy(ev);
+    C10_CUDA_CHECK(rec);
+    c10d::register_work(t, c10::make_intrusive<StreamEventWork>(ev, t.device().index()));
+  });
+#endif
   // NOTE [authenticated rendezvous]: the store wrapper, for the tests' forged-value checks.
   m.def("_auth_store_set",
         [](py::object store, const std::string& secret, const std::string& key, py::bytes value) {
