@@ -425,11 +425,11 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
     engine =
         max_chunk >= opt_.tuning.ce_crossover ? TransferEngine::kCopyEngine : TransferEngine::kSM;
   transfer(std::move(remote), own, barrier_args(key), engine, max_chunk, stream);
-  // NOTE [copy-out engine]: on the copy-engine path the copy-out goes to the copy engines too
-  // (auto), so an async copying call needs no SM beyond its two barrier kernels.
-  const CopyOutEngine co = opt_.tuning.copy_out;
-  const bool ce_out = co == CopyOutEngine::kCopyEngine ||
-                      (co == CopyOutEngine::kAuto && engine == TransferEngine::kCopyEngine);
+  // NOTE [copy-out engine]: the copy-out of a copying call runs on the SM kernel unless
+  // FASTCOMMS_COPY_OUT=ce. Measured on 2xH200 (docs/benchmarks.md): the copy engines took about
+  // 250 us for the 185 MiB local copy-out of (1,37800,40,128), the SM kernel about 100 us, and an
+  // async copying call under a GEMM chain hid no more of itself with them (44% vs 55-62%).
+  const bool ce_out = opt_.tuning.copy_out == CopyOutEngine::kCopyEngine;
   if (copying && p.out_bytes > 0) copy_out(out, p, req, stream, ce_out);
 }
 

@@ -42,7 +42,7 @@ enum class TransferEngine {
 
 /// What moves a copying call's copy-out (NOTE [copy-out engine]).
 enum class CopyOutEngine {
-  kAuto,        ///< The copy engines when the transfer used them, else the SM kernel.
+  kAuto,        ///< The SM kernel (the measured choice, NOTE [copy-out engine]).
   kCopyEngine,  ///< Pitched local cudaMemcpy2D/3D.
   kSM,          ///< The SM copy kernel.
 };

@@ -97,7 +97,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         "%8s %6s | %8s %8s | %8s | %7s %7s\n",
         "shape (b,s,h,d)", "MiB/rk", "ce us", "sm us", "ce0 us", "sm0 us", "nccl+perm", "nccl us",
         "flatCE", "flatSM", "flatCE4", "best/p", "sm0/p", "GB/s ce0", "GB/s sm0", "hyb us",
-        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "ce0 ipc", "flatIPC", "ce outSM", "graph0",
+        "hyb0 us", "ce0x4", "ce0ownSM", "ce0/fl", "ce0 ipc", "flatIPC", "ce outCE", "graph0",
         "host0");
   }
   for (const Shape& sh : kShapes) {
@@ -217,7 +217,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
                                                  xin.get(), bytes / P, cudaMemcpyDeviceToDevice,
                                                  st));
         },
-        // NOTE [copy-out engine]: the copying copy-engine call with its copy-out on the SM kernel.
+        // NOTE [copy-out engine]: the copying copy-engine call with its copy-out on the copy
+        // engines.
         [&] { group.all_to_all_4d(x, ov, UlyssesArgs{}, st, TransferEngine::kCopyEngine); },
     };
     // Knobs a variant runs with (reset to the defaults before every other variant).
@@ -225,7 +226,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     auto setup = [&](size_t v) {
       group.tune("ce_streams", v == 14 ? "4" : std::to_string(defaults.ce_streams));
       group.tune("ce_own", v == 15 ? "sm" : (defaults.own_share_sm ? "sm" : "ce"));
-      group.tune("copy_out", v == 18 ? "sm" : "auto");
+      group.tune("copy_out", v == 18 ? "ce" : "auto");
     };
     // Check every output variant once (the exchange-only variant has no final layout).
     std::vector<std::byte> want;
@@ -394,8 +395,8 @@ int main() {
       "ce0x4 = ce0 with every block split over 4 side streams; ce0ownSM = ce0 with the own share "
       "moved by the SM kernel; ce0/fl = flatCE / ce0, the share of the flat copy-engine rate the "
       "zero-copy copy-engine path reaches; ce0 ipc / flatIPC = ce0 and flatCE into windows shared "
-      "by legacy CUDA IPC instead of VMM file descriptors; ce = the copying copy-engine call "
-      "(copy-out by the copy engines), ce outSM = the same with the copy-out on the SM kernel; "
+      "by legacy CUDA IPC instead of VMM file descriptors; ce outCE = the copying copy-engine "
+      "call (ce) with its copy-out on the copy engines instead of the SM kernel; "
       "GB/s = bytes crossing NVLink per rank / "
       "time; graph0 = "
       "device "
