@@ -177,9 +177,10 @@ def _nvlink_worker(store, rank, world):
     for x, out in zip(xs[1:], lent, strict=True):
         check(out, x, 0, seq, heads, "lend ring after reuse")
     del lent, again
-    # the first use by an aten op waits like wait() (no host block on CUDA)
+    # the first use by an aten op waits like wait() (no host block on CUDA); clone keeps the
+    # bytes (the random inputs hold NaN payloads that arithmetic would canonicalize)
     w = g.all_to_all_4d_async(xs[1])
-    check(w * 1, xs[1], 0, seq, heads, "async first use")
+    check(w.clone(), xs[1], 0, seq, heads, "async first use")
     # autograd on CUDA: backward is the other mode with the same splits
     x = _input(rank, 0, b, d, seq, heads, torch.float32, gen, dev).requires_grad_()
     y = g.all_to_all_4d(x)
@@ -292,11 +293,13 @@ def _overlap_worker(store, rank, world):
     with torch.cuda.stream(g._astream):
         torch.cuda._sleep(200_000_000)  # ~100 ms: hold the async call back on its stream
     wa = g.all_to_all_4d_async(xa)  # enqueued behind the sleep on the side stream
+    async_done = torch.cuda.Event()
+    async_done.record(g._astream)
     ys = g.all_to_all_4d(xs)  # on the caller's stream, not ordered with the side stream
     sync_done = torch.cuda.Event()
     sync_done.record()
     sync_done.synchronize()
-    overlapped = not wa.is_completed()
+    overlapped = not async_done.query()
     ya = wa.wait()
     torch.cuda.synchronize()
     assert overlapped, f"rank {rank}: the async call finished before the sync one (no overlap)"
