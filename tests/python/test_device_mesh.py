@@ -204,9 +204,15 @@ def functional_compiled(comm, rank, size):
         s = fcf.all_to_all_single_autograd(r + 1, None, None, comm)
         return a, g, s
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    import torch._dynamo.utils as dynamo_utils
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
     xr = x.clone().requires_grad_(True)
     a, g, s = compiled(xr)
+    frames = dynamo_utils.counters["frames"]["ok"]
+    for i in range(10):  # fresh data of the same shape: no recompilation
+        compiled(torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(i)))
+    assert dynamo_utils.counters["frames"]["ok"] == frames, dynamo_utils.counters["frames"]
     assert _same(a, funcol.all_reduce(x, "sum", w).wait())
     assert _same(g, funcol.all_gather_tensor(x * 2, 0, w).wait())
     want_r = funcol.reduce_scatter_tensor(funcol.all_gather_tensor(x * 2, 0, w), "sum", 0, w)
@@ -228,3 +234,26 @@ def fastcomms_sum():
 
 def test_functional_compiled(world):
     world(functional_compiled, 2)
+
+
+def tensor_parallel(comm, rank, size):
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh((comm,), ("tp",))
+    model, ref = _model(3), _model(3)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(11))  # the same on every rank
+    y, want = model(x), ref(x)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    want.sum().backward()
+    full = model[0].weight.grad.full_tensor()  # a DTensor sharded over our communicator
+    torch.testing.assert_close(full, ref[0].weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_parallel(world):
+    world(tensor_parallel, 2)

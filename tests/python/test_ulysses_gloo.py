@@ -152,13 +152,19 @@ def functional_and_compile(comm, rank, size):
         y = ulysses.all_to_all_4d(t * 2, comm, mode=0, seq_splits=seq, head_splits=heads)
         return ulysses.all_to_all_4d(y + 1, comm, mode=1, seq_splits=seq, head_splits=heads)
 
+    import torch._dynamo.utils as dynamo_utils
+
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
-    for _ in range(2):  # the second call reuses the compiled graph
+    frames = None
+    for _ in range(10):  # cold compile on the first call, then no recompilation
         xr = x.clone().requires_grad_(True)
         out = compiled(xr)
         assert torch.equal(out, x * 2 + 1)
         out.sum().backward()
         assert torch.equal(xr.grad, torch.full_like(x, 2.0))
+        if frames is None:
+            frames = dynamo_utils.counters["frames"]["ok"]
+    assert dynamo_utils.counters["frames"]["ok"] == frames, dynamo_utils.counters["frames"]
 
     g = UlyssesGroup(comm)
     want = g.all_to_all_4d(x, mode=0, seq_splits=seq, head_splits=heads)
