@@ -32,12 +32,17 @@ _REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
 
 def _reduce_op(c10d_op, where):
+    if c10d_op == dist.ReduceOp.PREMUL_SUM:  # its factor travels in the op's state
+        _, factor = c10d_op.__getstate__()
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        return ReduceOp.PREMUL_SUM(float(factor))
     for name in _REDUCE_OPS:
         if c10d_op == getattr(dist.ReduceOp, name):
             return getattr(ReduceOp, name)
     raise ValueError(
         f"{where}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
-        f"(supported: {', '.join(_REDUCE_OPS)})"
+        f"(supported: {', '.join(_REDUCE_OPS)}, PREMUL_SUM)"
     )
 
 

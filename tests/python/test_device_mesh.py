@@ -35,6 +35,12 @@ def process_group_ops(comm, rank, size):
     for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         ours, theirs = both(lambda g, t, op=op: dist.all_reduce(t, op, group=g), x)
         assert _same(ours[0], theirs[0]), op
+    # PREMUL_SUM (what FSDP2 reduces gradients with): its factor reaches the communicator
+    ours = x.clone()
+    dist.all_reduce(ours, op=dist._make_nccl_premul_sum(0.5), group=pg)
+    theirs = x.clone()
+    dist.all_reduce(theirs, group=None)
+    assert _same(ours, theirs * 0.5)
     ours, theirs = both(lambda g, t: dist.broadcast(t, src=size - 1, group=g), x)
     assert _same(ours[0], theirs[0])
     ours, theirs = both(lambda g, t: dist.reduce(t, dst=0, group=g), x)
