@@ -220,10 +220,12 @@ def _store_host_rank(rank, size, port, q):
         os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
         timeout = datetime.timedelta(seconds=TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
-        if rank == 0:  # the store's host dies before anyone creates a communicator
-            store.set("ready", b"1")
+        if rank == 0:  # the store's host dies once the others are connected, before new_comm
+            deadline = time.monotonic() + 60
+            while store.add("connected", 0) < size - 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
-        store.wait(["ready"])
+        store.add("connected", 1)
         time.sleep(0.5)
         t0 = time.monotonic()
         try:
