@@ -9,8 +9,9 @@ source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
 bash scripts/setup.sh
 
-step "format check"
+step "format check, version"
 bash scripts/lint.sh --check
+bash scripts/check_version.sh
 
 bash scripts/build.sh
 

@@ -40,6 +40,8 @@ def _load_core() -> None:
 
 _load_core()
 from . import _C  # noqa: E402
+
+__version__ = _C.__version__  # the VERSION file (one literal for CMake, pyproject and Python)
 from . import _hook_types as _ht  # noqa: E402
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
 from ._hook_types import *  # noqa: E402,F401,F403  (OpName and the hook argument classes)

@@ -364,6 +364,7 @@ PYBIND11_MODULE(_C, m) {
     c10d::register_work(t, c10::make_intrusive<StreamEventWork>(ev, t.device().index()));
   });
 #endif
+  m.attr("__version__") = FASTCOMMS_VERSION;  // the VERSION file, through CMake
   // NOTE [authenticated rendezvous]: the store wrapper, for the tests' forged-value checks.
   m.def("_auth_store_set",
         [](py::object store, const std::string& secret, const std::string& key, py::bytes value) {
