@@ -167,13 +167,17 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   (
     PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 60)" python3 -m fastcomms doctor &&
       for be in nvlink nccl; do
+        PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 90)" \
+          python3 -m fastcomms check --nproc 2 --backend "$be" || exit 1
+      done &&
+      for be in nvlink nccl; do
         PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 120)" \
           python3 -m fastcomms bench --nproc 2 --backend "$be" --iters 5 || exit 1
       done
   ) >"$LOGS/cli.log" 2>&1
   rc=$?
   tail -30 "$LOGS/cli.log"
-  result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor; bench --backend nvlink and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
+  result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor; check and bench --backend nvlink and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_A2A:-0}" != 1 ] && enough; then

@@ -324,6 +324,180 @@ def bench(args) -> int:
     return 1 if bad else 0
 
 
+def _check_rank(rank, size, path, backend, q):
+    """One rank of `fastcomms check`: every op on `backend` against values each rank can compute
+    for every rank, results as (name, ok, detail)."""
+    import torch.distributed as dist
+
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    dev = torch.device("cuda", rank) if backend in ("nccl", "nvlink") else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    results = []
+    comm = None
+
+    def run(name, fn):
+        try:
+            ok, detail = fn()
+        except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the run
+            ok, detail = False, f"{type(e).__name__}: {e}"[:300]
+        results.append((name, bool(ok), detail))
+
+    def full(n, v, dtype=torch.float32):
+        return torch.full((n,), float(v), dtype=dtype, device=dev)
+
+    try:
+        comm = fastcomms.new_comm(
+            backend,
+            dev,
+            "check",
+            store=dist.FileStore(path, size),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        n, k, S = size, 4, fastcomms.ReduceOp.SUM
+
+        def all_reduce():
+            t = full(k, rank + 1)
+            comm.all_reduce(t, S, False)
+            return torch.equal(t, full(k, n * (n + 1) // 2)), ""
+
+        def all_reduce_max():
+            t = full(k, rank)
+            comm.all_reduce(t, fastcomms.ReduceOp.MAX, False)
+            return torch.equal(t, full(k, n - 1)), ""
+
+        def broadcast():
+            t = full(k, rank)
+            comm.broadcast(t, n - 1, False)
+            return torch.equal(t, full(k, n - 1)), ""
+
+        def reduce():
+            t = full(k, rank + 1)
+            comm.reduce(t, 0, S, False)
+            return rank != 0 or torch.equal(t, full(k, n * (n + 1) // 2)), ""
+
+        def all_gather_single():
+            out = full(n * k, -1)
+            comm.all_gather_single(out, full(k, rank), False)
+            want = torch.arange(n, device=dev).repeat_interleave(k).float()
+            return torch.equal(out, want), ""
+
+        def reduce_scatter_single():
+            out = full(k, -1)
+            comm.reduce_scatter_single(out, full(n * k, rank + 1), S, False)
+            return torch.equal(out, full(k, n * (n + 1) // 2)), ""
+
+        def all_to_all_single():
+            inp = (rank * n + torch.arange(n, device=dev)).repeat_interleave(k).float()
+            out = full(n * k, -1)
+            comm.all_to_all_single(out, inp, False)
+            want = (torch.arange(n, device=dev) * n + rank).repeat_interleave(k).float()
+            return torch.equal(out, want), ""
+
+        def barrier():
+            comm.barrier(False)
+            return True, ""
+
+        def send_recv():
+            got = full(k, -1)
+            b = comm.batch_op_create()
+            b.send(full(k, rank), (rank + 1) % n)
+            b.recv(got, (rank - 1) % n)
+            b.issue(False)
+            return torch.equal(got, full(k, (rank - 1) % n)), ""
+
+        def ulysses():
+            g = UlyssesGroup(comm, device=dev)
+            xs = [
+                torch.randn(2, 3, 2 * n, 8, generator=torch.Generator().manual_seed(q)).to(dev)
+                for q in range(n)
+            ]
+            y = g.all_to_all_4d(xs[rank])
+            want = torch.cat([x[:, :, 2 * rank : 2 * rank + 2] for x in xs], dim=1)
+            back = g.all_to_all_4d(y, mode=1)
+            ok = torch.equal(y, want) and torch.equal(back, xs[rank])
+            return ok, f"transport {g.transport}"
+
+        for name, fn in [
+            ("all_reduce (sum)", all_reduce),
+            ("all_reduce (max)", all_reduce_max),
+            ("broadcast", broadcast),
+            ("reduce", reduce),
+            ("all_gather_single", all_gather_single),
+            ("reduce_scatter_single", reduce_scatter_single),
+            ("all_to_all_single", all_to_all_single),
+            ("barrier", barrier),
+            ("send/recv ring", send_recv),
+            ("ulysses all_to_all_4d", ulysses),
+        ]:
+            run(name, fn)
+    except Exception as e:  # noqa: BLE001
+        results.append(("new_comm", False, f"{type(e).__name__}: {e}"[:300]))
+    q.put((rank, results))
+    if comm is not None:
+        comm.finalize()
+
+
+def check(args) -> int:
+    """A short correctness run of every op on one backend, results per op and rank."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    backend = args.backend
+    if backend == "auto":
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = "nccl" if ngpu >= args.nproc else "gloo"
+        why = f"{ngpu} GPUs for {args.nproc} ranks"
+    else:
+        why = "asked"
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [
+            ctx.Process(target=_check_rank, args=(r, args.nproc, os.path.join(d, "s"), backend, q))
+            for r in range(args.nproc)
+        ]
+        for p in procs:
+            p.start()
+        res = {}
+        deadline = time.monotonic() + 300
+        while len(res) < args.nproc and time.monotonic() < deadline:
+            try:
+                r, rows = q.get(timeout=1.0)
+                res[r] = rows
+            except Exception:  # noqa: BLE001 - queue.Empty: look for dead ranks
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead and len(res) + len(dead) >= args.nproc:
+                    break
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    print(f"fastcomms check: backend {backend} ({why}), {args.nproc} ranks")
+    names = [name for name, _, _ in res.get(0, [])] or ["new_comm"]
+    bad = 0
+    table = []
+    for i, name in enumerate(names):
+        per_rank = [
+            res[r][i] if r in res and i < len(res[r]) else (name, False, "no result")
+            for r in range(args.nproc)
+        ]
+        ok = all(x[1] for x in per_rank)
+        bad += not ok
+        detail = next((x[2] for x in per_rank if not x[1]), per_rank[0][2])
+        table.append({"op": name, "ok": ok, "detail": detail})
+        print(f"  {name:24s} {'OK' if ok else 'FAIL'}  {detail}")
+    print("all checks passed" if not bad and res else f"{bad} checks failed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": backend, "nproc": args.nproc, "results": table}, f, indent=1)
+    return 0 if not bad and len(res) == args.nproc else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fastcomms")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -336,8 +510,12 @@ def main(argv=None) -> int:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--plot", default=None, help="write a PNG of the sweep")
     sub.add_parser("doctor", help="versions, GPUs, NVLink matrix, backends")
+    c = sub.add_parser("check", help="a short correctness run of every op on one backend")
+    c.add_argument("--backend", default="auto", choices=["gloo", "nccl", "nvlink", "auto"])
+    c.add_argument("--nproc", type=int, default=2)
+    c.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
-    return bench(args) if args.cmd == "bench" else doctor(args)
+    return {"bench": bench, "check": check, "doctor": doctor}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,22 @@ def test_nvlink_matrix_is_none_not_a_guess_without_nvml():
     import fastcomms
 
     assert fastcomms.nvlink_matrix([0, 1]) is None
+
+
+def test_check_every_op(tmp_path):
+    out = tmp_path / "check.json"
+    r = _run("check", "--backend", "gloo", "--nproc", "3", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checks passed" in r.stdout
+    import json
+
+    res = json.loads(out.read_text())
+    assert res["backend"] == "gloo" and len(res["results"]) == 10
+    assert all(row["ok"] for row in res["results"]), res
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the control needs a machine without GPUs")
+def test_check_reports_a_failure():
+    # armed control: the nccl backend cannot start on this CPU machine; check says so and fails
+    r = _run("check", "--backend", "nccl", "--nproc", "2")
+    assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
