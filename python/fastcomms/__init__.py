@@ -823,6 +823,30 @@ except ImportError:  # pragma: no cover - an older torch: communicators are not 
     pass
 
 
+def _wait_for_store(addr: str, port: int, timeout, rank: int, size: int) -> None:
+    """Waits until the store's host accepts a TCP connection, at most `timeout`: torch's TCPStore
+    client kept retrying an unreachable network for 38 s with a 5 s timeout (measured in
+    tests/python/test_multihost.py), so the deadline is kept here."""
+    import socket
+
+    deadline = time.monotonic() + timeout.total_seconds()
+    last = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, "
+                f"MASTER_PORT) did not accept a connection within {timeout.total_seconds():g} s; "
+                f"last error: {last}"
+            )
+        try:
+            with socket.create_connection((addr, port), timeout=min(left, 1.0)):
+                return
+        except OSError as e:
+            last = e
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
 def _rank_size() -> tuple[int, int]:
     for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
         if rk in os.environ and sz in os.environ:
@@ -872,6 +896,8 @@ def new_comm(
 
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "29500"))
+        if rank != 0:
+            _wait_for_store(addr, port, timeout, rank, size)
         store = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
     name = name or f"{backend}_{next(_names)}"
     return TorchComm(

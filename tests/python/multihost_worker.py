@@ -1,0 +1,98 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""One rank of tests/python/test_multihost.py, started inside a network namespace:
+multihost_worker.py RANK SIZE STORE_ADDR STORE_PORT MY_ADDR RESULT_FILE [TIMEOUT_S]. Every op's
+result is checked against values each rank computes for every rank; the outcome goes to
+RESULT_FILE."""
+
+import datetime
+import json
+import sys
+import time
+import traceback
+
+import torch
+
+
+def main():
+    rank, size = int(sys.argv[1]), int(sys.argv[2])
+    addr, port, me, out = sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+    import os
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
+    done, t0 = [], time.monotonic()
+    try:
+        timeout = datetime.timedelta(seconds=float(sys.argv[7]) if len(sys.argv) > 7 else 30)
+        # no store passed: new_comm starts (rank 0) or reaches the TCPStore at MASTER_ADDR
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+        # gloo listens on this namespace's address (its default is the loopback)
+        hints = {"gloo.hostname": me}
+        comm = fastcomms.new_comm("gloo", "cpu", "mh", timeout=timeout, hints=hints)
+        n, k, S = size, 3, fastcomms.ReduceOp.SUM
+        t = torch.full((k,), float(rank + 1))
+        comm.all_reduce(t, S, False)
+        assert torch.equal(t, torch.full((k,), float(n * (n + 1) // 2)))
+        done.append("all_reduce")
+        t = torch.full((k,), float(rank))
+        comm.broadcast(t, n - 1, False)
+        assert torch.equal(t, torch.full((k,), float(n - 1)))
+        done.append("broadcast")
+        out_t = torch.empty(n * k)
+        comm.all_gather_single(out_t, torch.full((k,), float(rank)), False)
+        assert torch.equal(out_t, torch.arange(n).repeat_interleave(k).float())
+        done.append("all_gather_single")
+        rs = torch.empty(k)
+        comm.reduce_scatter_single(rs, torch.full((n * k,), float(rank + 1)), S, False)
+        assert torch.equal(rs, torch.full((k,), float(n * (n + 1) // 2)))
+        done.append("reduce_scatter_single")
+        inp = (rank * n + torch.arange(n)).repeat_interleave(k).float()
+        a2a = torch.empty(n * k)
+        comm.all_to_all_single(a2a, inp, False)
+        assert torch.equal(a2a, (torch.arange(n) * n + rank).repeat_interleave(k).float())
+        done.append("all_to_all_single")
+        got = torch.empty(k)
+        b = comm.batch_op_create()
+        b.send(torch.full((k,), float(rank)), (rank + 1) % n)
+        b.recv(got, (rank - 1) % n)
+        b.issue(False)
+        assert torch.equal(got, torch.full((k,), float((rank - 1) % n)))
+        done.append("send/recv")
+        comm.barrier(False)
+        done.append("barrier")
+        # a split across the namespaces: even ranks and odd ranks
+        sub = comm.split([r for r in range(n) if r % 2 == rank % 2], "parity")
+        t = torch.full((k,), float(rank))
+        sub.all_reduce(t, S, False)
+        assert torch.equal(
+            t, torch.full((k,), float(sum(r for r in range(n) if r % 2 == rank % 2)))
+        )
+        done.append("split")
+        # the Ulysses op (the collective path across hosts)
+        g = UlyssesGroup(comm)
+        xs = [
+            torch.randn(2, 3, 2 * n, 8, generator=torch.Generator().manual_seed(q))
+            for q in range(n)
+        ]
+        y = g.all_to_all_4d(xs[rank])
+        assert torch.equal(y, torch.cat([x[:, :, 2 * rank : 2 * rank + 2] for x in xs], dim=1))
+        assert torch.equal(g.all_to_all_4d(y, mode=1), xs[rank])
+        done.append(f"ulysses ({g.transport})")
+        sub.finalize()
+        comm.finalize()
+        result = {"ok": True, "done": done}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result = {
+            "ok": False,
+            "done": done,
+            "error": f"{type(e).__name__}: {e}",
+            "trace": traceback.format_exc()[-2000:],
+        }
+    result["seconds"] = time.monotonic() - t0
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
