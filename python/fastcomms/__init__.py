@@ -823,28 +823,36 @@ except ImportError:  # pragma: no cover - an older torch: communicators are not 
     pass
 
 
-def _wait_for_store(addr: str, port: int, timeout, rank: int, size: int) -> None:
-    """Waits until the store's host accepts a TCP connection, at most `timeout`: torch's TCPStore
-    client kept retrying an unreachable network for 38 s with a 5 s timeout (measured in
-    tests/python/test_multihost.py), so the deadline is kept here."""
-    import socket
+def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
+    """torch's TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it), made within `timeout`:
+    its client kept retrying an unreachable network for 38 s with a 5 s timeout (measured in
+    tests/python/test_multihost.py), so the deadline is kept here. The constructor runs on a
+    helper thread; past the deadline this raises TimeoutError and the thread ends when torch
+    gives up."""
+    import threading
 
-    deadline = time.monotonic() + timeout.total_seconds()
-    last = None
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(
-                f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, "
-                f"MASTER_PORT) did not accept a connection within {timeout.total_seconds():g} s; "
-                f"last error: {last}"
-            )
+    import torch.distributed as dist
+
+    result = {}
+
+    def make():
         try:
-            with socket.create_connection((addr, port), timeout=min(left, 1.0)):
-                return
-        except OSError as e:
-            last = e
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            result["store"] = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            result["error"] = e
+
+    t = threading.Thread(target=make, name="fastcomms-store", daemon=True)
+    t.start()
+    t.join(timeout.total_seconds() + 1.0)
+    if "store" in result:
+        return result["store"]
+    if "error" in result:
+        raise result["error"]
+    raise TimeoutError(
+        f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, MASTER_PORT) "
+        f"could not be {'served' if rank == 0 else 'reached'} within "
+        f"{timeout.total_seconds():g} s"
+    )
 
 
 def _rank_size() -> tuple[int, int]:
@@ -892,13 +900,9 @@ def new_comm(
         return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
     rank, size = _rank_size()
     if store is None:
-        import torch.distributed as dist
-
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "29500"))
-        if rank != 0:
-            _wait_for_store(addr, port, timeout, rank, size)
-        store = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
+        store = _tcp_store(addr, port, size, rank, timeout)
     name = name or f"{backend}_{next(_names)}"
     return TorchComm(
         _C.Comm(

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from . import ReduceOp, TorchComm
 
-__all__ = ["init_device_mesh", "comm_of"]
+__all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_with_comm
 
 _REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
@@ -89,6 +89,11 @@ class _CommProcessGroup(dist.ProcessGroup):
     @property
     def comm(self) -> TorchComm:
         return self._comm
+
+    @property
+    def group_name(self) -> str:
+        # torch keeps a group's name on its backends, and this group has none (Python answers)
+        return getattr(self, "_fc_group_name", "")
 
     def _where(self, op):
         return (
@@ -194,6 +199,7 @@ def _register(pg, group_name, backend_str, global_ranks_mapping):
     DeviceMesh and the functional collectives look up)."""
     c10d = dist.distributed_c10d
     pg._set_group_name(group_name)
+    pg._fc_group_name = group_name
     store = dist.HashStore()  # torch's bookkeeping wants one; the communicator has its own
     c10d._world.pg_map[pg] = (backend_str, store)
     c10d._world.pg_names[pg] = group_name
@@ -311,4 +317,36 @@ def init_device_mesh(
         _rank=rank,
     )
     dm._dim_group_names = names
+    return dm
+
+
+def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, layout):
+    """Makes ``mesh_dim_name`` a flattened dimension of ``mesh``'s root mesh that runs on
+    ``comm``: ``layout`` (a ``torch.distributed._mesh_layout._MeshLayout``) describes the mesh
+    dimensions it merges, ``global_ranks`` lists the members in ``comm``'s rank order. Returns
+    the flattened 1-D DeviceMesh; ``root[mesh_dim_name]`` finds it afterwards (as torchcomms'
+    function of that name)."""
+    members = list(global_ranks)
+    if len(members) != comm.get_size():
+        raise ValueError(
+            f"_flatten_with_comm: {len(members)} global ranks for a communicator of "
+            f"{comm.get_size()}"
+        )
+    _create_torchcomm_process_group(
+        comm, mesh_dim_name, global_ranks_mapping={g: i for i, g in enumerate(members)}
+    )
+    flat = layout.coalesce() if hasattr(layout, "coalesce") else layout
+    if hasattr(flat, "nest") and len(flat) > 1:
+        flat = flat.nest()  # one dimension, as torch's own flattening makes it
+    root = mesh._get_root_mesh()
+    dm = dist.DeviceMesh(
+        root.device_type,
+        _layout=flat,
+        _rank_map=root._rank_map,
+        mesh_dim_names=(mesh_dim_name,),
+        _root_mesh=root,
+        _init_backend=False,
+    )
+    dm._dim_group_names = [mesh_dim_name]
+    root._flatten_mapping[mesh_dim_name] = dm
     return dm

@@ -16,6 +16,7 @@ def _same(a, b):
 
 def process_group_ops(comm, rank, size):
     pg = _create_torchcomm_process_group(comm, "fc_world")
+    assert pg.group_name == "fc_world"
     assert comm_of(pg) is comm and dist.get_rank(pg) == rank and dist.get_world_size(pg) == size
     assert dist.get_process_group_ranks(pg) == list(range(size))
     assert dist.get_backend(pg) == "fastcomms"
@@ -190,6 +191,16 @@ def mesh_2d(comm, rank, size):
     assert g.group is sp and g.transport == "collective"
     x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(rank))
     assert _same(g.all_to_all_4d(x), UlyssesGroup(sp).all_to_all_4d(x))
+    # both dimensions flattened onto the global communicator (torchcomms' _flatten_with_comm)
+    from fastcomms.device_mesh import _flatten_with_comm
+
+    flat = _flatten_with_comm(mesh, "dp_sp", comm, list(range(size)), mesh._layout)
+    assert mesh._get_root_mesh()._flatten_mapping["dp_sp"] is flat
+    assert comm_of(flat.get_group()) is comm and comm_of(mesh["dp_sp"].get_group()) is comm
+    assert flat.get_local_rank() == rank
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=flat.get_group())
+    assert _same(t, torch.full((2,), float(sum(range(size)))))
 
 
 def test_mesh_2d(world):
