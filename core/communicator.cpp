@@ -25,12 +25,8 @@ namespace {
 // NOTE [authenticated rendezvous]: every rank says whether it authenticates; each rank reads rank
 // 0's word (rank 0 the last rank's), so a rank whose setting differs gets a clear error here
 // instead of a garbled address later.
-void check_same_authentication(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-                               const std::string& where) {
-  const bool mine =
-      dynamic_cast<AuthStore*>(&store) != nullptr ||
-      (dynamic_cast<PrefixStore*>(&store) != nullptr &&
-       std::dynamic_pointer_cast<AuthStore>(static_cast<PrefixStore&>(store).base()) != nullptr);
+void check_same_authentication(Store& store, bool mine, int rank, int size,
+                               std::chrono::milliseconds timeout, const std::string& where) {
   store.set_string(detail::cat("auth/", rank), mine ? "hmac-sha256" : "none");
   if (size == 1) return;
   const int peer = rank == 0 ? size - 1 : 0;
@@ -76,16 +72,16 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   require_backend_known(backend_name);
   // NOTE [authenticated rendezvous]: with a shared secret every value this communicator (and its
   // splits) reads from the store is authenticated.
-  if (const auto secret = store_token_from_env();
-      secret && !std::dynamic_pointer_cast<AuthStore>(options.store)) {
+  bool authenticated = std::dynamic_pointer_cast<AuthStore>(options.store) != nullptr;
+  if (const auto secret = store_token_from_env(); secret && !authenticated) {
     options.store = std::make_shared<AuthStore>(options.store, *secret);
-    init.options.store = options.store;
+    authenticated = true;
   }
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
   init.options.store =
       std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store);
-  check_same_authentication(*init.options.store, rank, size, options.timeout, where);
+  check_same_authentication(*init.options.store, authenticated, rank, size, options.timeout, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
                                         init.options.store);

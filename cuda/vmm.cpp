@@ -98,36 +98,6 @@ CUdevice driver_device(int device) {
   return dev;
 }
 
-// Reserves `size` bytes of address space, maps `handle` there and grants `device` read-write.
-CUdeviceptr map_for(unsigned long long handle, size_t size, CUdevice dev) {
-  const Driver& d = checked_driver();
-  CUdeviceptr ptr = 0;
-  FASTCOMMS_CU_CHECK(d.reserve(&ptr, size, 0, 0, 0));
-  CUresult r = d.map(ptr, size, 0, handle, 0);
-  if (r == CUDA_SUCCESS) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d.set_access(ptr, size, &access, 1);
-    if (r != CUDA_SUCCESS) (void)d.unmap(ptr, size);
-  }
-  if (r != CUDA_SUCCESS) {
-    (void)d.address_free(ptr, size);
-    check(r, "cuMemMap/cuMemSetAccess");
-  }
-  return ptr;
-}
-
-void unmap_release(unsigned long long ptr, size_t size, unsigned long long handle) {
-  const Driver& d = driver();
-  if (ptr != 0 && d.unmap != nullptr) {
-    (void)d.unmap(ptr, size);
-    (void)d.address_free(ptr, size);
-  }
-  if (handle != 0 && d.release != nullptr) (void)d.release(handle);
-}
-
 }  // namespace
 
 bool vmm_supported(int device, std::string* why) {
@@ -157,28 +127,51 @@ bool vmm_supported(int device, std::string* why) {
   }
 }
 
+VmmMapping::~VmmMapping() {
+  const Driver& d = driver();
+  if (ptr_ != 0 && d.unmap != nullptr) {
+    (void)d.unmap(ptr_, size_);
+    (void)d.address_free(ptr_, size_);
+  }
+  if (handle_ != 0 && d.release != nullptr) (void)d.release(handle_);
+}
+
+void VmmMapping::map(unsigned long long handle, size_t bytes, int device) {
+  const Driver& d = checked_driver();
+  handle_ = handle;
+  size_ = bytes;
+  // Reserve address space, map the handle there, grant the device read-write; a failure undoes
+  // what was done (the destructor releases the handle).
+  CUdeviceptr ptr = 0;
+  FASTCOMMS_CU_CHECK(d.reserve(&ptr, bytes, 0, 0, 0));
+  CUresult r = d.map(ptr, bytes, 0, handle, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = driver_device(device);
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d.set_access(ptr, bytes, &access, 1);
+    if (r != CUDA_SUCCESS) (void)d.unmap(ptr, bytes);
+  }
+  if (r != CUDA_SUCCESS) {
+    (void)d.address_free(ptr, bytes);
+    check(r, "cuMemMap/cuMemSetAccess");
+  }
+  ptr_ = ptr;
+}
+
 VmmBuffer::VmmBuffer(size_t bytes, int device) {
   const Driver& d = checked_driver();
-  const CUdevice dev = driver_device(device);
   DeviceGuard guard(device);
-  const CUmemAllocationProp prop = properties(dev);
+  const CUmemAllocationProp prop = properties(driver_device(device));
   size_t gran = 0;
   FASTCOMMS_CU_CHECK(d.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   if (gran == 0) gran = size_t{2} << 20;
-  size_ = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
+  const size_t size = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
   CUmemGenericAllocationHandle h = 0;
-  FASTCOMMS_CU_CHECK(d.create(&h, size_, &prop, 0));
-  handle_ = h;
-  try {
-    ptr_ = map_for(handle_, size_, dev);
-  } catch (...) {
-    (void)d.release(h);
-    handle_ = 0;
-    throw;
-  }
+  FASTCOMMS_CU_CHECK(d.create(&h, size, &prop, 0));
+  map(h, size, device);
 }
-
-VmmBuffer::~VmmBuffer() { unmap_release(ptr_, size_, handle_); }
 
 int VmmBuffer::export_fd() const {
   int fd = -1;
@@ -187,23 +180,14 @@ int VmmBuffer::export_fd() const {
   return fd;
 }
 
-VmmImport::VmmImport(int fd, size_t bytes, int device) : size_(bytes) {
+VmmImport::VmmImport(int fd, size_t bytes, int device) {
   const Driver& d = checked_driver();
-  const CUdevice dev = driver_device(device);
   DeviceGuard guard(device);
+  (void)driver_device(device);  // the primary context is current
   CUmemGenericAllocationHandle h = 0;
   FASTCOMMS_CU_CHECK(d.import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-  handle_ = h;
-  try {
-    ptr_ = map_for(handle_, size_, dev);
-  } catch (...) {
-    (void)d.release(h);
-    handle_ = 0;
-    throw;
-  }
+  map(h, bytes, device);
 }
-
-VmmImport::~VmmImport() { unmap_release(ptr_, size_, handle_); }
 
 }  // namespace fastcomms::cuda

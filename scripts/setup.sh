@@ -7,7 +7,8 @@ source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev clang libclang-rt-14-dev
-              clang-format python3-venv libgloo-dev libssl-dev)
+              clang-format python3-venv libgloo-dev libssl-dev
+              iproute2)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -41,6 +41,23 @@ std::string random_token() {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// One message: a Header in the data, room for one descriptor in the control part.
+struct Message {
+  FdChannel::Header header;
+  iovec io{};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  Message() {
+    io = {&header, sizeof header};
+    msg.msg_iov = &io;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+};
+
 }  // namespace
 
 FdChannel::FdChannel() {
@@ -69,25 +86,19 @@ void FdChannel::send(const std::string& address, const Header& header, int fd,
     const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     FASTCOMMS_CHECK(s >= 0, kBackendError, "fd channel: socket(): ", errno_text());
     if (::connect(s, reinterpret_cast<const sockaddr*>(&a), len) == 0) {
-      Header h = header;
-      iovec io{&h, sizeof h};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &io;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      Message m;
+      m.header = header;
+      cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
       c->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
       ssize_t n;
-      do n = ::sendmsg(s, &msg, MSG_NOSIGNAL);
+      do n = ::sendmsg(s, &m.msg, MSG_NOSIGNAL);
       while (n < 0 && errno == EINTR);
       const std::string why = n < 0 ? errno_text() : "";
       ::close(s);
-      FASTCOMMS_CHECK(n == static_cast<ssize_t>(sizeof h), kBackendError,
+      FASTCOMMS_CHECK(n == static_cast<ssize_t>(sizeof(Header)), kBackendError,
                       "fd channel: sendmsg(): ", n < 0 ? why : "short write");
       return;
     }
@@ -130,27 +141,21 @@ FdChannel::Received FdChannel::receive(uint64_t tag, int32_t from,
     socklen_t cl = sizeof cred;
     const bool same_user =
         ::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && cred.uid == ::getuid();
-    Header h;
-    iovec io{&h, sizeof h};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &io;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    Message m;
     // The connection is blocking: the sender wrote before closing, so the data is there or
     // arrives at once.
     pollfd q{s, POLLIN, 0};
     ssize_t n = -1;
     if (::poll(&q, 1, static_cast<int>(std::min<int64_t>(left, 5000))) > 0) {
-      do n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+      do n = ::recvmsg(s, &m.msg, MSG_CMSG_CLOEXEC);
       while (n < 0 && errno == EINTR);
     }
     ::close(s);
     int fd = -1;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c))
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m.msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&m.msg, c))
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
         std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    const Header& h = m.header;
     if (n != static_cast<ssize_t>(sizeof h) || fd < 0 || !same_user) {
       if (fd >= 0) ::close(fd);
       continue;  // not one of ours: ignored

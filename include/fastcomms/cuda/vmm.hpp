@@ -21,62 +21,54 @@ namespace fastcomms::cuda {
 /// otherwise false and `why` says why.
 bool vmm_supported(int device, std::string* why);
 
-/// Memory of at least `bytes` on `device`, mapped read-write for it; its size is rounded up to
-/// the allocation granularity.
-class VmmBuffer {
+/// A physical allocation (a driver handle) mapped read-write for one device: what VmmBuffer and
+/// VmmImport share. Move-only; the destructor unmaps and releases.
+class VmmMapping {
  public:
-  VmmBuffer() = default;
-  VmmBuffer(size_t bytes, int device);
-  ~VmmBuffer();
-  VmmBuffer(VmmBuffer&& o) noexcept { swap(o); }
-  VmmBuffer& operator=(VmmBuffer&& o) noexcept {
+  VmmMapping() = default;
+  ~VmmMapping();
+  VmmMapping(VmmMapping&& o) noexcept { swap(o); }
+  VmmMapping& operator=(VmmMapping&& o) noexcept {
     swap(o);
     return *this;
   }
-  VmmBuffer(const VmmBuffer&) = delete;
-  VmmBuffer& operator=(const VmmBuffer&) = delete;
+  VmmMapping(const VmmMapping&) = delete;
+  VmmMapping& operator=(const VmmMapping&) = delete;
   void* get() const { return reinterpret_cast<void*>(ptr_); }
-  /// The mapped size (a multiple of the granularity).
+  /// The mapped size.
   size_t size() const { return size_; }
-  /// A new file descriptor for the memory (the caller closes it).
-  int export_fd() const;
+
+ protected:
+  /// Takes `handle` (released on failure) and maps its `bytes` for `device`.
+  void map(unsigned long long handle, size_t bytes, int device);
+  unsigned long long handle_ = 0;
 
  private:
-  void swap(VmmBuffer& o) noexcept {
+  void swap(VmmMapping& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(size_, o.size_);
     std::swap(handle_, o.handle_);
   }
   unsigned long long ptr_ = 0;
   size_t size_ = 0;
-  unsigned long long handle_ = 0;
+};
+
+/// Memory of at least `bytes` on `device`, mapped read-write for it; its size is rounded up to
+/// the allocation granularity.
+class VmmBuffer : public VmmMapping {
+ public:
+  VmmBuffer() = default;
+  VmmBuffer(size_t bytes, int device);
+  /// A new file descriptor for the memory (the caller closes it).
+  int export_fd() const;
 };
 
 /// Another process's VmmBuffer imported from its file descriptor (`bytes`: its mapped size) and
 /// mapped read-write for `device`.
-class VmmImport {
+class VmmImport : public VmmMapping {
  public:
   VmmImport() = default;
   VmmImport(int fd, size_t bytes, int device);
-  ~VmmImport();
-  VmmImport(VmmImport&& o) noexcept { swap(o); }
-  VmmImport& operator=(VmmImport&& o) noexcept {
-    swap(o);
-    return *this;
-  }
-  VmmImport(const VmmImport&) = delete;
-  VmmImport& operator=(const VmmImport&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr_); }
-
- private:
-  void swap(VmmImport& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(size_, o.size_);
-    std::swap(handle_, o.handle_);
-  }
-  unsigned long long ptr_ = 0;
-  size_t size_ = 0;
-  unsigned long long handle_ = 0;
 };
 
 }  // namespace fastcomms::cuda
