@@ -482,6 +482,9 @@ TEST(Gloo, PeerThatDiesFailsFast) {
   run_threads(
       2,
       [&](Communicator& comm) {
+        // Both ranks connected first: a peer leaving during the other's rendezvous would fail
+        // that rank's new_comm instead of the op under test.
+        comm.barrier();
         if (comm.rank() == 1) return;
         HostTensor t(DType::kFloat32, 8);
         const auto t0 = std::chrono::steady_clock::now();
