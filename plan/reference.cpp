@@ -92,4 +92,24 @@ RankBuffers reference_all_to_all_4d(int mode, int64_t b, int64_t d, int64_t e,
   return out;
 }
 
+RankBuffers repeat_interleave_heads(const RankBuffers& inputs, int64_t heads, int64_t d,
+                                    int64_t element_size, int64_t R) {
+  FASTCOMMS_CHECK(heads >= 0 && d >= 0 && element_size > 0 && R >= 1, kInvalidArgument,
+                  "repeat_interleave_heads: bad geometry heads=", heads, " d=", d,
+                  " element_size=", element_size, " R=", R);
+  const int64_t row = d * element_size;
+  RankBuffers out(inputs.size());
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    const int64_t rows =
+        heads * row == 0 ? 0 : static_cast<int64_t>(inputs[r].size()) / (heads * row);
+    out[r].resize(inputs[r].size() * static_cast<size_t>(R));
+    std::byte* o = out[r].data();
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t k = 0; k < R; ++k, o += row)
+          std::memcpy(o, inputs[r].data() + (i * heads + h) * row, static_cast<size_t>(row));
+  }
+  return out;
+}
+
 }  // namespace fastcomms::plan

@@ -47,7 +47,7 @@ std::array<int64_t, 4> WorldSpec::input_shape(int r) const {
   int64_t S = 0, N = 0;
   for (int64_t v : seq_splits) S += v;
   for (int64_t v : head_splits) N += v;
-  if (mode == 0) return {b, seq_splits[r], N, d};
+  if (mode == 0) return {b, seq_splits[r], N / kv_replicas, d};
   return {b, S, head_splits[r], d};
 }
 
@@ -58,6 +58,7 @@ UlyssesRequest WorldSpec::request(int r, Path path) const {
   q.mode = mode;
   q.shape = input_shape(r);
   q.element_size = element_size;
+  q.kv_replicas = kv_replicas;
   q.path = path;
   if (pass_splits) {
     q.seq_splits = seq_splits;

@@ -22,6 +22,8 @@ std::string join(const std::vector<int64_t>& v) {
 struct Geometry {
   int64_t b = 0, d = 0, e = 0;
   int64_t seq_total = 0, heads_total = 0;
+  int64_t R = 1;                    // kv replicas
+  int64_t src_heads = 0;            // heads of a mode-0 x (heads_total / R)
   std::vector<int64_t> seq, heads;  // resolved splits
   std::vector<int64_t> seq_off, head_off;
 };
@@ -59,7 +61,16 @@ Geometry resolve(const UlyssesRequest& req) {
   g.d = req.shape[3];
   g.e = e;
   const int64_t s_in = req.shape[1];
-  const int64_t n_in = req.shape[2];
+  const int64_t R = req.kv_replicas;
+  FASTCOMMS_CHECK(R >= 1, kInvalidArgument, prefix, "kv_replicas must be >= 1, got ", R);
+  g.R = R;
+  // Mode 0 reads h source heads that stand for h * R virtual ones (NOTE [kv replicas]).
+  int64_t n_in = req.shape[2];
+  if (req.mode == 0) {
+    FASTCOMMS_CHECK(!mul_overflows(n_in, R, &n_in), kInvalidArgument, prefix,
+                    "virtual head count x.size(2) * kv_replicas = ", req.shape[2], " * ", R,
+                    " overflows 64 bits");
+  }
   if (req.seq_splits) {
     const auto check_splits = [&](const std::vector<int64_t>& v, const char* name) {
       FASTCOMMS_CHECK(static_cast<int64_t>(v.size()) == P, kInvalidArgument, prefix, name,
@@ -79,7 +90,9 @@ Geometry resolve(const UlyssesRequest& req) {
     g.heads_total = check_splits(g.heads, "head_splits");
     if (req.mode == 0) {
       FASTCOMMS_CHECK(g.heads_total == n_in, kInvalidArgument, prefix, "head_splits sums to ",
-                      g.heads_total, ", x.size(2) is ", n_in);
+                      g.heads_total, ", x.size(2) is ", req.shape[2],
+                      R > 1 ? detail::cat(" (times kv_replicas=", R, ": ", n_in, " virtual heads)")
+                            : std::string{});
       FASTCOMMS_CHECK(g.seq[r] == s_in, kInvalidArgument, prefix, "seq_splits[", r, "] is ",
                       g.seq[r], ", x.size(1) is ", s_in,
                       " (mode 0 takes this rank's sequence shard)");
@@ -91,10 +104,12 @@ Geometry resolve(const UlyssesRequest& req) {
                       " (mode 1 takes this rank's head shard)");
     }
   } else if (req.mode == 0) {
-    FASTCOMMS_CHECK(n_in % P == 0, kInvalidArgument, prefix,
-                    "mode 0 scatters heads: x.size(2)=", n_in,
-                    " is not divisible by world_size=", P,
-                    "; pass seq_splits and head_splits for uneven shards");
+    FASTCOMMS_CHECK(
+        n_in % P == 0, kInvalidArgument, prefix, "mode 0 scatters heads: x.size(2)",
+        R > 1 ? detail::cat(" * kv_replicas = ", req.shape[2], " * ", R, " = ") : std::string{"="},
+        n_in, " is not divisible by world_size=", P,
+        R > 1 ? "; choose kv_replicas so that the virtual heads split evenly"
+              : "; pass seq_splits and head_splits for uneven shards");
     FASTCOMMS_CHECK(!mul_overflows(s_in, P, &g.seq_total), kInvalidArgument, prefix,
                     "global sequence length x.size(1) * world_size = ", s_in, " * ", P,
                     " overflows 64 bits");
@@ -113,6 +128,12 @@ Geometry resolve(const UlyssesRequest& req) {
     g.seq.assign(P, s_in / P);
     g.heads.assign(P, n_in);
   }
+
+  if (R > 1) {
+    FASTCOMMS_CHECK(g.heads_total % R == 0, kInvalidArgument, prefix, "kv_replicas=", R,
+                    " must divide the global (virtual) head count, got ", g.heads_total);
+  }
+  g.src_heads = g.heads_total / R;
 
   // Every offset and size below is bounded by the global tensor's byte count, so checking that
   // one product is enough to rule out overflow everywhere.
@@ -140,6 +161,18 @@ Geometry resolve(const UlyssesRequest& req) {
   for (int i = 1; i < P; ++i) {
     g.seq_off[i] = g.seq_off[i - 1] + g.seq[i - 1];
     g.head_off[i] = g.head_off[i - 1] + g.heads[i - 1];
+  }
+  if (R > 1) {  // NOTE [kv replicas]: no rank receives one source head twice
+    for (int q = 0; q < P; ++q) {
+      if (g.heads[q] == 0) continue;
+      const int64_t first = g.head_off[q] / R, last = (g.head_off[q] + g.heads[q] - 1) / R;
+      FASTCOMMS_CHECK(last - first + 1 == g.heads[q], kInvalidArgument, prefix, "kv_replicas=", R,
+                      " gives rank ", q, " virtual heads [", g.head_off[q], ", ",
+                      g.head_off[q] + g.heads[q], "), which repeat source head ", first,
+                      "; expected every rank's virtual heads to be distinct source heads (for ",
+                      g.src_heads, " KV heads on ", P, " ranks: kv_replicas = ", P, " / ",
+                      g.src_heads, " with one virtual head per rank)");
+    }
   }
   return g;
 }
@@ -222,6 +255,7 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
   p.d = g.d;
   p.seq_total = S;
   p.heads_total = N;
+  p.kv_replicas = g.R;
   p.seq_splits = g.seq;
   p.head_splits = g.heads;
   p.seq_offsets = g.seq_off;
@@ -236,22 +270,26 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
     p.max_out_bytes = std::max(p.max_out_bytes, out_q);
   }
   uint64_t h = 0xcbf29ce484222325ull;
-  for (int64_t v : {int64_t{P}, int64_t{req.mode}, g.b, g.d, g.e}) h = hash_mix(h, v);
+  for (int64_t v : {int64_t{P}, int64_t{req.mode}, g.b, g.d, g.e, g.R}) h = hash_mix(h, v);
   for (int64_t v : g.seq) h = hash_mix(h, v);
   for (int64_t v : g.heads) h = hash_mix(h, v);
   p.geometry_key = h;
 
   const int64_t s_r = g.seq[r], h_r = g.heads[r];
+  // Mode 0 reads x's rows of Nx = N / R source heads; virtual head v is source head v / R.
+  const int64_t Nx = req.mode == 0 ? g.src_heads : N;
+  const auto src_head = [&](int q) { return req.mode == 0 ? g.head_off[q] / g.R : g.head_off[q]; };
   if (req.path == Path::kPeerToPeer) {
     p.puts.resize(P);
     for (int q = 0; q < P; ++q) {
       CopyDesc c;
       if (req.mode == 0) {
-        // x_r[:, :, H_q:H_q+h_q, :] -> out_q[:, S_r:S_r+s_r, :, :], out_q is (b, S, h_q, d).
+        // x_r[:, :, H_q:H_q+h_q, :] -> out_q[:, S_r:S_r+s_r, :, :], out_q is (b, S, h_q, d);
+        // with kv replicas x_r's heads start at source head H_q / R (NOTE [kv replicas]).
         const int64_t h_q = g.heads[q];
-        c = {.src_offset = g.head_off[q] * E,
-             .src_pitch = N * E,
-             .src_slice_pitch = s_r * N * E,
+        c = {.src_offset = src_head(q) * E,
+             .src_pitch = Nx * E,
+             .src_slice_pitch = s_r * Nx * E,
              .dst_offset = g.seq_off[r] * h_q * E,
              .dst_pitch = h_q * E,
              .dst_slice_pitch = S * h_q * E,
@@ -298,9 +336,9 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
     CopyDesc pk, up;
     if (req.mode == 0) {
       // pack: x_r[:, :, H_q:H_q+h_q, :] -> chunk (b, s_r, h_q, d)
-      pk = {.src_offset = g.head_off[q] * E,
-            .src_pitch = N * E,
-            .src_slice_pitch = s_r * N * E,
+      pk = {.src_offset = src_head(q) * E,
+            .src_pitch = Nx * E,
+            .src_slice_pitch = s_r * Nx * E,
             .dst_offset = send_off * g.e,
             .dst_pitch = h_q * E,
             .dst_slice_pitch = s_r * h_q * E,

@@ -43,6 +43,7 @@ plan::UlyssesRequest ulysses_request(const std::array<int64_t, 4>& shape, int64_
   req.element_size = element_size;
   req.seq_splits = args.seq_splits;
   req.head_splits = args.head_splits;
+  req.kv_replicas = args.kv_replicas;
   req.path = path;
   req.op_name = kOp;
   req.comm_name = comm_name;
@@ -69,7 +70,8 @@ std::shared_ptr<const plan::UlyssesPlan> UlyssesPlanCache::get(const plan::Ulyss
           req.element_size,
           req.seq_splits.value_or(std::vector<int64_t>{}),
           req.head_splits.value_or(std::vector<int64_t>{}),
-          req.seq_splits.has_value()};
+          req.seq_splits.has_value(),
+          req.kv_replicas};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;

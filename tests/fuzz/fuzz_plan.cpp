@@ -49,6 +49,8 @@ void check(const UlyssesPlan& p) {
     if (c.src_offset < 0 || c.src_extent() > src_size) fail(std::string(what) + " reads out", p);
     if (c.dst_offset < 0 || c.dst_extent() > dst_size) fail(std::string(what) + " writes out", p);
   };
+  // NOTE [kv replicas]: mode 0 sends each source byte to R destinations.
+  const int64_t sent = p.mode == 0 ? p.in_bytes * p.kv_replicas : p.in_bytes;
   if (p.path == Path::kPeerToPeer) {
     if (static_cast<int>(p.puts.size()) != P) fail("puts.size() != world_size", p);
     int64_t total = 0;
@@ -56,7 +58,7 @@ void check(const UlyssesPlan& p) {
       desc_ok(p.puts[q], p.in_bytes, out_bytes_of(q), "put");
       total += p.puts[q].bytes();
     }
-    if (total != p.in_bytes) fail("puts do not move the whole input", p);
+    if (total != sent) fail("puts do not move the whole input", p);
     return;
   }
   if (static_cast<int>(p.pack.size()) != P || static_cast<int>(p.unpack.size()) != P)
@@ -70,7 +72,7 @@ void check(const UlyssesPlan& p) {
     packed += p.pack[q].bytes();
     unpacked += p.unpack[q].bytes();
   }
-  if (packed != p.in_bytes || unpacked != p.out_bytes) fail("chunks do not add up", p);
+  if (packed != sent || unpacked != p.out_bytes) fail("chunks do not add up", p);
 }
 
 }  // namespace
@@ -84,6 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   req.element_size = in.ConsumeIntegralInRange<int64_t>(0, 9);
   req.path = in.ConsumeBool() ? Path::kPeerToPeer : Path::kCollective;
   for (auto& s : req.shape) s = pick_dim(in);
+  if (in.ConsumeBool()) req.kv_replicas = in.ConsumeIntegralInRange<int64_t>(-1, 9);
   if (in.ConsumeBool()) {
     const int n = in.ConsumeIntegralInRange<int>(0, 17);
     std::vector<int64_t> seq(n), heads(n);
@@ -95,7 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (auto v : seq) (void)__builtin_add_overflow(S, v, &S);
       for (auto v : heads) (void)__builtin_add_overflow(N, v, &N);
       req.shape[1] = req.mode == 0 ? seq[req.rank] : S;
-      req.shape[2] = req.mode == 0 ? N : heads[req.rank];
+      req.shape[2] =
+          req.mode == 0 ? (req.kv_replicas > 0 ? N / req.kv_replicas : N) : heads[req.rank];
     }
     const int which = in.ConsumeIntegralInRange<int>(0, 9);
     if (which != 0) req.seq_splits = seq;
@@ -121,6 +125,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     spec.seq_splits = p.seq_splits;
     spec.head_splits = p.head_splits;
     spec.pass_splits = req.seq_splits.has_value();
+    spec.kv_replicas = p.kv_replicas;
     RankBuffers inputs(p.world_size);
     unsigned char v = 1;
     for (int r = 0; r < p.world_size; ++r) {
@@ -130,8 +135,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     SimResult res = simulate_world(spec, p.path, inputs, 0xee);
     if (!res.error.empty()) fail(res.error, p);
-    if (res.outputs != reference_all_to_all_4d(p.mode, p.b, p.d, p.element_size, p.seq_splits,
-                                               p.head_splits, inputs))
+    if (res.outputs !=
+        reference_all_to_all_4d(p.mode, p.b, p.d, p.element_size, p.seq_splits, p.head_splits,
+                                p.mode == 0 && p.kv_replicas > 1
+                                    ? repeat_interleave_heads(inputs, p.heads_total / p.kv_replicas,
+                                                              p.d, p.element_size, p.kv_replicas)
+                                    : inputs))
       fail("replay differs from the reference", p);
   }
   return 0;

@@ -130,6 +130,102 @@ TEST(PlanReplay, RandomGeometriesMatchReference) {
   EXPECT_GE(p2p + coll, kGeometries);
 }
 
+// NOTE [kv replicas]: mode 0 with R equals repeat_interleave(R) then the ordinary call, and mode
+// 1 with R is the ordinary exchange of the virtual heads; random worlds, both paths.
+TEST(PlanReplay, KvReplicasMatchRepeatThenCall) {
+  const uint64_t seed = test_seed();
+  std::printf("[kv replicas] seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int checked = 0, rejected = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    WorldSpec spec;
+    spec.world_size = static_cast<int>(pick(1, 8));
+    const int P = spec.world_size;
+    spec.mode = static_cast<int>(pick(0, 1));
+    spec.element_size = int64_t{1} << pick(0, 3);
+    spec.b = pick(1, 3);
+    spec.d = (16 / spec.element_size) * pick(1, 2);
+    for (int i = 0; i < P; ++i) spec.seq_splits.push_back(pick(0, 4));
+    spec.seq_splits[pick(0, P - 1)] += 1;
+    if (pick(0, 1) == 0) {  // GQA/MQA: h source heads with h | P, one virtual head per rank
+      std::vector<int64_t> divisors;
+      for (int64_t h = 1; h <= P; ++h)
+        if (P % h == 0) divisors.push_back(h);
+      const int64_t h = divisors[pick(0, static_cast<int64_t>(divisors.size()) - 1)];
+      spec.kv_replicas = P / h;
+      spec.head_splits.assign(P, 1);
+      spec.pass_splits = pick(0, 1) == 0;
+      if (!spec.pass_splits) spec.seq_splits.assign(P, pick(1, 4));  // even shards
+    } else {  // any R and virtual splits; keep those with distinct source heads per rank
+      spec.kv_replicas = pick(1, 4);
+      for (int i = 0; i < P; ++i) spec.head_splits.push_back(pick(0, 2));
+      int64_t n = 0;
+      for (int64_t v : spec.head_splits) n += v;
+      spec.head_splits[P - 1] += (spec.kv_replicas - n % spec.kv_replicas) % spec.kv_replicas;
+      if (n == 0) spec.head_splits[0] += spec.kv_replicas;
+      bool distinct = true;
+      int64_t off = 0;
+      for (int64_t v : spec.head_splits) {
+        if (v > 0 && (off + v - 1) / spec.kv_replicas - off / spec.kv_replicas != v - 1)
+          distinct = false;
+        off += v;
+      }
+      if (!distinct) {
+        EXPECT_THROW(make_ulysses_plan(spec.request(0, Path::kCollective)), Error)
+            << describe(spec) << " R=" << spec.kv_replicas;
+        ++rejected;
+        continue;
+      }
+    }
+    const RankBuffers in = random_inputs(spec, rng);
+    const RankBuffers want = reference_all_to_all_4d(
+        spec.mode, spec.b, spec.d, spec.element_size, spec.seq_splits, spec.head_splits,
+        spec.mode == 0 ? repeat_interleave_heads(in, spec.input_shape(0)[2], spec.d,
+                                                 spec.element_size, spec.kv_replicas)
+                       : in);
+    for (Path path : {Path::kPeerToPeer, Path::kCollective}) {
+      SimResult res = simulate_world(spec, path, in, static_cast<unsigned char>(rng()));
+      ASSERT_TRUE(res.error.empty())
+          << res.error << " " << describe(spec) << " R=" << spec.kv_replicas;
+      ASSERT_EQ(res.outputs, want) << describe(spec) << " R=" << spec.kv_replicas;
+      ++checked;
+    }
+  }
+  std::printf("[kv replicas] %d replays bit-exact, %d duplicate-head geometries rejected\n",
+              checked, rejected);
+  EXPECT_GT(checked, 400);
+}
+
+TEST(PlanValidation, KvReplicasErrorsSayWhat) {
+  UlyssesRequest req;
+  req.world_size = 4;
+  req.rank = 0;
+  req.shape = {1, 8, 1, 64};  // MQA: one KV head on 4 ranks
+  req.element_size = 2;
+  req.kv_replicas = 4;
+  EXPECT_EQ(ulysses_output_shape(req), (std::array<int64_t, 4>{1, 32, 1, 64}));
+  req.kv_replicas = 8;  // two virtual heads per rank, both copies of head 0
+  try {
+    make_ulysses_plan(req);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("repeat source head 0"), std::string::npos) << e.what();
+  }
+  req.kv_replicas = 3;  // 3 virtual heads on 4 ranks
+  EXPECT_THROW(make_ulysses_plan(req), Error);
+  req.kv_replicas = 0;
+  EXPECT_THROW(make_ulysses_plan(req), Error);
+  req.mode = 1;  // mode 1: (b, S, 1 virtual head, d) -> (b, s, 4 virtual heads, d) with R=4
+  req.kv_replicas = 4;
+  req.shape = {1, 32, 1, 64};
+  EXPECT_EQ(ulysses_output_shape(req), (std::array<int64_t, 4>{1, 8, 4, 64}));
+  req.kv_replicas = 3;  // 4 virtual heads are not a multiple of 3
+  EXPECT_THROW(make_ulysses_plan(req), Error);
+}
+
 TEST(PlanReplay, FaultyDescriptorIsCaught) {
   // The harness must be able to fail: corrupt one descriptor and the replay has to notice.
   WorldSpec spec;

@@ -30,4 +30,10 @@ RankBuffers reference_all_to_all_4d(int mode, int64_t b, int64_t d, int64_t elem
                                     const std::vector<int64_t>& head_splits,
                                     const RankBuffers& inputs);
 
+/// `x.repeat_interleave(R, dim=2)` of every rank's (.., heads, d) buffer: what a user
+/// materialises before an ordinary call when key/value heads are fewer than ranks (the reference
+/// for NOTE [kv replicas]).
+RankBuffers repeat_interleave_heads(const RankBuffers& inputs, int64_t heads, int64_t d,
+                                    int64_t element_size, int64_t R);
+
 }  // namespace fastcomms::plan

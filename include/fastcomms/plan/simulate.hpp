@@ -25,6 +25,7 @@ struct WorldSpec {
   std::vector<int64_t> seq_splits;   ///< Per-rank sequence shards (size world_size).
   std::vector<int64_t> head_splits;  ///< Per-rank head shards (size world_size).
   bool pass_splits = true;           ///< false: plan with even shards (splits left out).
+  int64_t kv_replicas = 1;           ///< NOTE [kv replicas]: head_splits count virtual heads.
 
   /// Rank r's input shape for this mode.
   std::array<int64_t, 4> input_shape(int r) const;

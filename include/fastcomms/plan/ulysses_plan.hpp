@@ -14,6 +14,18 @@
 ///   mode 1: x is (b, S, head_splits[rank], d)  ->  out is (b, seq_splits[rank], N, d)
 /// and for mode 0, on rank r: out_r[i, S_p + j, k, :] = x_p[i, j, H_r + k, :] where S_p, H_r are
 /// the exclusive prefix sums of the splits. Mode 1 is the exact inverse.
+///
+/// NOTE [kv replicas]: grouped-query and multi-query attention have fewer key/value heads than
+/// ranks. With `kv_replicas` = R > 1, x holds h heads that stand for N = h * R virtual heads, the
+/// virtual head v being source head v / R (as `x.repeat_interleave(R, dim=2)` would lay them out);
+/// the splits and the output speak of virtual heads. Mode 0 reads the source head of every
+/// virtual head a rank receives straight from x, so the repeat is never materialised and each
+/// source byte is read once per destination. No rank may receive two copies of one source head
+/// (its virtual range must map to distinct, hence contiguous, source heads), which holds for the
+/// usual R = world_size / h with one virtual head per rank. Mode 1 with R is the exchange of the
+/// replicas' gradients: descriptors and output as for R = 1 over the N virtual heads, and the
+/// caller sums each run of R consecutive output heads into one (the Python layer does it with
+/// torch, so the sum is repeat_interleave's own backward).
 
 #include <array>
 #include <cstddef>
@@ -74,6 +86,8 @@ struct UlyssesRequest {
   std::optional<std::vector<int64_t>> seq_splits;
   /// Per-rank head shards; given exactly when seq_splits is.
   std::optional<std::vector<int64_t>> head_splits;
+  /// Virtual heads per x head (NOTE [kv replicas]); 1 for ordinary calls.
+  int64_t kv_replicas = 1;
   Path path = Path::kPeerToPeer;          ///< Which descriptors to produce.
   std::string op_name = "all_to_all_4d";  ///< Used in error messages.
   std::string comm_name;                  ///< Communicator name for messages (may be empty).
@@ -89,7 +103,8 @@ struct UlyssesPlan {
   int64_t b = 0;                       ///< Batch.
   int64_t d = 0;                       ///< Head dimension.
   int64_t seq_total = 0;               ///< S, the global sequence length.
-  int64_t heads_total = 0;             ///< N, the global head count.
+  int64_t heads_total = 0;             ///< N, the global (virtual) head count.
+  int64_t kv_replicas = 1;             ///< NOTE [kv replicas]; N / kv_replicas source heads.
   std::vector<int64_t> seq_splits;     ///< Resolved (even shards filled in).
   std::vector<int64_t> head_splits;    ///< Resolved (even shards filled in).
   std::vector<int64_t> seq_offsets;    ///< Exclusive prefix sums of seq_splits.

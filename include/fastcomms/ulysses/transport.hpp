@@ -37,7 +37,8 @@ struct UlyssesArgs {
   int mode = 0;                                     ///< 0 or 1 (see ulysses_plan.hpp).
   std::optional<std::vector<int64_t>> seq_splits;   ///< Per-rank sequence shards, or even.
   std::optional<std::vector<int64_t>> head_splits;  ///< Per-rank head shards, or even.
-  bool async_op = false;  ///< CPU path: return before completion (CUDA paths never block).
+  int64_t kv_replicas = 1;  ///< Virtual heads per x head (plan NOTE [kv replicas]).
+  bool async_op = false;    ///< CPU path: return before completion (CUDA paths never block).
 };
 
 /// The plan request of one call: a (validated, contiguous 4-D) x's shape and element size, the
@@ -63,7 +64,7 @@ class UlyssesPlanCache {
 
  private:
   using Key = std::tuple<int, int, int, int, std::array<int64_t, 4>, int64_t, std::vector<int64_t>,
-                         std::vector<int64_t>, bool>;
+                         std::vector<int64_t>, bool, int64_t>;
   std::mutex mu_;
   std::map<Key, std::shared_ptr<const plan::UlyssesPlan>> plans_;
 };
