@@ -4,7 +4,8 @@
 # registry). Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
 # Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
-# BENCH_ULYSSES_ARGS passes it arguments), SKIP_NCCL_BENCH=1; GPU_BUDGET_S caps the whole run.
+# BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
+# runs), SKIP_NCCL_BENCH=1; GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -199,6 +200,16 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_ULYSSES_BENCH:-0}" != 1 ] && have_ex
     python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_ulysses.py ${BENCH_ULYSSES_ARGS:-} 2>&1 |
     tee "$LOGS/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
+  # Grouped-query calls with more ranks than GPUs (4 and 8 ranks sharing the two).
+  if [ "${SKIP_GQA_BENCH:-0}" != 1 ]; then
+    for n in 4 8; do
+      enough || break
+      PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 200)" \
+        python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_ulysses.py --nproc "$n" --share --only gqa 2>&1 |
+        tee -a "$LOGS/bench_ulysses.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    done
+  fi
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 

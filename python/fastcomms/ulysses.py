@@ -3,9 +3,17 @@
 
 mode 0 (scatter heads, gather sequence): (b, s_local, n_global, d) -> (b, s_global, n_local, d);
 mode 1 is the inverse. Differentiable: the backward of one mode is the other mode with the same
-splits. On a TorchComm the C++ collective path runs (one pack, one all_to_all_v_single, one
-unpack, mismatched calls detected on every rank); on a torch.distributed ProcessGroup the same
-layout is computed with torch ops around ``all_to_all_single``.
+splits.
+
+Grouped-query and multi-query attention (``kv_replicas=R``): K and V with h heads stand for
+h * R virtual heads, as ``x.repeat_interleave(R, dim=2)`` would, so h KV heads serve
+``world_size = h * R`` ranks (one virtual head each) without materialising the repeat; mode 0
+reads each source head once per destination, and mode 1 (its backward) sums the R replicas'
+gradients back into their head. See ``UlyssesGroup.all_to_all_4d``.
+
+On a TorchComm the C++ collective path runs (one pack, one all_to_all_v_single, one unpack,
+mismatched calls detected on every rank); on a torch.distributed ProcessGroup the same layout is
+computed with torch ops around ``all_to_all_single``.
 """
 
 from __future__ import annotations
@@ -60,23 +68,35 @@ def _vmap_error(rank, size, what):
     )
 
 
+def _kv_replicas(kv_replicas, where=""):
+    """kv_replicas as an int >= 1 (None: 1)."""
+    if kv_replicas is None:
+        return 1
+    if isinstance(kv_replicas, bool) or not isinstance(kv_replicas, int) or kv_replicas < 1:
+        raise ValueError(
+            f"{where}all_to_all_4d: kv_replicas must be an int >= 1 (virtual heads per K/V "
+            f"head), got {kv_replicas!r}"
+        )
+    return kv_replicas
+
+
 class _AllToAll4d(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, mode, seq_splits, head_splits):
-        ctx.group, ctx.mode, ctx.splits = group, mode, (seq_splits, head_splits)
-        return group._exchange(x, mode, seq_splits, head_splits, None)
+    def forward(ctx, x, group, mode, seq_splits, head_splits, kv_replicas):
+        ctx.group, ctx.mode, ctx.splits = group, mode, (seq_splits, head_splits, kv_replicas)
+        return group._exchange(x, mode, seq_splits, head_splits, None, kv_replicas)
 
     @staticmethod
     def backward(ctx, grad):
         _refuse_vmap(grad, ctx.group._rank, ctx.group._size, "all_to_all_4d backward")
-        seq, heads = ctx.splits
-        g = _AllToAll4d.apply(grad.contiguous(), ctx.group, 1 - ctx.mode, seq, heads)
-        return g, None, None, None, None
+        seq, heads, kv = ctx.splits
+        g = _AllToAll4d.apply(grad.contiguous(), ctx.group, 1 - ctx.mode, seq, heads, kv)
+        return g, None, None, None, None, None
 
     @staticmethod
     def jvp(ctx, x_t, *_):
-        seq, heads = ctx.splits
-        return ctx.group._exchange(x_t.contiguous(), ctx.mode, seq, heads, None)
+        seq, heads, kv = ctx.splits
+        return ctx.group._exchange(x_t.contiguous(), ctx.mode, seq, heads, None, kv)
 
 
 def nvlink_decision(who, probe):
@@ -105,20 +125,22 @@ class _TorchTransport:
     def __init__(self, pg, rank, size):
         self._pg, self._rank, self._size, self._calls = pg, rank, size, 0
 
-    def _geometry(self, shape, itemsize, mode, seq, heads):
-        return _C.ulysses_geometry(list(shape), itemsize, mode, seq, heads, self._rank, self._size)
+    def _geometry(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
+        return _C.ulysses_geometry(
+            list(shape), itemsize, mode, seq, heads, self._rank, self._size, kv_replicas
+        )
 
-    def output_shape(self, shape, itemsize, mode, seq, heads):
-        return self._geometry(shape, itemsize, mode, seq, heads)[0]
+    def output_shape(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
+        return self._geometry(shape, itemsize, mode, seq, heads, kv_replicas)[0]
 
-    def max_out_bytes(self, shape, itemsize, mode, seq, heads):
-        return self._geometry(shape, itemsize, mode, seq, heads)[3]
+    def max_out_bytes(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
+        return self._geometry(shape, itemsize, mode, seq, heads, kv_replicas)[3]
 
-    def all_to_all_4d(self, x, out, mode, seq_splits, head_splits, async_op):
+    def all_to_all_4d(self, x, out, mode, seq_splits, head_splits, async_op, kv_replicas=1):
         import torch.distributed as dist
 
         shape, seq, heads, _ = self._geometry(
-            x.shape, x.element_size(), mode, seq_splits, head_splits
+            x.shape, x.element_size(), mode, seq_splits, head_splits, kv_replicas
         )
         if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
             raise ValueError(
@@ -128,7 +150,11 @@ class _TorchTransport:
         b, _, _, d = x.shape
         r = self._rank
         if mode == 0:  # (b, s_r, N, d) -> chunks (h_q, s_r, b, d)
-            send = x.permute(2, 1, 0, 3).contiguous()
+            send = x.permute(2, 1, 0, 3)
+            if kv_replicas > 1:  # virtual head v reads source head v // R (one gather)
+                idx = torch.arange(sum(heads), device=x.device) // kv_replicas
+                send = send.index_select(0, idx)
+            send = send.contiguous()
             in_sizes = [h * seq[r] * b * d for h in heads]
             out_sizes = [heads[r] * s * b * d for s in seq]
         else:  # (b, S, h_r, d) -> chunks (s_q, h_r, b, d)
@@ -285,16 +311,39 @@ class UlyssesGroup(_OpaqueBase):
             )
         return x.contiguous()
 
-    def _shape(self, t, x, mode, seq, heads):
-        return tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads))
+    @staticmethod
+    def _reduced(shape, mode, kv):
+        """The result's shape from the exchange's: mode 1 with kv replicas sums each run of kv
+        virtual heads into one (NOTE [kv replicas] in plan/ulysses_plan.hpp)."""
+        shape = tuple(shape)
+        if mode == 1 and kv > 1:
+            return shape[:2] + (shape[2] // kv,) + shape[3:]
+        return shape
 
-    def _fake_shape(self, shape, itemsize, mode, seq, heads):
+    def _xshape(self, t, x, mode, seq, heads, kv=1):
+        """The exchange's output shape (virtual heads in mode 1 with kv replicas)."""
+        return tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads, kv))
+
+    def _shape(self, t, x, mode, seq, heads, kv=1):
+        return self._reduced(self._xshape(t, x, mode, seq, heads, kv), mode, kv)
+
+    def _fake_shape(self, shape, itemsize, mode, seq, heads, kv=1):
         """The output shape for the custom op's fake kernel (NOTE [ulysses custom op])."""
-        return tuple(self._live().output_shape([int(v) for v in shape], itemsize, mode, seq, heads))
+        t = self._live()
+        return self._reduced(
+            t.output_shape([int(v) for v in shape], itemsize, mode, seq, heads, kv), mode, kv
+        )
 
-    def _meta(self, x, mode, seq, heads, out):
+    def _check_out(self, out, shape, x):
+        if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
+            raise ValueError(
+                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
+                f"expected {tuple(shape)} {x.dtype}"
+            )
+
+    def _meta(self, x, mode, seq, heads, out, kv=1):
         """Shapes only: a meta x gives a meta result of the output's shape (nothing moves)."""
-        shape = self._shape(self._live(), x, mode, seq, heads)
+        shape = self._shape(self._live(), x, mode, seq, heads, kv)
         if out is None:
             return torch.empty(shape, dtype=x.dtype, device="meta")
         if out.device.type != "meta":
@@ -302,29 +351,65 @@ class UlyssesGroup(_OpaqueBase):
                 f"{_where(self._rank, self._size)} x is a meta tensor (no data) but out is on "
                 f"{out.device}; pass both on meta for shapes, or both with data"
             )
-        if tuple(out.shape) != shape or out.dtype != x.dtype:
-            raise ValueError(
-                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
-                f"expected {shape} {x.dtype}"
-            )
+        self._check_out(out, shape, x)
         return out
 
-    def _exchange(self, x, mode, seq_splits, head_splits, out):
+    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1):
         x = self._check_x(x)
         if x.device.type == "meta":
-            return self._meta(x, mode, seq_splits, head_splits, out)
+            return self._meta(x, mode, seq_splits, head_splits, out, kv)
         t = self._live()
+        if mode == 1 and kv > 1:  # the replicas' gradients arrive apart, then one sum
+            shape = self._xshape(t, x, mode, seq_splits, head_splits, kv)
+            if out is not None:
+                self._check_out(out, self._reduced(shape, mode, kv), x)
+            tmp = torch.empty(shape, dtype=x.dtype, device=x.device)
+            t.all_to_all_4d(x, tmp, mode, seq_splits, head_splits, False, kv).wait()
+            return self._sum_replicas(tmp, kv, out)
         if out is None:
-            shape = self._shape(t, x, mode, seq_splits, head_splits)
+            shape = self._shape(t, x, mode, seq_splits, head_splits, kv)
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
-        t.all_to_all_4d(x, out, mode, seq_splits, head_splits, False).wait()
+        t.all_to_all_4d(x, out, mode, seq_splits, head_splits, False, kv).wait()
+        return out
+
+    @staticmethod
+    def _sum_replicas(tmp, kv, out):
+        """(b, s, h * kv, d) -> (b, s, h, d), summing each head's kv replicas: the same reduction
+        as the backward of ``repeat_interleave(kv, dim=2)``."""
+        reps = tmp.unflatten(2, (tmp.shape[2] // kv, kv))
+        if out is None:
+            return reps.sum(3, dtype=tmp.dtype)  # integers keep their dtype (and wrap)
+        torch.sum(reps, 3, dtype=tmp.dtype, out=out)
         return out
 
     # -- public API ------------------------------------------------------------------------------
-    def all_to_all_4d(self, x, *, mode=0, out=None, seq_splits=None, head_splits=None):
-        """The exchange of API.md §2; differentiable unless ``out=`` is given."""
+    def all_to_all_4d(
+        self, x, *, mode=0, out=None, seq_splits=None, head_splits=None, kv_replicas=None
+    ):
+        """The exchange of API.md §2; differentiable unless ``out=`` is given.
+
+        ``kv_replicas=R`` (grouped-query / multi-query attention, K and V with h heads fewer
+        than the ranks): x's heads stand for ``h * R`` virtual heads, laid out as
+        ``x.repeat_interleave(R, dim=2)`` (head v is head v // R); ``head_splits`` and the result
+        speak of virtual heads. With h KV heads on P ranks (``P % h == 0``) pass
+        ``kv_replicas=P // h``: every rank receives the one KV head its query heads use (query
+        heads split evenly, group size a multiple of their share). Mode 0 gives exactly
+        ``all_to_all_4d(x.repeat_interleave(R, dim=2))`` without materialising the repeat (each
+        source byte is read once per destination); mode 1 takes this rank's virtual heads and
+        returns ``(b, s_local, h, d)``, each head the sum of its R replicas, which is mode 0's
+        backward. No rank may receive two copies of one head (a clear error says so).
+        KV heads at least as many as the ranks but not divisible by them need no replicas:
+        pass uneven ``head_splits`` (and the matching query-head splits) instead of padding."""
         if out is None and torch.compiler.is_compiling():  # NOTE [ulysses custom op]
-            return all_to_all_4d(x, self, mode=mode, seq_splits=seq_splits, head_splits=head_splits)
+            return all_to_all_4d(
+                x,
+                self,
+                mode=mode,
+                seq_splits=seq_splits,
+                head_splits=head_splits,
+                kv_replicas=kv_replicas,
+            )
+        kv = self._kv(kv_replicas)
         _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         seq, heads = self._args(mode, seq_splits, head_splits)
         if out is not None:
@@ -333,11 +418,19 @@ class UlyssesGroup(_OpaqueBase):
                     f"[rank {self._rank}/{self._size}] all_to_all_4d: out= is not differentiable; "
                     "x requires grad under grad mode"
                 )
-            return self._exchange(x, mode, seq, heads, out)
-        return _AllToAll4d.apply(x, self, mode, seq, heads)
+            return self._exchange(x, mode, seq, heads, out, kv)
+        return _AllToAll4d.apply(x, self, mode, seq, heads, kv)
 
     def all_to_all_4d_async(
-        self, x, *, mode=0, out=None, seq_splits=None, head_splits=None, lend=False
+        self,
+        x,
+        *,
+        mode=0,
+        out=None,
+        seq_splits=None,
+        head_splits=None,
+        lend=False,
+        kv_replicas=None,
     ):
         """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``
         (torch.distributed._functional_collectives): ``.wait()`` returns the plain tensor, and the
@@ -351,8 +444,13 @@ class UlyssesGroup(_OpaqueBase):
         ``LEND_RING`` (4) per dtype, which peers write directly (no copy-out). The ring rotates;
         a call whose next window still backs a live result (one the caller still holds, or a view
         of it) raises instead of overwriting it, so at most four lent results per dtype live at
-        once. Every rank must release its results at the same point of its program."""
+        once. Every rank must release its results at the same point of its program.
+
+        ``kv_replicas``: as in ``all_to_all_4d`` (mode 1 sums the replicas on the same stream;
+        not with ``lend=True``)."""
         seq, heads = self._args(mode, seq_splits, head_splits)
+        kv = self._kv(kv_replicas)
+        summed = mode == 1 and kv > 1
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: the async form is not "
@@ -362,6 +460,11 @@ class UlyssesGroup(_OpaqueBase):
             raise ValueError(
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True returns a buffer "
                 "of the group's ring; out= cannot be given with it"
+            )
+        if lend and summed:
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True with mode 1 and "
+                "kv_replicas > 1 is not supported (the replicas are summed into a new tensor)"
             )
         if lend and self.transport != "nvlink":
             raise ValueError(
@@ -375,10 +478,15 @@ class UlyssesGroup(_OpaqueBase):
                 "data to move); use all_to_all_4d for shapes"
             )
         t = self._live()
+        if out is not None:
+            self._check_out(out, self._shape(t, x, mode, seq, heads, kv), x)
         if not x.is_cuda:  # CPU: the transport's own async path
+            if summed:  # the sum needs the exchange done: run it, then hand back a done result
+                res = self._exchange(x, mode, seq, heads, out, kv)
+                return self._async_result(res, work=None)
             if out is None:
-                out = torch.empty(self._shape(t, x, mode, seq, heads), dtype=x.dtype)
-            return self._async_result(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True))
+                out = torch.empty(self._shape(t, x, mode, seq, heads, kv), dtype=x.dtype)
+            return self._async_result(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True, kv))
         if self._lane is None:
             self._lane = t.async_lane()
         if self._astream is None:
@@ -386,17 +494,22 @@ class UlyssesGroup(_OpaqueBase):
             # ahead of a compute kernel's remaining blocks (the overlap it exists for)
             self._astream = torch.cuda.Stream(device=x.device, priority=-1)
         lane = self._lane
-        shape = self._shape(lane, x, mode, seq, heads)
+        shape = self._xshape(lane, x, mode, seq, heads, kv)
         if lend:
-            out = self._lent(lane, x, shape, mode, seq, heads)
+            out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
-            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+            out = torch.empty(self._reduced(shape, mode, kv), dtype=x.dtype, device=x.device)
         s = self._astream
         s.wait_stream(torch.cuda.current_stream(x.device))
         x.record_stream(s)
         out.record_stream(s)
         with torch.cuda.stream(s):
-            lane.all_to_all_4d(x, out, mode, seq, heads, False)
+            if summed:
+                tmp = torch.empty(shape, dtype=x.dtype, device=x.device)
+                lane.all_to_all_4d(x, tmp, mode, seq, heads, False, kv)
+                self._sum_replicas(tmp, kv, out)
+            else:
+                lane.all_to_all_4d(x, out, mode, seq, heads, False, kv)
         if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
             # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
             # caller's stream after the call
@@ -420,11 +533,11 @@ class UlyssesGroup(_OpaqueBase):
     def _storage_uses(t):
         return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
-    def _lent(self, lane, x, shape, mode, seq, heads):
+    def _lent(self, lane, x, shape, mode, seq, heads, kv=1):
         # One ring per dtype: [buffers, the storage use count of each with no result alive, next]
         ring = self._ring.setdefault(x.dtype, [[None] * self.LEND_RING, [0] * self.LEND_RING, 0])
         bufs, idle, k = ring
-        need = max(16, lane.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads))
+        need = max(16, lane.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
         buf = bufs[k]
         if buf is not None and self._storage_uses(buf) > idle[k]:
             raise RuntimeError(
@@ -450,15 +563,20 @@ class UlyssesGroup(_OpaqueBase):
         heads = None if head_splits is None else [int(v) for v in head_splits]
         return seq, heads
 
-    def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None):
+    def _kv(self, kv_replicas):
+        return _kv_replicas(kv_replicas, f"[rank {self._rank}/{self._size}] ")
+
+    def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
         """A buffer of the output's shape. On the NVLink transport peers write it directly when it
         is passed as ``out=`` (zero copy); collective there (every rank calls it, in the same
-        order). Elsewhere an ordinary tensor."""
+        order). Elsewhere (and for mode 1 with kv_replicas, whose result is a sum) an ordinary
+        tensor."""
         seq, heads = self._args(mode, seq_splits, head_splits)
+        kv = self._kv(kv_replicas)
         t = self._live()
-        shape = self._shape(t, x, mode, seq, heads)
-        if x.device.type != "meta":
-            need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads))
+        shape = self._shape(t, x, mode, seq, heads, kv)
+        if x.device.type != "meta" and not (mode == 1 and kv > 1):
+            need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
             buf = t.empty_output(list(shape), need, x)
             if buf is not None:
                 return buf
@@ -602,26 +720,30 @@ def _ulysses_op(
     mode: int,
     seq_splits: list[int] | None,
     head_splits: list[int] | None,
+    kv_replicas: int = 1,
 ) -> torch.Tensor:
-    return group._exchange(x, mode, seq_splits, head_splits, None)
+    return group._exchange(x, mode, seq_splits, head_splits, None, kv_replicas)
 
 
 @_ulysses_op.register_fake
-def _(x, group, mode, seq_splits, head_splits):
+def _(x, group, mode, seq_splits, head_splits, kv_replicas=1):
     return x.new_empty(
-        group._fake_shape(tuple(x.shape), x.element_size(), mode, seq_splits, head_splits)
+        group._fake_shape(
+            tuple(x.shape), x.element_size(), mode, seq_splits, head_splits, kv_replicas
+        )
     )
 
 
 def _setup_context(ctx, inputs, output):
-    _, group, mode, seq_splits, head_splits = inputs
-    ctx.args = (group, mode, seq_splits, head_splits)
+    _, group, mode, seq_splits, head_splits, kv_replicas = inputs
+    ctx.args = (group, mode, seq_splits, head_splits, kv_replicas)
 
 
 def _backward(ctx, grad):
-    group, mode, seq_splits, head_splits = ctx.args
+    group, mode, seq_splits, head_splits, kv_replicas = ctx.args
     return (
-        _ulysses_op(grad.contiguous(), group, 1 - mode, seq_splits, head_splits),
+        _ulysses_op(grad.contiguous(), group, 1 - mode, seq_splits, head_splits, kv_replicas),
+        None,
         None,
         None,
         None,
@@ -633,11 +755,11 @@ _ulysses_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_ulysses_op.register_vmap
-def _(info, in_dims, x, group, mode, seq_splits, head_splits):
+def _(info, in_dims, x, group, mode, seq_splits, head_splits, kv_replicas=1):
     raise _vmap_error(group._rank, group._size, "all_to_all_4d")
 
 
-def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None):
+def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
     """The functional form (API.md §2): a torch.library custom op that torch.compile(fullgraph=True)
     traces without a graph break and without an eager call first. ``group`` is a UlyssesGroup, a
     TorchComm, a process group (a ProcessGroup from fastcomms.device_mesh compiles; torch's own
@@ -646,4 +768,4 @@ def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None):
         raise ValueError(f"all_to_all_4d: mode must be 0 or 1, got {mode}")
     seq = None if seq_splits is None else [int(v) for v in seq_splits]
     heads = None if head_splits is None else [int(v) for v in head_splits]
-    return _ulysses_op(x, _resolve(group), mode, seq, heads)
+    return _ulysses_op(x, _resolve(group), mode, seq, heads, _kv_replicas(kv_replicas))

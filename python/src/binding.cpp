@@ -217,9 +217,11 @@ struct PyComm {
 ReduceOp to_op(RedOpType t, double factor) { return ReduceOp{t, factor}; }
 
 UlyssesArgs ulysses_args(int mode, std::optional<std::vector<int64_t>> seq,
-                         std::optional<std::vector<int64_t>> heads, bool async_op = false) {
+                         std::optional<std::vector<int64_t>> heads, int64_t kv_replicas,
+                         bool async_op = false) {
   UlyssesArgs a;
   a.mode = mode;
+  a.kv_replicas = kv_replicas;
   a.seq_splits = std::move(seq);
   a.head_splits = std::move(heads);
   a.async_op = async_op;
@@ -376,48 +378,62 @@ PYBIND11_MODULE(_C, m) {
     const auto v = AuthStore(std::make_shared<PyStore>(std::move(store)), secret).get(key);
     return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
   });
-  m.def("ulysses_geometry", [](const std::vector<int64_t>& shape, int64_t element_size, int mode,
-                               std::optional<std::vector<int64_t>> seq,
-                               std::optional<std::vector<int64_t>> heads, int rank, int size) {
-    const auto p = plan::make_ulysses_plan(
-        ulysses_request(shape4(shape), element_size, ulysses_args(mode, seq, heads), rank, size,
-                        "ulysses", plan::Path::kCollective));
-    return py::make_tuple(std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
-                          p.seq_splits, p.head_splits, p.max_out_bytes);
-  });
+  m.def(
+      "ulysses_geometry",
+      [](const std::vector<int64_t>& shape, int64_t element_size, int mode,
+         std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+         int rank, int size, int64_t kv_replicas) {
+        const auto p = plan::make_ulysses_plan(ulysses_request(
+            shape4(shape), element_size, ulysses_args(mode, seq, heads, kv_replicas), rank, size,
+            "ulysses", plan::Path::kCollective));
+        return py::make_tuple(std::vector<int64_t>(p.out_shape.begin(), p.out_shape.end()),
+                              p.seq_splits, p.head_splits, p.max_out_bytes);
+      },
+      py::arg("shape"), py::arg("element_size"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
+      py::arg("rank"), py::arg("size"), py::arg("kv_replicas") = 1);
 
   py::class_<PyTransport>(m, "UlyssesTransport")
       .def_property_readonly("kind", [](const PyTransport& t) { return t.get().kind(); })
-      .def("output_shape",
-           [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
-              int mode, std::optional<std::vector<int64_t>> seq,
-              std::optional<std::vector<int64_t>> heads) {
-             const auto o =
-                 t.get().output_shape(shape4(shape), element_size, ulysses_args(mode, seq, heads));
-             return std::vector<int64_t>(o.begin(), o.end());
-           })
-      .def("max_out_bytes",
-           [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
-              int mode, std::optional<std::vector<int64_t>> seq,
-              std::optional<std::vector<int64_t>> heads) {
-             return t.get().max_out_bytes(shape4(shape), element_size,
-                                          ulysses_args(mode, seq, heads));
-           })
-      .def("all_to_all_4d",
-           [](const PyTransport& t, at::Tensor x, at::Tensor out, int mode,
-              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
-              bool async_op) {
-             UlyssesTransport& tr = t.get();
-             const TensorView xv = view(x), ov = view(out);
-             void* stream = current_stream(xv.device);
-             WorkPtr w;
-             {
-               py::gil_scoped_release release;
-               w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, async_op), stream);
-             }
-             release_parked();
-             return PyWork(std::move(w), {x, out});
-           })
+      .def(
+          "output_shape",
+          [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
+             int mode, std::optional<std::vector<int64_t>> seq,
+             std::optional<std::vector<int64_t>> heads, int64_t kv_replicas) {
+            const auto o = t.get().output_shape(shape4(shape), element_size,
+                                                ulysses_args(mode, seq, heads, kv_replicas));
+            return std::vector<int64_t>(o.begin(), o.end());
+          },
+          py::arg("shape"), py::arg("element_size"), py::arg("mode"), py::arg("seq"),
+          py::arg("heads"), py::arg("kv_replicas") = 1)
+      .def(
+          "max_out_bytes",
+          [](const PyTransport& t, const std::vector<int64_t>& shape, int64_t element_size,
+             int mode, std::optional<std::vector<int64_t>> seq,
+             std::optional<std::vector<int64_t>> heads, int64_t kv_replicas) {
+            return t.get().max_out_bytes(shape4(shape), element_size,
+                                         ulysses_args(mode, seq, heads, kv_replicas));
+          },
+          py::arg("shape"), py::arg("element_size"), py::arg("mode"), py::arg("seq"),
+          py::arg("heads"), py::arg("kv_replicas") = 1)
+      .def(
+          "all_to_all_4d",
+          [](const PyTransport& t, at::Tensor x, at::Tensor out, int mode,
+             std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+             bool async_op, int64_t kv_replicas) {
+            UlyssesTransport& tr = t.get();
+            const TensorView xv = view(x), ov = view(out);
+            void* stream = current_stream(xv.device);
+            WorkPtr w;
+            {
+              py::gil_scoped_release release;
+              w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, kv_replicas, async_op),
+                                   stream);
+            }
+            release_parked();
+            return PyWork(std::move(w), {x, out});
+          },
+          py::arg("x"), py::arg("out"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
+          py::arg("async_op"), py::arg("kv_replicas") = 1)
       .def("empty_output",
            [](const PyTransport& t, std::vector<int64_t> shape, int64_t bytes,
               at::Tensor like) -> std::optional<at::Tensor> {

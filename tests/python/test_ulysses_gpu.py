@@ -339,3 +339,96 @@ def _subgroup_worker(store, rank, world):
 @needs_cuda_build
 def test_ulysses_nvlink_subgroups():
     _spawn(_subgroup_worker, 4)
+
+
+def _gqa_worker(store, rank, world):
+    """Grouped-query / multi-query calls (kv_replicas) on the NVLink transport (ranks round-robin
+    on the GPUs there are) and, with one GPU per rank, the CUDA collective path (nccl): mode 0
+    bit-exact against repeat_interleave + the ordinary call over gloo, mode 1 against the
+    ordinary call + the replica sum, every engine, copying and zero copy (poisoned), async and
+    lent, and the gradient against autograd through repeat_interleave."""
+    import datetime
+
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
+    ngpu = torch.cuda.device_count()
+    dev = torch.device("cuda", rank % ngpu)
+    torch.cuda.set_device(dev)
+    seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
+    if rank == 0:
+        store.set("gqa_seed", str(seed))
+    store.wait(["gqa_seed"])
+    seed = int(store.get("gqa_seed"))
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed * 31 + rank)
+    ref = UlyssesGroup(None)  # gloo on CPU copies
+    groups = {"nvlink": UlyssesGroup(None, device=dev, transport="nvlink")}
+    nccl = None
+    if ngpu >= world:
+        nccl = fastcomms.new_comm(
+            "nccl", dev, store=store, name="gqa", timeout=datetime.timedelta(seconds=60)
+        )
+        groups["cuda collective"] = UlyssesGroup(nccl, transport="collective")
+    checks = 0
+    kvs = [world // h for h in range(1, world + 1) if world % h == 0 and h < world]
+    for name, g in groups.items():
+        engines = ["auto", "ce", "sm", "hybrid"] if name == "nvlink" else ["auto"]
+        for kv in kvs:
+            h = world // kv
+            for mode in (0, 1):
+                for engine in engines:
+                    if name == "nvlink":
+                        g._tune("engine", engine)
+                    dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+                    b, d, s = rng.choice([1, 2]), rng.choice([64, 128]), rng.randint(1, 300)
+                    uneven = rng.random() < 0.5
+                    seq = [rng.randint(0, 300) for _ in range(world)] if uneven else [s] * world
+                    seq[0] += 1 if uneven else 0
+                    sp = dict(seq_splits=seq, head_splits=[1] * world) if uneven else {}
+                    what = f"seed {seed} {name} {engine} kv {kv} mode {mode} {dtype} seq {seq}"
+                    if mode == 0:
+                        x = torch.randn(b, seq[rank], h, d, generator=gen).to(dtype)
+                        rep = x.repeat_interleave(kv, dim=2)
+                        want = ref._exchange(rep, 0, seq, [1] * world, None)
+                    else:
+                        x = torch.randn(b, sum(seq), 1, d, generator=gen).to(dtype)
+                        full = ref._exchange(x, 1, seq, [1] * world, None).to(dev)
+                        want = full.unflatten(2, (h, kv)).sum(3)  # summed on the GPU, as ours
+                    x = x.to(dev)
+                    got = g.all_to_all_4d(x, mode=mode, kv_replicas=kv, **sp)
+                    assert _same_bytes(got, want), what
+                    out = g.empty_output(x, mode=mode, kv_replicas=kv, **sp)
+                    out.view(torch.uint8).fill_(0xA5)
+                    g.all_to_all_4d(x, mode=mode, kv_replicas=kv, out=out, **sp)
+                    assert _same_bytes(out, want), what + " out=empty_output"
+                    w = g.all_to_all_4d_async(x, mode=mode, kv_replicas=kv, **sp)
+                    assert _same_bytes(w.wait(), want), what + " async"
+                    if mode == 0 and name == "nvlink":
+                        w = g.all_to_all_4d_async(x, kv_replicas=kv, lend=True, **sp)
+                        assert _same_bytes(w.wait(), want), what + " lend"
+                        del w
+                    checks += 1
+            # the gradient equals autograd through repeat_interleave, bit for bit
+            x = torch.randn(2, 64, h, 128, generator=gen).to(dev).requires_grad_()
+            y = g.all_to_all_4d(x, kv_replicas=kv)
+            gy = torch.randn(y.shape, generator=gen).to(dev)
+            (gx,) = torch.autograd.grad(y, x, gy)
+            xr = x.detach().clone().requires_grad_()
+            (gxr,) = torch.autograd.grad(g.all_to_all_4d(xr.repeat_interleave(kv, dim=2)), xr, gy)
+            assert _same_bytes(gx, gxr), f"seed {seed} {name} kv {kv} gradient"
+        if name == "nvlink":
+            g._tune("engine", "auto")
+            g.check_errors()
+    torch.cuda.synchronize()
+    for g in groups.values():
+        g.destroy()
+    if nccl is not None:
+        nccl.finalize()
+    print(f"[rank {rank}] gqa world {world}: {checks} checks bit-exact (seed {seed})")
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("size", [2, 4])
+def test_ulysses_gqa_matches_repeat_interleave(size):
+    _spawn(_gqa_worker, size)

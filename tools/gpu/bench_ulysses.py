@@ -12,8 +12,13 @@ all_to_all_single + permute in the same run, CUDA events, every result checked b
            stream, (T_gemm + T_a2a - T_both) / T_a2a from interleaved medians, for our SM and
            zero-SM engines and fast-ulysses, under a short chain (about twice the a2a) and a long
            one
+  gqa      grouped-query / multi-query K and V (kv_replicas): Llama-like (32 query heads, 1, 2
+           or 4 KV heads fewer than the ranks, d=128, bf16) against repeat_interleave + our own
+           op and + BASE, copying and zero copy, with the bytes each reads from HBM (from the
+           plan); with --share, more ranks than GPUs (round-robin; BASE needs NCCL, which wants
+           one GPU per rank, so it is left out there and the default group is gloo)
 and prints the group's memory_stats().
-Usage: python3 tools/gpu/bench_ulysses.py [--nproc N] [--only anchor,padding,overlap]
+Usage: python3 tools/gpu/bench_ulysses.py [--nproc N] [--share] [--only anchor,padding,overlap,gqa]
 """
 
 import argparse
@@ -260,16 +265,94 @@ def _padding_section(g, ref, dev, gen, rank, size):
     return [(f"seq splits {seq}, 40 heads, d=128, bf16", t, ok)]
 
 
-def _rank(rank, size, path, q, only):
+GQA_SEQ = [256, 2048, 16384, 65536]  # s_local
+
+
+def _gqa_row(g, x, kv, size, shared):
+    """One GQA shape: ({variant: µs, MiB read}, every output bit-exact)."""
+    rep = x.repeat_interleave(kv, dim=2)
+    want = g.all_to_all_4d(rep)
+    zg = g.empty_output(x, kv_replicas=kv)
+    zr = g.empty_output(rep)
+    keep = lambda: None  # noqa: E731
+    v = {
+        "gqa copy": (keep, lambda: g.all_to_all_4d(x, kv_replicas=kv)),
+        "rep+ours copy": (keep, lambda: g.all_to_all_4d(x.repeat_interleave(kv, dim=2))),
+        "gqa zero": (keep, lambda: g.all_to_all_4d(x, kv_replicas=kv, out=zg)),
+        "rep+ours zero": (keep, lambda: g.all_to_all_4d(x.repeat_interleave(kv, dim=2), out=zr)),
+    }
+    if not shared:
+        v["rep+BASE"] = (keep, lambda: _base(x.repeat_interleave(kv, dim=2), 0, size))
+    ok = True
+    for _, fn in v.values():
+        for buf in (zg, zr):
+            buf.view(torch.uint8).fill_(0xA5)
+        ok = ok and _same(fn(), want)
+    mib = x.numel() * x.element_size() / 2**20
+    t = _interleaved(v, 50 if mib * kv < 16 else 10)
+    # bytes read from HBM per rank, from the plan: ours reads each source head once per
+    # destination (kv * B); the repeat reads B and writes kv * B, then the op reads kv * B
+    t["MiB read gqa"] = kv * mib
+    t["MiB read rep"] = (1 + kv) * mib
+    return t, ok
+
+
+def _gqa_section(g, dev, gen, rank, size, shared):
+    """K (or V) of (1, s_local, h, 128) bf16 with h < size KV heads: ours with kv_replicas
+    against repeat_interleave + ours and + BASE. Rows of (label, {variant: µs}, ok)."""
+    rows = []
+    for h in (1, 2, 4):
+        if h >= size or size % h:
+            continue
+        kv = size // h
+        for s in GQA_SEQ:
+            x = torch.randn(1, s, h, 128, generator=gen, device=dev, dtype=torch.bfloat16)
+            t, ok = _gqa_row(g, x, kv, size, shared)
+            mib = x.numel() * x.element_size() / 2**20
+            rows.append((f"32q/{h}kv kv_replicas={kv} (1,{s},{h},128) {mib:.2f} MiB", t, ok))
+    return rows
+
+
+def _print_gqa(rows_by_rank):
+    first = rows_by_rank[0]
+    bad = 0
+    for i, (what, t0, _) in enumerate(first):
+        t = {c: max(r[i][1][c] for r in rows_by_rank) for c in t0}
+        ok = all(r[i][2] for r in rows_by_rank)
+        bad += not ok
+        cells = ", ".join(
+            f"{c} {v:.1f}{'' if c.startswith('MiB') else ' us'}" for c, v in t.items()
+        )
+        gains = (
+            f"rep+ours/gqa copy {t['rep+ours copy'] / t['gqa copy']:.2f}x, "
+            f"zero {t['rep+ours zero'] / t['gqa zero']:.2f}x"
+        )
+        if "rep+BASE" in t:
+            gains += f", rep+BASE/gqa zero {t['rep+BASE'] / t['gqa zero']:.2f}x"
+        print(f"gqa      {what}: {cells} | {gains} [{'OK' if ok else 'FAIL'}]")
+    print(
+        "gqa columns: µs per call (median of interleaved rounds, slowest rank); gqa = "
+        "all_to_all_4d(k, kv_replicas=R); rep+ours = all_to_all_4d(k.repeat_interleave(R, 2)); "
+        "rep+BASE = the repeat then permute + NCCL all_to_all_single + permute; copy = into a "
+        "fresh tensor, zero = into empty_output; MiB read = bytes each rank reads from HBM "
+        "according to the plan (not measured); ratios > 1 mean the GQA path is faster"
+    )
+    return bad
+
+
+def _rank(rank, size, path, q, only, shared=False):
     import torch.distributed as dist
     from fastcomms.ulysses import UlyssesGroup
 
-    dev = torch.device("cuda", rank)
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     store = dist.FileStore(path, size)
-    dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=dev)
+    if shared:  # NCCL refuses two ranks on one GPU: a gloo default group (store and BASE-free)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    else:
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=dev)
     g = UlyssesGroup(None, device=dev, transport="nvlink")
-    ref = UlyssesGroup(None, device=dev, transport="collective")
+    ref = None if shared else UlyssesGroup(None, device=dev, transport="collective")
     gen = torch.Generator(device=dev).manual_seed(rank)
     sections, anchor = [], None
     if "anchor" in only:
@@ -279,6 +362,8 @@ def _rank(rank, size, path, q, only):
         sections.append(("padding", _padding_section(g, ref, dev, gen, rank, size)))
     if "overlap" in only:
         sections.append(("overlap", _overlap_section(g, dev, gen, size)))
+    if "gqa" in only:
+        sections.append(("gqa", _gqa_section(g, dev, gen, rank, size, shared)))
     stats = g.memory_stats()
     q.put((rank, sections, stats, f"{g.transport} ({g.transport_reason})", anchor))
     g.destroy()
@@ -321,10 +406,18 @@ def _print_anchor(rows_by_rank):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--only", default="anchor,padding,overlap")
+    ap.add_argument("--only", default="anchor,padding,overlap,gqa")
+    ap.add_argument(
+        "--share",
+        action="store_true",
+        help="place ranks round-robin on the GPUs (more ranks than GPUs; gqa section only)",
+    )
     args = ap.parse_args()
     only = set(args.only.split(","))
-    if torch.cuda.device_count() < args.nproc:
+    if args.share:
+        if only - {"gqa"}:
+            ap.error("--share runs the gqa section only (--only gqa)")
+    elif torch.cuda.device_count() < args.nproc:
         print(f"SKIPPED: bench_ulysses needs {args.nproc} GPUs, found {torch.cuda.device_count()}")
         return 0
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -332,7 +425,9 @@ def main():
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_rank, args=(r, args.nproc, os.path.join(d, "s"), q, only))
+            ctx.Process(
+                target=_rank, args=(r, args.nproc, os.path.join(d, "s"), q, only, args.share)
+            )
             for r in range(args.nproc)
         ]
         for p in procs:
@@ -361,6 +456,9 @@ def main():
         per_rank = [r[1][j][1] for r in res]
         if section == "anchor":
             bad += _print_anchor(per_rank)
+            continue
+        if section == "gqa":
+            bad += _print_gqa(per_rank)
             continue
         for i, (what, t0, _) in enumerate(rows):
             ok = all(pr[i][2] for pr in per_rank)
