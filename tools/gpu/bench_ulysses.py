@@ -313,6 +313,41 @@ def _gqa_section(g, dev, gen, rank, size, shared):
     return rows
 
 
+def _uneven_heads_section(g, dev, gen, rank, size, shared):
+    """KV heads more than the ranks but not divisible by them (size + 1 heads): uneven head
+    splits against padding the heads to the next multiple of size (zeros), zero copy, and the
+    padded permute path. Rows of (label, {variant: µs}, ok)."""
+    h = size + 1
+    hs = [h // size + (1 if p < h % size else 0) for p in range(size)]
+    hp = -(-h // size) * size
+    rows = []
+    for s in GQA_SEQ[1:]:
+        x = torch.randn(1, s, h, 128, generator=gen, device=dev, dtype=torch.bfloat16)
+        xp = torch.zeros(1, s, hp, 128, device=dev, dtype=torch.bfloat16)
+        m, off = hp // size, 0
+        for p, n in enumerate(hs):  # rank p's heads first in its padded share
+            xp[:, :, p * m : p * m + n] = x[:, :, off : off + n]
+            off += n
+        sp = dict(seq_splits=[s] * size, head_splits=hs)
+        zo, zp = g.empty_output(x, **sp), g.empty_output(xp)
+        got = g.all_to_all_4d(x, **sp)
+        padded = g.all_to_all_4d(xp)
+        ok = _same(got, padded[:, :, : hs[rank]])  # this rank's real heads of the padded call
+        keep = lambda: None  # noqa: E731
+        v = {
+            "uneven (zero copy)": (
+                keep,
+                lambda x=x, zo=zo, sp=sp: g.all_to_all_4d(x, out=zo, **sp),
+            ),
+            "padded (zero copy)": (keep, lambda xp=xp, zp=zp: g.all_to_all_4d(xp, out=zp)),
+        }
+        if not shared:
+            v["padded BASE"] = (keep, lambda xp=xp: _base(xp, 0, size))
+        t = _interleaved(v, 20)
+        rows.append((f"{h} KV heads as {hs} vs padded to {hp}, (1,{s},{h},128) bf16", t, ok))
+    return rows
+
+
 def _print_gqa(rows_by_rank):
     first = rows_by_rank[0]
     bad = 0
@@ -364,6 +399,7 @@ def _rank(rank, size, path, q, only, shared=False):
         sections.append(("overlap", _overlap_section(g, dev, gen, size)))
     if "gqa" in only:
         sections.append(("gqa", _gqa_section(g, dev, gen, rank, size, shared)))
+        sections.append(("kv heads", _uneven_heads_section(g, dev, gen, rank, size, shared)))
     stats = g.memory_stats()
     q.put((rank, sections, stats, f"{g.transport} ({g.transport_reason})", anchor))
     g.destroy()
