@@ -13,6 +13,7 @@
 #include "fastcomms/error.hpp"
 
 #ifdef FASTCOMMS_WITH_OPENSSL
+#include <dlfcn.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -23,6 +24,43 @@ namespace {
 
 constexpr uint8_t kMagic[4] = {'f', 'c', 'a', '1'};  // record format version 1
 constexpr size_t kMac = 32;                          // HMAC-SHA256
+
+#ifdef FASTCOMMS_WITH_OPENSSL
+// NOTE [libcrypto at run time]: OpenSSL's libcrypto is opened when a token is first used, not
+// linked: the library (and its wheel) needs no libcrypto to load, and the system's copy, kept up
+// to date by the distribution, is the one that runs. The headers only give the prototypes.
+struct Crypto {
+  decltype(&HMAC) hmac = nullptr;
+  decltype(&EVP_sha256) sha256 = nullptr;
+  decltype(&CRYPTO_memcmp) memcmp = nullptr;
+  std::string error;
+};
+
+const Crypto& crypto() {
+  static const Crypto c = [] {
+    Crypto r;
+    void* h = nullptr;
+    for (const char* name : {"libcrypto.so.3", "libcrypto.so"}) {
+      if ((h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    }
+    if (h == nullptr) {
+      r.error =
+          detail::cat("OpenSSL's libcrypto (libcrypto.so.3) could not be opened: ", dlerror());
+      return r;
+    }
+    r.hmac = reinterpret_cast<decltype(&HMAC)>(dlsym(h, "HMAC"));
+    r.sha256 = reinterpret_cast<decltype(&EVP_sha256)>(dlsym(h, "EVP_sha256"));
+    r.memcmp = reinterpret_cast<decltype(&CRYPTO_memcmp)>(dlsym(h, "CRYPTO_memcmp"));
+    if (!r.hmac || !r.sha256 || !r.memcmp)
+      r.error = "libcrypto lacks HMAC, EVP_sha256 or CRYPTO_memcmp";
+    return r;
+  }();
+  FASTCOMMS_CHECK(c.error.empty(), kUnsupported,
+                  "store authentication (FASTCOMMS_STORE_TOKEN): ", c.error,
+                  "; install OpenSSL 3 (Debian/Ubuntu: libssl3)");
+  return c;
+}
+#endif
 
 std::vector<uint8_t> mac(const std::string& secret, const std::string& key, const uint8_t* value,
                          size_t n) {
@@ -36,8 +74,9 @@ std::vector<uint8_t> mac(const std::string& secret, const std::string& key, cons
   if (n) std::memcpy(msg.data() + sizeof klen + key.size(), value, n);
   std::vector<uint8_t> out(EVP_MAX_MD_SIZE);
   unsigned int len = 0;
-  const unsigned char* r = HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-                                msg.data(), msg.size(), out.data(), &len);
+  const Crypto& c = crypto();
+  const unsigned char* r = c.hmac(c.sha256(), secret.data(), static_cast<int>(secret.size()),
+                                  msg.data(), msg.size(), out.data(), &len);
   FASTCOMMS_CHECK(r != nullptr && len == kMac, kInternal, "store authentication: HMAC failed");
   out.resize(kMac);
   return out;
@@ -51,7 +90,7 @@ std::vector<uint8_t> mac(const std::string& secret, const std::string& key, cons
 
 bool equal_ct(const uint8_t* a, const uint8_t* b, size_t n) {
 #ifdef FASTCOMMS_WITH_OPENSSL
-  return CRYPTO_memcmp(a, b, n) == 0;
+  return crypto().memcmp(a, b, n) == 0;
 #else
   unsigned char d = 0;
   for (size_t i = 0; i < n; ++i) d |= a[i] ^ b[i];

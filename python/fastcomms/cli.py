@@ -1,10 +1,11 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""The fastcomms command line: ``fastcomms bench`` and ``fastcomms doctor`` (API.md §3).
-
-``python -m fastcomms bench --nproc 2`` spawns local CPU ranks over gloo, times the Ulysses
-all-to-all against permute + torch.distributed.all_to_all_single + permute, checks every result
-bit for bit, and prints a table. GPU runs go through scripts/gpu.sh for now (the CUDA transports
-are not reachable from Python yet)."""
+"""The fastcomms command line (API.md §3), installed as the ``fastcomms`` console script (also
+``python -m fastcomms``): ``bench`` times the Ulysses all-to-all against permute +
+torch.distributed.all_to_all_single + permute on the best backend present and checks every result
+bit for bit; ``check`` runs every op once on a backend against values each rank computes;
+``doctor`` reports versions, GPUs, NVLink and the transport a group would take, and with
+``--preflight`` what to fix before a job. Ranks are started with torch.multiprocessing, or the
+command runs as one rank under torchrun."""
 
 from __future__ import annotations
 
@@ -37,7 +38,218 @@ def _nvlink(devices):
     return matrix, why
 
 
-def doctor(_args) -> int:
+def _driver_cuda_version():
+    """(major, minor) of the CUDA version the installed driver supports, or None without one
+    (cuDriverGetVersion through libcuda.so.1; no CUDA context is created)."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+        return None
+    return v.value // 1000, (v.value % 1000) // 10
+
+
+def _mm(text):
+    """(major, minor) of a version string like '2.11.0+cu130' or '13.0.88'."""
+    parts = text.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+
+
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def preflight_checks(build=None):
+    """[(check, status, detail, fix)] with status OK, WARN or FAIL: this machine against what
+    the installed build was made for (`fastcomms doctor --preflight`)."""
+    from . import _C
+
+    build = build or _C.build_info()
+    rows = []
+
+    def add(check, status, detail, fix=""):
+        rows.append((check, status, detail, fix))
+
+    add(
+        "fastcomms build",
+        "OK",
+        f"{build['version']}: torch {build['torch']}"
+        + (f", CUDA {build['cuda']} ({build['cuda_archs']})" if build["cuda"] else ", no CUDA")
+        + (f", NCCL {build['nccl']}" if build["nccl"] else ""),
+    )
+    tv = torch.__version__
+    if _mm(tv) == _mm(build["torch"]):
+        add("torch", "OK", f"{tv} (built against {build['torch']})")
+    else:
+        want = "{}.{}".format(*_mm(build["torch"]))
+        add(
+            "torch",
+            "FAIL",
+            f"{tv}, but this build was made against torch {build['torch']} (the extension's "
+            "ABI follows torch's minor version)",
+            f"pip install 'torch=={want}.*', or build fastcomms against torch {tv}",
+        )
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not build["cuda"]:
+        add(
+            "CUDA",
+            "WARN" if ngpu else "OK",
+            "this build has no CUDA layer: gloo (CPU) only",
+            "build on a machine with nvcc (scripts/wheel.sh) for nccl and nvlink" if ngpu else "",
+        )
+        return rows
+    driver = _driver_cuda_version()
+    need = _mm(build["cuda"])
+    if driver is None:
+        add(
+            "NVIDIA driver",
+            "FAIL" if ngpu else "WARN",
+            "no driver (libcuda.so.1 not found or not answering): CUDA tensors cannot run",
+            "install the NVIDIA driver" if ngpu else "",
+        )
+    elif driver[0] < need[0]:
+        add(
+            "NVIDIA driver",
+            "FAIL",
+            f"supports CUDA {driver[0]}.{driver[1]}, this build needs CUDA {need[0]}.x",
+            f"upgrade the driver to one for CUDA {need[0]}.{need[1]} or newer",
+        )
+    elif driver < need:
+        add(
+            "NVIDIA driver",
+            "WARN",
+            f"supports CUDA {driver[0]}.{driver[1]} < {need[0]}.{need[1]} built with (minor "
+            "version compatibility: most features work)",
+            f"upgrade the driver to one for CUDA {need[0]}.{need[1]}",
+        )
+    else:
+        add("NVIDIA driver", "OK", f"supports CUDA {driver[0]}.{driver[1]}")
+    if torch.version.cuda is None:
+        add(
+            "torch CUDA",
+            "FAIL" if ngpu else "WARN",
+            "torch is a CPU build: the nccl and nvlink backends cannot run",
+            "install torch's CUDA wheel" if ngpu else "",
+        )
+    elif _mm(torch.version.cuda)[0] != need[0]:
+        add(
+            "torch CUDA",
+            "FAIL",
+            f"torch uses CUDA {torch.version.cuda}, this build CUDA {build['cuda']}",
+            f"use a torch built for CUDA {need[0]}.x, or rebuild fastcomms with that toolkit",
+        )
+    else:
+        add("torch CUDA", "OK", f"{torch.version.cuda} (built with {build['cuda']})")
+    if build["nccl"] and torch.version.cuda is not None:
+        try:
+            rt = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:  # noqa: BLE001 - a torch without NCCL
+            rt = None
+            add("NCCL", "FAIL", f"torch has no NCCL ({e})", "install torch's CUDA wheel")
+        if rt is not None:
+            if _mm(rt)[0] != _mm(build["nccl"])[0]:
+                add(
+                    "NCCL",
+                    "FAIL",
+                    f"runtime {rt}, built with {build['nccl']}",
+                    "install the nvidia-nccl package torch pins",
+                )
+            elif _mm(rt) < _mm(build["nccl"]):
+                add(
+                    "NCCL",
+                    "WARN",
+                    f"runtime {rt} older than {build['nccl']} built with",
+                    "install the nvidia-nccl package torch pins",
+                )
+            else:
+                add("NCCL", "OK", f"runtime {rt} (built with {build['nccl']})")
+    archs = [int(a) for a in build["cuda_archs"].split(",") if a.strip().isdigit()]
+    for i in range(ngpu):
+        cc = torch.cuda.get_device_capability(i)
+        ok = any(a // 10 == cc[0] and a % 10 <= cc[1] for a in archs)
+        add(
+            f"cuda:{i} architecture",
+            "OK" if ok else "FAIL",
+            f"{torch.cuda.get_device_name(i)}, sm_{cc[0]}{cc[1]}; built for "
+            + ", ".join(f"sm_{a}" for a in archs),
+            "" if ok else f"rebuild with FASTCOMMS_CUDA_ARCH={cc[0]}{cc[1]} (scripts/wheel.sh)",
+        )
+    if ngpu >= 2:
+        no_peer = [
+            (a, b)
+            for a in range(ngpu)
+            for b in range(ngpu)
+            if a != b and not torch.cuda.can_device_access_peer(a, b)
+        ]
+        add(
+            "GPU peer access",
+            "OK" if not no_peer else "WARN",
+            "every pair" if not no_peer else f"no peer access for {no_peer[:6]}",
+            ""
+            if not no_peer
+            else "the nvlink transport needs it; the collective path (nccl) " "works without",
+        )
+        matrix, why = _nvlink(list(range(ngpu)))
+        if matrix is None:
+            add(
+                "NVLink",
+                "WARN",
+                f"NVML cannot say ({why}); the nvlink transport is not chosen",
+                "install the driver's NVML (libnvidia-ml.so.1) or pass transport='nvlink'",
+            )
+        else:
+            missing = [(a, b) for (a, b), v in sorted(matrix.items()) if a < b and not v]
+            add(
+                "NVLink",
+                "OK" if not missing else "WARN",
+                "every GPU pair NVLink-joined" if not missing else f"not joined: {missing[:6]}",
+                "" if not missing else "groups spanning those pairs take the collective path",
+            )
+    unset = {k: v for k, v in MULTICAST_OFF.items() if os.environ.get(k) != v}
+    add(
+        "multicast off",
+        "OK" if not unset else "WARN",
+        "set" if not unset else "not set: " + ", ".join(unset),
+        ""
+        if not unset
+        else "on shared or partitioned GPUs: export "
+        + " ".join(f"{k}={v}" for k, v in unset.items()),
+    )
+    return rows
+
+
+def _preflight() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = preflight_checks()
+    table = Table(title="fastcomms doctor --preflight")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col)
+    colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+    for check, status, detail, fix in rows:
+        table.add_row(check, f"[{colour[status]}]{status}[/]", detail, fix)
+    console = Console()
+    console.print(table)
+    fails = sum(r[1] == "FAIL" for r in rows)
+    console.print(
+        "preflight passed" + (" (with warnings)" if any(r[1] == "WARN" for r in rows) else "")
+        if not fails
+        else f"[red]preflight FAILED: {fails} to fix[/]"
+    )
+    return 1 if fails else 0
+
+
+def doctor(args) -> int:
+    if getattr(args, "preflight", False):
+        return _preflight()
     import fastcomms
 
     print(f"python      {sys.version.split()[0]}")
@@ -79,261 +291,410 @@ def doctor(_args) -> int:
     return 0
 
 
-def _progress(rank, text):
-    """The live progress line on rank 0's terminal; None clears it."""
-    if rank == 0 and sys.stderr.isatty():
-        line = "\r" + " " * 70 + "\r" if text is None else f"\r  {text}"
-        print(line, end="", file=sys.stderr, flush=True)
+# -- launching ranks ------------------------------------------------------------------------------
+# NOTE [cli ranks]: every subcommand that needs ranks runs one function per rank. Launched by
+# torchrun (RANK, WORLD_SIZE and MASTER_ADDR set), this process is one rank: the store is torchrun's
+# (the agent's TCPStore, or rank 0 hosts one), and rank 0 collects every rank's result through it.
+# Otherwise --nproc processes are spawned with torch.multiprocessing over a FileStore; the first
+# rank that dies ends the run at once, its error printed, instead of leaving the others waiting.
 
 
-def _bench_rank(rank, size, path, args, q):
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _torchrun_store(rank, size):
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        is_master=rank == 0 and not agent,
+        timeout=datetime.timedelta(seconds=300),
+    )
+    return dist.PrefixStore("fastcomms-cli", store)
+
+
+def _child(fn, rank, size, path, q, args):
+    import traceback
+
+    import torch.distributed as dist
+
+    try:
+        q.put((rank, fn(rank, size, dist.FileStore(path, size), args), None))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which ends the run
+        q.put((rank, None, traceback.format_exc()))
+        raise
+
+
+def _run_ranks(fn, nproc, args, timeout_s=900):
+    """fn(rank, size, store, args) on every rank (NOTE [cli ranks]). Returns (results by rank, or
+    None on a rank of torchrun other than 0; error text or None)."""
+    import pickle
+    import queue
+
+    if _under_torchrun():
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = _torchrun_store(rank, size)
+        res = fn(rank, size, store, args)
+        store.set(f"result/{rank}", pickle.dumps(res))
+        if rank != 0:
+            return None, None
+        return [pickle.loads(store.get(f"result/{r}")) for r in range(size)], None
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    results, error = {}, None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "store")
+        procs = [
+            ctx.Process(target=_child, args=(fn, r, nproc, path, q, args)) for r in range(nproc)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while len(results) < nproc and error is None:
+            try:
+                r, res, tb = q.get(timeout=0.5)
+                if tb is not None:
+                    error = f"rank {r} failed:\n{tb}"
+                results[r] = res
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    error = f"ranks died (rank, exit code): {dead}"
+                elif time.monotonic() > deadline:
+                    error = f"no result within {timeout_s} s"
+        for p in procs:
+            if error is not None:
+                p.kill()
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    if error is not None:
+        return None, error
+    return [results[r] for r in range(nproc)], None
+
+
+# -- choosing the backend --------------------------------------------------------------------------
+def pick_backend(nproc: int) -> tuple[str, str]:
+    """The best backend present for `nproc` local ranks and why: nvlink when there is a GPU per
+    rank and every pair of them is NVLink-joined (NVML's answer; unknown is not yes), else nccl
+    with a GPU per rank, else gloo on CPU."""
+    from . import _C
+
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if _under_torchrun():
+        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))
+        multi = int(os.environ["WORLD_SIZE"]) != nproc
+    else:
+        multi = False
+    if ngpu == 0:
+        return "gloo", "no CUDA device: CPU ranks over gloo"
+    if not _C.has_transport("nvlink"):
+        return "gloo", "this build has no CUDA layer: CPU ranks over gloo"
+    if ngpu < nproc:
+        return "gloo", f"{ngpu} GPUs for {nproc} ranks (one GPU per rank needed): CPU over gloo"
+    if multi:
+        return "nccl", "ranks on several hosts (torchrun): nccl, the Ulysses collective path"
+    matrix, why = _nvlink(list(range(nproc)))
+    if matrix is None:
+        return "nccl", f"NVML cannot say whether the GPUs are NVLink-joined ({why}): nccl"
+    if not all(v for (a, b), v in matrix.items() if a != b):
+        return "nccl", "a pair of the GPUs is not NVLink-joined: nccl"
+    return "nvlink", f"every pair of GPUs 0..{nproc - 1} is NVLink-joined (NVML): nvlink"
+
+
+# -- bench -----------------------------------------------------------------------------------------
+def _bench_rank(rank, size, store, args):
+    """One rank of `fastcomms bench`: ours against permute + torch.distributed all_to_all_single
+    + permute, every variant timed as a batch of back-to-back calls (CUDA events on GPUs, the
+    host clock between barriers on CPU), rounds interleaved, median per variant; every result
+    checked bit for bit first. Returns (rows, transport description)."""
     import torch.distributed as dist
 
     import fastcomms
     from fastcomms.ulysses import UlyssesGroup
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    store = dist.FileStore(path, size)
+    gpu = args.backend != "gloo"
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    dev = torch.device("cuda", local) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(dev)
+    kw = {"device_id": dev} if gpu else {}
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
-    )
-    comm = fastcomms.new_comm(
-        "gloo",
-        "cpu",
-        store=dist.PrefixStore("fc", store),
-        name="bench",
-        timeout=datetime.timedelta(seconds=120),
-    )
-    ours, ref = UlyssesGroup(comm), UlyssesGroup(None)
-    dtype = DTYPES[args.dtype]
-    rows = []
-    for i, shape in enumerate(args.shapes):
-        g = torch.Generator().manual_seed(rank * 1000 + i)
-        x = torch.randint(0, 100, shape, generator=g).to(dtype)
-        ok = torch.equal(ours.all_to_all_4d(x), ref.all_to_all_4d(x))
-        ok = ok and torch.equal(ours.all_to_all_4d(ours.all_to_all_4d(x), mode=1), x)
-        times = {"ours": [], "base": []}
-        for it in range(args.warmup + args.iters):
-            _progress(rank, f"[{i + 1}/{len(args.shapes)}] {tuple(shape)} iteration {it + 1}")
-            for name, grp in (("ours", ours), ("base", ref)):
-                dist.barrier()
-                t0 = time.perf_counter()
-                grp.all_to_all_4d(x)
-                if it >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
-        rows.append(
-            (
-                tuple(shape),
-                x.numel() * x.element_size(),
-                statistics.median(times["ours"]),
-                statistics.median(times["base"]),
-                ok,
-            )
-        )
-    _progress(rank, None)
-    q.put((rank, rows, "collective over gloo"))
-    comm.finalize()
-    dist.destroy_process_group()
-
-
-def _bench_gpu_rank(rank, size, path, args, q):
-    """One rank of the GPU bench: ours (nvlink or the nccl collective path) against permute +
-    torch.distributed NCCL all_to_all_single + permute, CUDA events, median after warm-up."""
-    import torch.distributed as dist
-
-    import fastcomms
-    from fastcomms.ulysses import UlyssesGroup
-
-    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.FileStore(path, size)
-    dist.init_process_group(
-        "nccl", store=dist.PrefixStore("torch", store), rank=rank, world_size=size, device_id=dev
+        "nccl" if gpu else "gloo",
+        store=dist.PrefixStore("torch", store),
+        rank=rank,
+        world_size=size,
+        **kw,
     )
     comm = None
-    if args.backend == "nccl":
+    if args.backend == "nvlink":
+        ours = UlyssesGroup(None, device=dev, transport="nvlink")
+    else:
         comm = fastcomms.new_comm(
-            "nccl",
+            args.backend,
             dev,
+            "bench",
             store=dist.PrefixStore("fc", store),
-            name="bench",
             timeout=datetime.timedelta(seconds=120),
         )
         ours = UlyssesGroup(comm, transport="collective")
-    else:
-        ours = UlyssesGroup(
-            None, device=dev, transport="nvlink" if args.backend == "nvlink" else "auto"
-        )
-    ref = UlyssesGroup(None, device=dev, transport="collective")
+    ref = UlyssesGroup(None, device=dev if gpu else None, transport="collective")
     dtype = DTYPES[args.dtype]
+    progress = None
+    if rank == 0 and args.progress:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+        task = progress.add_task("bench", total=len(args.shapes) * args.rounds)
+        progress.start()
     rows = []
-    for i, shape in enumerate(args.shapes):
-        g = torch.Generator().manual_seed(rank * 1000 + i)
-        raw = torch.randint(
-            0, 256, (math.prod(shape) * dtype.itemsize,), dtype=torch.uint8, generator=g
-        )
-        x = raw.view(dtype).view(shape).to(dev)
-        out = ours.empty_output(x)
-        ok = torch.equal(
-            ours.all_to_all_4d(x).view(torch.uint8), ref.all_to_all_4d(x).view(torch.uint8)
-        )
-        ok = ok and torch.equal(
-            ours.all_to_all_4d(ours.all_to_all_4d(x), mode=1).view(torch.uint8), x.view(torch.uint8)
-        )
-        times = {}
-        for name, fn in (
-            ("ours", lambda x=x, out=out: ours.all_to_all_4d(x, out=out)),
-            ("base", lambda x=x: ref.all_to_all_4d(x)),
-        ):
-            ev = [
-                torch.cuda.Event(enable_timing=True) for _ in range(2 * (args.warmup + args.iters))
-            ]
-            for it in range(args.warmup + args.iters):
-                _progress(rank, f"[{i + 1}/{len(args.shapes)}] {tuple(shape)} {name} {it + 1}")
-                ev[2 * it].record()
-                fn()
-                ev[2 * it + 1].record()
-            torch.cuda.synchronize()
-            times[name] = statistics.median(
-                ev[2 * it].elapsed_time(ev[2 * it + 1]) / 1e3
-                for it in range(args.warmup, args.warmup + args.iters)
+    try:
+        for i, shape in enumerate(args.shapes):
+            g = torch.Generator().manual_seed(rank * 1000 + i)
+            raw = torch.randint(
+                0, 256, (math.prod(shape) * dtype.itemsize,), dtype=torch.uint8, generator=g
             )
-        rows.append((tuple(shape), x.numel() * x.element_size(), times["ours"], times["base"], ok))
-    _progress(rank, None)
-    stats = ours.memory_stats()
-    q.put(
-        (
-            rank,
-            rows,
-            f"{ours.transport} ({ours.transport_reason}); "
-            f"group holds {stats['device_bytes'] / 2**20:.1f} MiB",
-        )
-    )
+            x = raw.view(dtype).view(shape).to(dev)
+            out = ours.empty_output(x)
+            want = ref.all_to_all_4d(x)
+            out.view(torch.uint8).fill_(0xA5)  # poisoned: an unwritten byte shows
+            ours.all_to_all_4d(x, out=out)
+            ok = torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+            back = ours.all_to_all_4d(want, mode=1)
+            ok = ok and torch.equal(back.view(torch.uint8), x.view(torch.uint8))
+            variants = {
+                "ours": lambda x=x, out=out: ours.all_to_all_4d(x, out=out),
+                "permute": lambda x=x: ref.all_to_all_4d(x),
+            }
+            samples = {k: [] for k in variants}
+            for fn in variants.values():  # warm-up
+                for _ in range(args.warmup):
+                    fn()
+            for rnd in range(args.rounds):
+                if progress is not None:
+                    progress.update(task, description=f"{tuple(shape)} round {rnd + 1}")
+                for k, fn in variants.items():
+                    dist.barrier()
+                    if gpu:
+                        torch.cuda.synchronize()
+                        a = torch.cuda.Event(enable_timing=True)
+                        b = torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        for _ in range(args.iters):
+                            fn()
+                        b.record()
+                        b.synchronize()
+                        samples[k].append(a.elapsed_time(b) / 1e3 / args.iters)
+                    else:
+                        t0 = time.perf_counter()
+                        for _ in range(args.iters):
+                            fn()
+                        samples[k].append((time.perf_counter() - t0) / args.iters)
+                if progress is not None:
+                    progress.advance(task)
+            rows.append(
+                {
+                    "shape": list(shape),
+                    "bytes": x.numel() * x.element_size(),
+                    "ours_s": statistics.median(samples["ours"]),
+                    "permute_s": statistics.median(samples["permute"]),
+                    "ok": bool(ok),
+                }
+            )
+    finally:
+        if progress is not None:
+            progress.stop()
+    what = f"{ours.transport} ({ours.transport_reason})"
     ours.destroy()
     if comm is not None:
         comm.finalize()
     dist.destroy_process_group()
+    return rows, what
+
+
+def _shapes(args, size):
+    if args.shape:
+        shapes = []
+        for spec in args.shape:
+            shape = [int(v) for v in spec.split(",")]
+            if len(shape) != 4:
+                raise ValueError(f"--shape {spec}: expected b,s,h,d")
+            shapes.append(shape)
+    else:  # a sweep from small to large messages (bytes per rank grow 4x per step)
+        big = args.backend != "gloo"
+        seqs = (64, 256, 1024, 4096, 16384) if big else (16, 64, 256, 1024)
+        shapes = [[1, s, 8 * size, 128] for s in seqs]
+    for shape in shapes:
+        if shape[2] % size:
+            raise ValueError(f"--shape {shape}: h={shape[2]} is not divisible by {size} ranks")
+    return shapes
+
+
+def _environment():
+    env = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "host": __import__("socket").gethostname(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return env
 
 
 def bench(args) -> int:
-    import torch.multiprocessing as mp
+    from rich.console import Console
+    from rich.table import Table
 
+    console = Console()
+    size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    gpu = args.backend in ("nccl", "nvlink") or (args.backend == "auto" and ngpu >= args.nproc >= 2)
-    if gpu and ngpu < args.nproc:
-        print(
-            f"fastcomms bench: --backend {args.backend} with --nproc {args.nproc} needs "
-            f"{args.nproc} GPUs (the permute baseline runs on torch.distributed NCCL, one GPU per "
-            f"rank); this machine has {ngpu}",
-            file=sys.stderr,
-        )
-        return 2
-    size = args.nproc
-    if args.shape:
-        shape = [int(v) for v in args.shape.split(",")]
-        if len(shape) != 4:
-            print("fastcomms bench: --shape needs b,s,h,d", file=sys.stderr)
-            return 2
-        args.shapes = [shape]
+    if args.backend == "auto":
+        args.backend, why = pick_backend(size)
     else:
-        heads = 8 * size
-        args.shapes = [[1, s, heads, 128] for s in (16, 64, 256, 1024)]
-    for shape in args.shapes:
-        if shape[2] % size:
+        why = "asked for with --backend"
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        if args.backend != "gloo" and ngpu < local:
             print(
-                f"fastcomms bench: h={shape[2]} is not divisible by --nproc {size}", file=sys.stderr
+                f"fastcomms bench: --backend {args.backend} with {local} ranks on this host needs "
+                f"{local} GPUs (one per rank; the permute baseline runs on torch.distributed "
+                f"NCCL); this machine has {ngpu}",
+                file=sys.stderr,
             )
             return 2
-    where = f"{size} GPUs, CUDA events" if gpu else "gloo, CPU ranks (processes)"
-    print(
-        f"fastcomms bench: {where}, {args.dtype}, {args.iters} iterations after {args.warmup} "
-        "warm-up, median of the slowest rank"
-    )
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [
-            ctx.Process(
-                target=_bench_gpu_rank if gpu else _bench_rank,
-                args=(r, size, os.path.join(d, "s"), args, q),
-            )
-            for r in range(size)
-        ]
-        for p in procs:
-            p.start()
-        results = []
-        # never wait on a rank that died: a failed rank puts nothing in the queue
-        while len(results) < len(procs):
-            if not q.empty():
-                results.append(q.get())
-            elif any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                break
-            else:
-                time.sleep(0.05)
-        for p in procs:
-            p.join()
-    if any(p.exitcode for p in procs):
-        print("fastcomms bench: a rank failed", file=sys.stderr)
+    try:
+        args.shapes = _shapes(args, size)
+    except ValueError as e:
+        print(f"fastcomms bench: {e}", file=sys.stderr)
+        return 2
+    args.progress = sys.stderr.isatty() and not args.no_progress
+    lead = not _under_torchrun() or os.environ["RANK"] == "0"
+    if lead:
+        console.print(f"fastcomms bench: backend [bold]{args.backend}[/] ({why}), {size} ranks")
+    results, error = _run_ranks(_bench_rank, size, args)
+    if error is not None:
+        print(f"fastcomms bench: FAILED, {error}", file=sys.stderr)
         return 1
-    per_rank = [res[1] for res in sorted(results, key=lambda r: r[0])]
-    if gpu:
-        print(f"transport: {sorted(results, key=lambda r: r[0])[0][2]}")
-    print(
-        f"{'shape (b,s,h,d)':24s} {'MiB/rank':>9s} {'ours ms':>9s} {'GB/s':>7s} "
-        f"{'permute ms':>11s} {'speed-up':>9s} {'check':>6s}"
-    )
-    bad = 0
-    plot = []
-    for i, (shape, nbytes, _, _, _) in enumerate(per_rank[0]):
-        ours = max(r[i][2] for r in per_rank)
-        base = max(r[i][3] for r in per_rank)
-        ok = all(r[i][4] for r in per_rank)
-        bad += not ok
-        plot.append((nbytes, ours, base))
-        print(
-            f"{str(shape):24s} {nbytes / 2**20:9.2f} {ours * 1e3:9.3f} "
-            f"{nbytes / ours / 1e9:7.2f} {base * 1e3:11.3f} {base / ours:8.2f}x "
-            f"{'OK' if ok else 'FAIL':>6s}"
+    if results is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
+    transport = results[0][1]
+    per_rank = [r[0] for r in results]
+    rows = []
+    for i, row in enumerate(per_rank[0]):
+        ours = max(r[i]["ours_s"] for r in per_rank)  # the slowest rank
+        base = max(r[i]["permute_s"] for r in per_rank)
+        rows.append(
+            {
+                "shape": row["shape"],
+                "bytes_per_rank": row["bytes"],
+                "ours_us": ours * 1e6,
+                "permute_us": base * 1e6,
+                "ours_gbps": row["bytes"] / ours / 1e9,
+                "permute_gbps": row["bytes"] / base / 1e9,
+                "speedup": base / ours,
+                "ok": all(r[i]["ok"] for r in per_rank),
+            }
         )
-    print("all checks passed" if not bad else "SOME CHECKS FAILED")
-    if args.plot:
-        try:
-            import matplotlib
+    how = "CUDA events" if args.backend != "gloo" else "host clock, CPU ranks"
+    table = Table(
+        title=f"Ulysses all_to_all_4d (mode 0), {args.dtype}: {transport}",
+        caption=f"µs per call: {args.iters} back-to-back calls per sample ({how}), median of "
+        f"{args.rounds} interleaved rounds after {args.warmup} warm-up calls, slowest rank; "
+        "permute = permute + torch.distributed all_to_all_single + permute; every result "
+        "checked bit for bit",
+    )
+    for col in ("shape (b,s,h,d)", "MiB/rank", "ours µs", "GB/s", "permute µs", "speed-up"):
+        table.add_column(col, justify="right")
+    table.add_column("check")
+    for r in rows:
+        table.add_row(
+            str(tuple(r["shape"])),
+            f"{r['bytes_per_rank'] / 2**20:.2f}",
+            f"{r['ours_us']:.1f}",
+            f"{r['ours_gbps']:.2f}",
+            f"{r['permute_us']:.1f}",
+            f"{r['speedup']:.2f}x",
+            "OK" if r["ok"] else "[red]FAIL[/]",
+        )
+    console.print(table)
+    bad = sum(not r["ok"] for r in rows)
+    console.print("all checks passed" if not bad else "[red]SOME CHECKS FAILED[/]")
+    if args.json:
+        import json
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("fastcomms bench: --plot needs matplotlib", file=sys.stderr)
-            return 2
-        xs = [p[0] / 2**20 for p in plot]
-        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-        ax[0].loglog(xs, [p[1] * 1e3 for p in plot], "o-", label="fastcomms")
-        ax[0].loglog(xs, [p[2] * 1e3 for p in plot], "s--", label="permute + all_to_all_single")
-        ax[0].set(xlabel="MiB per rank", ylabel="ms", title="time")
-        ax[1].semilogx(xs, [p[0] / p[1] / 1e9 for p in plot], "o-", label="fastcomms")
-        ax[1].semilogx(xs, [p[0] / p[2] / 1e9 for p in plot], "s--", label="permute path")
-        ax[1].set(xlabel="MiB per rank", ylabel="GB/s", title="throughput")
-        for a in ax:
-            a.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot)
-        print(f"plot written to {args.plot}")
+        doc = {
+            "backend": args.backend,
+            "why": why,
+            "transport": transport,
+            "ranks": size,
+            "dtype": args.dtype,
+            "iters": args.iters,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+            "environment": _environment(),
+            "rows": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        console.print(f"results written to {args.json}")
+    if args.plot:
+        rc = _plot(rows, args.plot, transport)
+        if rc:
+            return rc
+        console.print(f"plot written to {args.plot}")
     return 1 if bad else 0
 
 
-def _check_rank(rank, size, path, backend, q):
+def _plot(rows, path, transport) -> int:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "fastcomms bench: --plot needs matplotlib (pip install 'fastcomms[plot]' or "
+            "pip install matplotlib)",
+            file=sys.stderr,
+        )
+        return 2
+    xs = [r["bytes_per_rank"] / 2**20 for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label, style in (
+        ("ours", f"fastcomms ({transport.split(' ')[0]})", "o-"),
+        ("permute", "permute + all_to_all_single", "s--"),
+    ):
+        ax[0].loglog(xs, [r[f"{key}_us"] for r in rows], style, label=label)
+        ax[1].semilogx(xs, [r[f"{key}_gbps"] for r in rows], style, label=label)
+    ax[0].set(xlabel="MiB per rank", ylabel="µs per call", title="time")
+    ax[1].set(xlabel="MiB per rank", ylabel="GB/s (bytes per rank / time)", title="throughput")
+    for a in ax:
+        a.grid(True, which="both", alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return 0
+
+
+def _check_rank(rank, size, store, args):
     """One rank of `fastcomms check`: every op on `backend` against values each rank can compute
     for every rank, results as (name, ok, detail)."""
-    import torch.distributed as dist
-
     import fastcomms
     from fastcomms.ulysses import UlyssesGroup
 
+    backend = args.backend
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    dev = torch.device("cuda", rank) if backend in ("nccl", "nvlink") else torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    dev = torch.device("cuda", local) if backend in ("nccl", "nvlink") else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     results = []
@@ -354,7 +715,7 @@ def _check_rank(rank, size, path, backend, q):
             backend,
             dev,
             "check",
-            store=dist.FileStore(path, size),
+            store=store,
             timeout=datetime.timedelta(seconds=60),
         )
         n, k, S = size, 4, fastcomms.ReduceOp.SUM
@@ -436,83 +797,102 @@ def _check_rank(rank, size, path, backend, q):
             run(name, fn)
     except Exception as e:  # noqa: BLE001
         results.append(("new_comm", False, f"{type(e).__name__}: {e}"[:300]))
-    q.put((rank, results))
     if comm is not None:
         comm.finalize()
+    return results
 
 
 def check(args) -> int:
     """A short correctness run of every op on one backend, results per op and rank."""
     import json
 
-    import torch.multiprocessing as mp
+    from rich.console import Console
+    from rich.table import Table
 
-    backend = args.backend
-    if backend == "auto":
-        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend = "nccl" if ngpu >= args.nproc else "gloo"
-        why = f"{ngpu} GPUs for {args.nproc} ranks"
+    size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
+    if args.backend == "auto":
+        args.backend, why = pick_backend(size)
     else:
-        why = "asked"
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [
-            ctx.Process(target=_check_rank, args=(r, args.nproc, os.path.join(d, "s"), backend, q))
-            for r in range(args.nproc)
-        ]
-        for p in procs:
-            p.start()
-        res = {}
-        deadline = time.monotonic() + 300
-        while len(res) < args.nproc and time.monotonic() < deadline:
-            try:
-                r, rows = q.get(timeout=1.0)
-                res[r] = rows
-            except Exception:  # noqa: BLE001 - queue.Empty: look for dead ranks
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead and len(res) + len(dead) >= args.nproc:
-                    break
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    print(f"fastcomms check: backend {backend} ({why}), {args.nproc} ranks")
-    names = [name for name, _, _ in res.get(0, [])] or ["new_comm"]
+        why = "asked for with --backend"
+    results, error = _run_ranks(_check_rank, size, args, timeout_s=300)
+    if results is None and error is None:  # a torchrun rank other than 0
+        return 0
+    console = Console()
+    console.print(f"fastcomms check: backend [bold]{args.backend}[/] ({why}), {size} ranks")
+    if error is not None:
+        console.print(f"[red]FAILED[/]: {error}")
+        return 1
+    names = [name for name, _, _ in results[0]] or ["new_comm"]
     bad = 0
-    table = []
+    rows = []
+    table = Table(show_header=True)
+    table.add_column("op")
+    table.add_column("result")
+    table.add_column("detail")
     for i, name in enumerate(names):
-        per_rank = [
-            res[r][i] if r in res and i < len(res[r]) else (name, False, "no result")
-            for r in range(args.nproc)
-        ]
+        per_rank = [res[i] if i < len(res) else (name, False, "no result") for res in results]
         ok = all(x[1] for x in per_rank)
         bad += not ok
         detail = next((x[2] for x in per_rank if not x[1]), per_rank[0][2])
-        table.append({"op": name, "ok": ok, "detail": detail})
-        print(f"  {name:24s} {'OK' if ok else 'FAIL'}  {detail}")
-    print("all checks passed" if not bad and res else f"{bad} checks failed")
+        rows.append({"op": name, "ok": ok, "detail": detail})
+        table.add_row(name, "OK" if ok else "[red]FAIL[/]", detail)
+    console.print(table)
+    console.print("all checks passed" if not bad else f"[red]{bad} checks failed[/]")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "nproc": args.nproc, "results": table}, f, indent=1)
-    return 0 if not bad and len(res) == args.nproc else 1
+            doc = {"backend": args.backend, "why": why, "nproc": size, "results": rows}
+            json.dump(doc, f, indent=1)
+    return 0 if not bad else 1
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fastcomms")
+    import fastcomms
+
+    ap = argparse.ArgumentParser(
+        prog="fastcomms",
+        description="fastcomms: check, benchmark and diagnose (NOTE [cli ranks] in cli.py).",
+    )
+    ap.add_argument("--version", action="version", version=f"fastcomms {fastcomms.__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="time and check the Ulysses all-to-all")
-    b.add_argument("--backend", default="auto", choices=["gloo", "nccl", "nvlink", "auto"])
-    b.add_argument("--nproc", type=int, default=2)
-    b.add_argument("--shape", default=None, help="b,s,h,d (mode 0's input on each rank)")
+    b = sub.add_parser(
+        "bench",
+        help="time and check the Ulysses all-to-all against the permute path",
+        description="Times the Ulysses all-to-all (mode 0) against permute + torch.distributed "
+        "all_to_all_single + permute on the best backend present (or --backend), checking "
+        "every result bit for bit. Starts --nproc ranks itself, or runs as one rank under "
+        "torchrun.",
+    )
+    b.add_argument(
+        "--backend",
+        default="auto",
+        choices=["gloo", "nccl", "nvlink", "auto"],
+        help="auto: nvlink when every GPU pair is NVLink-joined, else nccl with a GPU per rank, "
+        "else gloo on CPU (the reason is printed)",
+    )
+    b.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    b.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        help="b,s,h,d: mode 0's input on each rank (repeatable; default: a size sweep)",
+    )
     b.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    b.add_argument("--iters", type=int, default=10)
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--plot", default=None, help="write a PNG of the sweep")
-    sub.add_parser("doctor", help="versions, GPUs, NVLink matrix, backends")
+    b.add_argument("--iters", type=int, default=20, help="back-to-back calls per timed sample")
+    b.add_argument("--rounds", type=int, default=5, help="interleaved samples per variant")
+    b.add_argument("--warmup", type=int, default=3, help="untimed calls per variant first")
+    b.add_argument("--plot", default=None, help="write time and GB/s against size to FILE.png")
+    b.add_argument("--json", default=None, help="write the results and environment to FILE")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d = sub.add_parser("doctor", help="versions, GPUs, NVLink matrix, backends")
+    d.add_argument(
+        "--preflight",
+        action="store_true",
+        help="check this machine against what the installed build needs before a job; exit 1 "
+        "when something must be fixed",
+    )
     c = sub.add_parser("check", help="a short correctness run of every op on one backend")
     c.add_argument("--backend", default="auto", choices=["gloo", "nccl", "nvlink", "auto"])
-    c.add_argument("--nproc", type=int, default=2)
+    c.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     c.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     return {"bench": bench, "check": check, "doctor": doctor}[args.cmd](args)

@@ -6,6 +6,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -367,6 +368,15 @@ PYBIND11_MODULE(_C, m) {
   });
 #endif
   m.attr("__version__") = FASTCOMMS_VERSION;  // the VERSION file, through CMake
+  m.def("build_info", [] {
+    py::dict d;
+    d["version"] = FASTCOMMS_VERSION;
+    d["torch"] = TORCH_VERSION;  // torch/version.h of the torch built against
+    d["cuda"] = FASTCOMMS_BUILD_CUDA;
+    d["cuda_archs"] = FASTCOMMS_BUILD_CUDA_ARCHS;
+    d["nccl"] = FASTCOMMS_BUILD_NCCL;
+    return d;
+  });
   // NOTE [authenticated rendezvous]: the store wrapper, for the tests' forged-value checks.
   m.def("_auth_store_set",
         [](py::object store, const std::string& secret, const std::string& key, py::bytes value) {
