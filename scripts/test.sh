@@ -48,16 +48,12 @@ step "pytest (the Python package on CPU over gloo, against torch.distributed)"
 PYTHONPATH="$FASTCOMMS_BUILD/python:$FASTCOMMS_ROOT/python" \
   "$FASTCOMMS_VENV/bin/python" -m pytest -q -rs tests/python
 
-step "pip: build the wheel, install it, use it (the package as users get it)"
-# The same CMake project through scikit-build-core, CPU-only here to keep CI short; its build
-# folder persists ($FASTCOMMS_BUILD-wheel), so a rerun rebuilds only what changed.
-"$FASTCOMMS_VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$work/wheel" . \
-  -C build-dir="$FASTCOMMS_BUILD-wheel" -C cmake.define.FASTCOMMS_CUDA=OFF
-"$FASTCOMMS_VENV/bin/pip" install -q --no-deps --target "$work/site" "$work"/wheel/fastcomms-*.whl
-(cd "$work" && PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -c '
-import sys, fastcomms
-assert fastcomms.__file__.startswith(sys.argv[1]), fastcomms.__file__
-print("installed:", fastcomms.__file__, "backends:", fastcomms.built_backends())
-' "$work/site" &&
-  PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -m fastcomms bench --nproc 2 \
-    --shape 1,64,8,16 --iters 3 --warmup 1)
+step "wheel: build it and run the release gate on it (the package as users get it)"
+# scripts/wheel.sh: the same CMake project through scikit-build-core (CPU-only here to keep CI
+# short; its build folder persists), the gloo backend's system libraries bundled, torch pinned,
+# then tools/wheel_gate.py: metadata, every ELF's needed libraries and exports, an install into a
+# fresh folder, and `fastcomms check` from there. Then the console script's bench from it.
+FASTCOMMS_CUDA=0 bash "$FASTCOMMS_ROOT/scripts/wheel.sh" "$work/dist"
+"$FASTCOMMS_VENV/bin/pip" install -q --no-deps --target "$work/site" "$work"/dist/fastcomms-*.whl
+(cd "$work" && PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -m fastcomms bench --nproc 2 \
+  --shape 1,64,8,16 --iters 3 --rounds 2 --warmup 1 --no-progress)

@@ -307,6 +307,11 @@ def _torchrun_store(rank, size):
     import torch.distributed as dist
 
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if os.environ["MASTER_PORT"] == "0":
+        raise ValueError(
+            "MASTER_PORT=0: the store's port is unknown (torchrun --master-port 0 passes 0 "
+            "on); give torchrun a port"
+        )
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

@@ -1,5 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""The Python CLI: doctor answers, bench runs two CPU ranks and checks every result."""
+"""The fastcomms command (console script, also python -m fastcomms): doctor and its preflight,
+bench (ranks spawned or under torchrun, every result checked, --json, --plot), check, and the
+release gate's rules (tools/wheel_gate.py) with controls that must fail."""
 
 import os
 import subprocess
@@ -45,14 +47,150 @@ def test_bench_checks_every_result():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout
-    assert "(1, 64, 8, 16)" in r.stdout or "[1, 64, 8, 16]" in r.stdout
+    assert "(1, 64, 8, 16)" in r.stdout
+    assert "backend gloo (no CUDA device" in r.stdout or torch.cuda.is_available()
+
+
+def test_bench_json_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    r = _run(
+        "bench",
+        "--nproc",
+        "2",
+        "--shape",
+        "1,32,4,16",
+        "--shape",
+        "1,128,4,16",
+        "--iters",
+        "2",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        str(js),
+        "--plot",
+        str(png),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    doc = json.loads(js.read_text())
+    assert [row["shape"] for row in doc["rows"]] == [[1, 32, 4, 16], [1, 128, 4, 16]]
+    assert all(row["ok"] and row["ours_us"] > 0 and row["permute_us"] > 0 for row in doc["rows"])
+    assert doc["backend"] == "gloo" and doc["environment"]["torch"] == torch.__version__
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_refuses_gpu_backends_clearly():
     r = _run("bench", "--backend", "nvlink", "--nproc", "2")
     assert r.returncode == 2
-    assert "--backend nvlink with --nproc 2 needs 2 GPUs" in r.stderr
+    assert "--backend nvlink with 2 ranks on this host needs 2 GPUs" in r.stderr
     assert "this machine has 0" in r.stderr
+
+
+def test_bench_ends_at_once_when_a_rank_dies():
+    # armed control: an impossible shape raises on the ranks; the run ends with their error
+    r = _run("bench", "--nproc", "2", "--shape", "1,8,3,16", "--iters", "1")
+    assert r.returncode == 2 and "not divisible by 2 ranks" in r.stderr
+
+
+def test_check_under_torchrun(tmp_path):
+    import socket
+
+    with socket.socket() as sk:  # a free port for torchrun's store (its --master-port 0 hands
+        sk.bind(("127.0.0.1", 0))  # the workers MASTER_PORT=0)
+        port = sk.getsockname()[1]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(port),
+            "-m",
+            "fastcomms",
+            "check",
+            "--backend",
+            "gloo",
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    res = json.loads((tmp_path / "c.json").read_text())
+    assert res["nproc"] == 2 and all(row["ok"] for row in res["results"]), res
+
+
+def test_version_and_help():
+    import fastcomms
+
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"fastcomms {fastcomms.__version__}"
+    r = _run("--help")
+    assert r.returncode == 0 and all(c in r.stdout for c in ("bench", "check", "doctor"))
+
+
+def test_doctor_preflight():
+    r = _run("doctor", "--preflight")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preflight passed" in r.stdout and "torch" in r.stdout
+
+
+def test_preflight_flags_a_torch_mismatch():
+    # armed control: a build made for another torch minor must be a FAIL with the fix
+    from fastcomms import _C
+    from fastcomms.cli import preflight_checks
+
+    info = dict(_C.build_info())
+    rows = {r[0]: r for r in preflight_checks(info)}
+    assert rows["torch"][1] == "OK"
+    info["torch"] = "2.9.1"
+    rows = {r[0]: r for r in preflight_checks(info)}
+    assert rows["torch"][1] == "FAIL" and "torch==2.9.*" in rows["torch"][3]
+
+
+def test_wheel_gate_rules_can_fail():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+    import wheel_gate
+
+    meta = (
+        "Metadata-Version: 2.4\nName: fastcomms\nVersion: 0.1.0\nRequires-Python: >=3.10\n"
+        "License-Expression: Apache-2.0\nRequires-Dist: torch==2.11.*\nRequires-Dist: rich>=13\n"
+    )
+    assert wheel_gate.check_metadata(meta, "2.11", "0.1.0") == []
+    assert wheel_gate.check_metadata(
+        meta.replace("torch==2.11.*", "torch==2.11.0"), "2.11", "0.1.0"
+    )
+    assert wheel_gate.check_metadata(meta, "2.12", "0.1.0")
+    assert wheel_gate.check_metadata(
+        meta.replace("License-Expression: Apache-2.0\n", ""), "2.11", "0.1.0"
+    )
+    assert wheel_gate.check_metadata(meta, "2.11", "0.2.0")
+    for bad in (
+        "gloo::transport::tcp::Pair::send()",
+        "HMAC",
+        "std::runtime_error::what() const",
+        "operator new(unsigned long)",
+        "evil_c_symbol",
+    ):
+        assert wheel_gate._bad_export(bad), bad
+    for good in (
+        "PyInit__C",
+        "fastcomms::Communicator::rank() const",
+        "std::vector<int, std::allocator<int> >::~vector()",
+        "_init",
+    ):
+        assert wheel_gate._bad_export(good) is None, good
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without GPUs")
