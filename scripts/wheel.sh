@@ -23,7 +23,8 @@ export FASTCOMMS_CUDA_ARCH=${FASTCOMMS_CUDA_ARCH:-80;90;100}
 torch_mm=$("$PY" -c 'import torch; print(".".join(torch.__version__.split("+")[0].split(".")[:2]))')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "wheel: CUDA $cuda${cuda/OFF/}$([ $cuda = ON ] && echo " (architectures $FASTCOMMS_CUDA_ARCH)"), torch $torch_mm, $("$PY" --version)"
+archs=$([ $cuda = ON ] && echo " (architectures $FASTCOMMS_CUDA_ARCH)" || true)
+echo "wheel: CUDA $cuda$archs, torch $torch_mm, $("$PY" --version)"
 "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" . \
   -C build-dir="$FASTCOMMS_BUILD-wheel-cuda$cuda" -C cmake.define.FASTCOMMS_CUDA=$cuda
 # Bundle the gloo backend's system libraries (libgloo and what it needs), nothing of torch's.

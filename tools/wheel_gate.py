@@ -90,9 +90,9 @@ def _bad_export(sym):
     if "()::" in sym:  # a function-local static of an inline header function (guard, tag)
         return None
     if head.startswith(("std::", "__gnu_cxx::", "vtable for std::", "typeinfo for std::")):
-        return (
-            None if "<" in head or "<" in sym else "a non-template std:: symbol (static libstdc++)"
-        )
+        if "<" in sym or "(" not in sym:  # template instantiations; C++17 inline variables
+            return None  # (std::piecewise_construct, ...) that every TU using them emits
+        return "a non-template std:: function (a static libstdc++ copy)"
     if head.startswith(("c10::", "at::", "torch::", "pybind11::", "typeinfo", "vtable")):
         return None  # template instantiations and type info of the headers we build against
     return "a symbol outside fastcomms"
