@@ -823,6 +823,43 @@ except ImportError:  # pragma: no cover - an older torch: communicators are not 
     pass
 
 
+def _listen_on(addr: str, port: int, rank: int, size: int):
+    """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to
+    MASTER_ADDR's own address (the loopback when MASTER_ADDR is one) rather than every interface,
+    handed to torch's TCPStore as ``master_listen_fd``. FASTCOMMS_STORE_BIND overrides the
+    address ("*" or "0.0.0.0": every interface, torch's own behaviour). Returns the descriptor,
+    which the store then owns."""
+    import socket
+
+    bind = os.environ.get("FASTCOMMS_STORE_BIND", addr)
+    if bind in ("*", "0.0.0.0", "::"):
+        return None  # torch binds every interface itself
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(
+            f"[rank {rank}/{size}] new_comm: cannot resolve the store's address {bind!r} "
+            f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
+        ) from e
+    err = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(max(128, 2 * size))
+            return sock.detach()
+        except OSError as e:
+            err = e
+            sock.close()
+    raise ValueError(
+        f"[rank {rank}/{size}] new_comm: rank 0 serves the store on {bind}:{port} "
+        f"(MASTER_ADDR, MASTER_PORT) but cannot listen there: {err}; MASTER_ADDR must be an "
+        "address of rank 0's host (FASTCOMMS_STORE_BIND=<address> binds another, '*' every "
+        "interface)"
+    )
+
+
 def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
     """torch's TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it), made within `timeout`:
     its client kept retrying an unreachable network for 38 s with a 5 s timeout (measured in
@@ -835,9 +872,12 @@ def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
 
     result = {}
 
+    listen_fd = _listen_on(addr, port, rank, size) if rank == 0 else None
+
     def make():
         try:
-            result["store"] = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
+            kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
+            result["store"] = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout, **kw)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             result["error"] = e
 

@@ -91,3 +91,65 @@ def _planted(rank, size, path, errq):
 
 def test_planted_and_copied_values_are_refused():
     spawn(_planted, 2)
+
+
+def _listeners(port):
+    """Local addresses listening on `port` (IPv4 and IPv6), from /proc/net/tcp{,6}."""
+    found = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(name).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            addr, p = f[1].split(":")
+            if f[3] == "0A" and int(p, 16) == port:  # LISTEN
+                found.append(addr)
+    return found
+
+
+def _bind_rank(rank, size, path, errq, port, bind, out):
+    import fastcomms
+
+    try:
+        os.environ.update(
+            TORCHCOMM_RANK=str(rank),
+            TORCHCOMM_SIZE=str(size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        os.environ.pop("FASTCOMMS_STORE_TOKEN", None)
+        if bind is None:
+            os.environ.pop("FASTCOMMS_STORE_BIND", None)
+        else:
+            os.environ["FASTCOMMS_STORE_BIND"] = bind
+        comm = fastcomms.new_comm("gloo", "cpu", "bind", timeout=datetime.timedelta(seconds=20))
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write(",".join(_listeners(port)))
+        comm.barrier(False)  # rank 0's store lives until every rank is past this
+        comm.finalize()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("bind", [None, "*"])
+def test_default_store_listens_on_master_addr_only(tmp_path, bind):
+    """Issue 16, item 8: the TCPStore new_comm starts without a store listens on MASTER_ADDR's
+    address (here the loopback), not on every interface; FASTCOMMS_STORE_BIND='*' is the armed
+    control (torch's own bind: every interface), which must show up as such."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "listen")
+    spawn(_bind_rank, 2, port, bind, out)
+    listen = open(out).read().split(",")
+    loopback = "0100007F"  # 127.0.0.1 in /proc/net/tcp
+    if bind is None:
+        assert listen == [loopback], listen
+    else:
+        assert any(a.strip("0") == "" for a in listen), listen  # 0.0.0.0 or ::
