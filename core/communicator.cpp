@@ -79,8 +79,9 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   }
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
-  init.options.store =
-      std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store);
+  // NOTE [store keys released at finalize]: the incarnation's key space remembers what it wrote.
+  init.options.store = std::make_shared<KeyTrackingStore>(
+      std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store));
   check_same_authentication(*init.options.store, authenticated, rank, size, options.timeout, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
@@ -129,6 +130,9 @@ void Communicator::abort() {
 void Communicator::finalize() {
   if (finalized_.exchange(true) || aborted_) return;
   backend_->finalize();
+  // NOTE [store keys released at finalize]
+  if (auto* keys = dynamic_cast<KeyTrackingStore*>(key_space_.get()))
+    keys->release(rank_, size_, std::min(options_.timeout, std::chrono::milliseconds(10'000)));
 }
 
 std::shared_ptr<Window> Communicator::new_window() {

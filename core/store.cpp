@@ -1,6 +1,8 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fastcomms/core/store.hpp"
 
+#include <cstdlib>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -243,6 +245,72 @@ void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::millis
   std::vector<std::string> ks;
   for (const auto& key : keys) ks.push_back(k(key));
   base_->wait(ks, timeout);
+}
+
+// ---- KeyTrackingStore ---------------------------------------------------------------------
+
+KeyTrackingStore::KeyTrackingStore(std::shared_ptr<Store> base) : base_(std::move(base)) {
+  FASTCOMMS_CHECK(base_ != nullptr, kInvalidArgument, "KeyTrackingStore: base store is null");
+  timeout_ = base_->timeout();
+}
+
+void KeyTrackingStore::note(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seen_.insert(key).second) keys_.push_back(key);
+}
+void KeyTrackingStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  note(key);
+  base_->set(key, value);
+}
+std::vector<uint8_t> KeyTrackingStore::get(const std::string& key,
+                                           std::chrono::milliseconds timeout) {
+  return base_->get(key, timeout);
+}
+int64_t KeyTrackingStore::add(const std::string& key, int64_t delta) {
+  note(key);
+  return base_->add(key, delta);
+}
+bool KeyTrackingStore::check(const std::vector<std::string>& keys) { return base_->check(keys); }
+bool KeyTrackingStore::delete_key(const std::string& key) { return base_->delete_key(key); }
+void KeyTrackingStore::wait(const std::vector<std::string>& keys,
+                            std::chrono::milliseconds timeout) {
+  base_->wait(keys, timeout);
+}
+std::vector<std::string> KeyTrackingStore::written() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return keys_;
+}
+
+int64_t KeyTrackingStore::release(int rank, int size, std::chrono::milliseconds timeout) noexcept {
+  try {
+    if (const char* keep = std::getenv("FASTCOMMS_KEEP_STORE_KEYS"); keep && *keep && *keep != '0')
+      return 0;
+    // The list: keys joined by '\n' (keys never hold a newline: they are built by fastcomms).
+    std::string list;
+    for (const auto& k : written()) list += k + "\n";
+    base_->set(detail::cat("finalized/keys/", rank),
+               std::vector<uint8_t>(list.begin(), list.end()));
+    if (base_->add("finalized/count", 1) != size) return 0;
+    int64_t deleted = 0;
+    for (int r = 0; r < size; ++r) {
+      const std::string lk = detail::cat("finalized/keys/", r);
+      const auto v = base_->get(lk, timeout);  // set before that rank counted itself in
+      std::string k;
+      for (uint8_t c : v) {
+        if (c != '\n') {
+          k.push_back(static_cast<char>(c));
+        } else if (!k.empty()) {
+          deleted += base_->delete_key(k);
+          k.clear();
+        }
+      }
+      base_->delete_key(lk);
+    }
+    base_->delete_key("finalized/count");
+    return deleted;
+  } catch (...) {  // the store may be gone with its host: the keys stay, finalize returns
+    return 0;
+  }
 }
 
 }  // namespace fastcomms

@@ -5,6 +5,7 @@ all_to_all_4d_async must not let the next call overwrite what the peer reads, an
 get shapes or a clear error, never a crash."""
 
 import gc
+import os
 import random
 import time
 import traceback
@@ -347,3 +348,64 @@ def test_a_name_reused_after_finalize(size):
     from conftest import spawn
 
     spawn(_reuse_worker, size)
+
+
+def _key_count_worker(rank, size, path, errq, keep, counts_path):
+    """Communicators (with a split each) made and finalized on one FileStore: NOTE [store keys
+    released at finalize]. Rank 0 records the store's key count after each round (a second store
+    orders the ranks, so the count is read after every rank finalized)."""
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    try:
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        if keep:
+            os.environ["FASTCOMMS_KEEP_STORE_KEYS"] = "1"
+        else:
+            os.environ.pop("FASTCOMMS_KEEP_STORE_KEYS", None)
+        store = dist.FileStore(path, size)
+        sync = dist.FileStore(path + ".sync", size)
+        counts = []
+        for i in range(5):
+            c = fastcomms.new_comm("gloo", "cpu", "keys", store=store, timeout=dt.timedelta(10))
+            t = torch.full((3,), 1.0)
+            c.all_reduce(t, ReduceOp.SUM, False)
+            sub = c.split(list(range(size)), "s")
+            sub.barrier(False)
+            sub.finalize()
+            c.finalize()
+            sync.add(f"round{i}", 1)
+            while int(sync.add(f"round{i}", 0)) < size:
+                time.sleep(0.01)
+            counts.append(store.num_keys())
+            sync.add(f"counted{i}", 1)  # nobody starts the next round before rank 0 counted
+            while int(sync.add(f"counted{i}", 0)) < size:
+                time.sleep(0.01)
+        if rank == 0:
+            with open(counts_path, "w") as f:
+                f.write(",".join(map(str, counts)))
+        sync.add("end", 1)
+        while int(sync.add("end", 0)) < size:
+            time.sleep(0.01)
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_store_keys_released_at_finalize(tmp_path, keep):
+    """Issue 16, item 5: the store keeps one key per communicator name (its incarnation counter),
+    not four per communicator forever. FASTCOMMS_KEEP_STORE_KEYS=1 is the armed control: the
+    keys stay and the count grows every round."""
+    from conftest import spawn
+
+    out = str(tmp_path / "counts")
+    spawn(_key_count_worker, 2, keep, out)
+    counts = [int(v) for v in open(out).read().split(",")]
+    if keep:
+        assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
+    else:
+        # the incarnation counter of the name (and FileStore's own bookkeeping key) only
+        assert len(set(counts)) == 1 and counts[0] <= 2, counts

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,36 @@ class PrefixStore : public Store {
   std::string k(const std::string& key) const { return prefix_ + "/" + key; }
   std::string prefix_;
   std::shared_ptr<Store> base_;
+};
+
+/// NOTE [store keys released at finalize]: the key space of one communicator (an incarnation,
+/// NOTE [store incarnations]) remembers every key this rank writes through it (set and add, its
+/// splits' keys included). At finalize() every rank publishes that list and counts itself in;
+/// the last rank to finalize deletes every rank's keys, the lists and the count, so a store
+/// shared by many communicators keeps one key per communicator name (its incarnation counter)
+/// instead of growing with every communicator. A rank that never finalizes (it died) leaves its
+/// communicator's keys; FASTCOMMS_KEEP_STORE_KEYS=1 keeps them all (post-mortem of a rendezvous).
+class KeyTrackingStore : public Store {
+ public:
+  explicit KeyTrackingStore(std::shared_ptr<Store> base);
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  /// The keys written so far, in order.
+  std::vector<std::string> written() const;
+  /// The finalize step of the note above for `rank` of `size`; never throws (a store that is
+  /// gone leaves the keys). Returns the number of keys deleted (0 unless this rank was last).
+  int64_t release(int rank, int size, std::chrono::milliseconds timeout) noexcept;
+
+ private:
+  void note(const std::string& key);
+  std::shared_ptr<Store> base_;
+  mutable std::mutex mu_;
+  std::vector<std::string> keys_;
+  std::set<std::string> seen_;
 };
 
 }  // namespace fastcomms
