@@ -5,8 +5,9 @@
 # Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
-# runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate); GPU_BUDGET_S caps the
-# whole run.
+# runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
+# SKIP_CLI=1; PYTEST_GPU_FILES picks the Python GPU tests (default: all, the GPU soak included);
+# GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -141,7 +142,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
   rc=0
   : >"$LOGS/pytest_gpu.log"
-  for f in tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py; do
+  for f in ${PYTEST_GPU_FILES:-tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py tests/python/test_soak.py::test_soak_gpu_backends}; do
     enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
     PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
       "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
@@ -151,7 +152,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
                        echo "FAILED (rc $rc, see pytest_gpu.log)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
+if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_EXAMPLE:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
   # The end-to-end example on the GPUs: Ulysses over NVLink, FSDP2, checked against one process.
   PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 180)" \
@@ -163,7 +164,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
                     echo "FAILED (rc $rc, see example.log)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
+if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
   # The CLI on the GPUs: doctor and its preflight, check on each GPU backend, bench with the
   # backend it picks (the shapes bench_a2a also times, for the comparison below) and on nccl.
