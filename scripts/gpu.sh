@@ -237,7 +237,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_ULYSSES_BENCH:-0}" != 1 ] && have_ex
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
-if [ "${SKIP_NCCL_BENCH:-0}" != 1 ] && enough; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_NCCL_BENCH:-0}" != 1 ] && enough; then
   t0=$SECONDS
   timeout "$(cap 400)" python3 tools/gpu/exclusive.py -- "$BUILD/tools/bench_nccl_ops" \
     >"$LOGS/bench_nccl_ops.csv" 2>&1 &&
