@@ -69,7 +69,11 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   // before that incarnation's rendezvous completes (which every rank needs before it can start
   // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
   // An unknown backend fails with the factory's message before the store is touched.
-  require_backend_known(backend_name);
+  try {
+    require_backend_known(backend_name);
+  } catch (const Error& e) {
+    throw Error(e.code(), where + e.what());
+  }
   // NOTE [authenticated rendezvous]: with a shared secret every value this communicator (and its
   // splits) reads from the store is authenticated.
   bool authenticated = std::dynamic_pointer_cast<AuthStore>(options.store) != nullptr;

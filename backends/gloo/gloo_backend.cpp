@@ -120,6 +120,10 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     uint32_t tag;
     std::string prefix;
     CallFingerprint fingerprint;
+    // NOTE [per-peer sizes check]: bytes this rank sends to / expects from each peer (the _v
+    // forms); empty when every rank's sizes follow from the fingerprint.
+    std::vector<int64_t> peer_out, peer_in;
+    bool check = false;  // this op is checked (the communicator's setting or the op's hint)
   };
   struct P2PTask {
     std::vector<std::pair<std::unique_ptr<::gloo::transport::UnboundBuffer>, bool /*send*/>> bufs;
@@ -128,7 +132,8 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     std::string prefix;
   };
 
-  WorkPtr enqueue(const OpContext& ctx, Body body);
+  WorkPtr enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out = {},
+                  std::vector<int64_t> peer_in = {});
   void check_call(const Task& task);
   void collective_loop();
   void p2p_loop();
@@ -271,14 +276,20 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
   }
 }
 
-WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body) {
+WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out,
+                          std::vector<int64_t> peer_in) {
   auto work = new_work(ctx);
+  bool check = check_calls_;
+  if (ctx.hints != nullptr) {  // a per-op hint turns the check on for that op
+    if (auto h = ctx.hints->find("gloo.check_calls"); h != ctx.hints->end())
+      check = h->second == "1";
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
-    // Two tags per collective: the call check's exchange and the op itself.
-    tasks_.push_back(
-        Task{std::move(body), work, ctx.timeout, next_tag_, ctx.prefix, ctx.fingerprint});
+    // Two tags per collective: the call check's exchanges and the op itself.
+    tasks_.push_back(Task{std::move(body), work, ctx.timeout, next_tag_, ctx.prefix,
+                          ctx.fingerprint, std::move(peer_out), std::move(peer_in), check});
     next_tag_ += 2;
   }
   cv_.notify_all();
@@ -312,6 +323,48 @@ void GlooImpl::check_call(const Task& task) {
                             describe(all[0]), ", rank ", a, " called ", describe(all[a]),
                             " (this rank called ", describe(mine), ")"));
   }
+  if (task.peer_out.empty()) return;
+  // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprints cannot
+  // hold them. Every rank sends each peer the bytes it will send it (one int64 per peer: a fixed
+  // size), compares what arrives with what it expects, and every rank's first disagreement is
+  // then summed into a table all ranks see (an allreduce, another algorithm than the two before,
+  // so the shared tag cannot mix them), so every rank raises the same error before any data
+  // moves; a mismatched size would otherwise make Gloo's I/O thread abort the process.
+  std::vector<int64_t> told(size_);
+  {
+    ::gloo::AlltoallOptions a(context_);
+    a.setInput(const_cast<int64_t*>(task.peer_out.data()), task.peer_out.size());
+    a.setOutput(told.data(), told.size());
+    a.setTag(task.tag + 1);
+    a.setTimeout(task.timeout);
+    ::gloo::alltoall(a);
+  }
+  std::vector<int64_t> table(4 * static_cast<size_t>(size_), 0);  // [flag, sender, sent, expected]
+  for (int q = 0; q < size_; ++q) {
+    if (told[q] != task.peer_in[q]) {
+      table[4 * rank_] = 1;
+      table[4 * rank_ + 1] = q;
+      table[4 * rank_ + 2] = told[q];
+      table[4 * rank_ + 3] = task.peer_in[q];
+      break;
+    }
+  }
+  {
+    ::gloo::AllreduceOptions a(context_);
+    a.setOutput(table.data(), table.size());
+    a.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<int64_t>));
+    a.setTag(task.tag + 1);
+    a.setTimeout(task.timeout);
+    ::gloo::allreduce(a);
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (table[4 * r] == 0) continue;
+    throw Error(ErrorCode::kInvalidArgument,
+                detail::cat(task.prefix, "ranks disagree on the per-peer sizes: rank ",
+                            table[4 * r + 1], " sends ", table[4 * r + 2], " bytes to rank ", r,
+                            ", which expects ", table[4 * r + 3], " (nothing was moved)"));
+  }
 }
 
 void GlooImpl::collective_loop() {
@@ -336,7 +389,7 @@ void GlooImpl::collective_loop() {
     }
     task.work->start();
     try {
-      if (check_calls_) check_call(task);
+      if (task.check) check_call(task);
       task.body(task.timeout, task.tag);
       task.work->complete();
     } catch (...) {
@@ -569,46 +622,59 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
                                       const std::vector<int64_t>& output_splits,
                                       const std::vector<int64_t>& input_splits,
                                       const OpContext& ctx) {
-  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
-    const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
-    std::vector<int64_t> in_b(size_), out_b(size_);
-    int64_t total = 0;
-    for (int i = 0; i < size_; ++i) {
-      in_b[i] = input_splits[i] * in_row;
-      out_b[i] = output_splits[i] * out_row;
-      total += in_b[i] + out_b[i];
-    }
-    if (size_ == 1) {
-      if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
-      return;
-    }
-    // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
-    // messages with every peer, and the peers wait for them.
-    (void)total;
-    const bool even =
-        std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
-        std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
-    if (even && in_b[0] > 0) {  // Gloo's plain alltoall skips the per-peer bookkeeping
-      ::gloo::AlltoallOptions o(context_);
-      o.setInput(bytes(input), static_cast<size_t>(in_b[0] * size_));
-      o.setOutput(bytes(output), static_cast<size_t>(out_b[0] * size_));
-      o.setTag(tag);
-      o.setTimeout(timeout);
-      ::gloo::alltoall(o);
-      return;
-    }
-    ::gloo::AlltoallvOptions o(context_);
-    o.setInput(bytes(input), in_b);
-    o.setOutput(bytes(output), out_b);
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    ::gloo::alltoallv(o);
-  });
+  std::vector<int64_t> peer_out(size_), peer_in(size_);
+  for (int i = 0; i < size_; ++i) {
+    peer_out[i] = input_splits[i] * row_bytes(input);
+    peer_in[i] = output_splits[i] * row_bytes(output);
+  }
+  return enqueue(
+      ctx,
+      [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+        const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
+        std::vector<int64_t> in_b(size_), out_b(size_);
+        int64_t total = 0;
+        for (int i = 0; i < size_; ++i) {
+          in_b[i] = input_splits[i] * in_row;
+          out_b[i] = output_splits[i] * out_row;
+          total += in_b[i] + out_b[i];
+        }
+        if (size_ == 1) {
+          if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
+          return;
+        }
+        // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
+        // messages with every peer, and the peers wait for them.
+        (void)total;
+        const bool even =
+            std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
+            std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
+        if (even && in_b[0] > 0) {  // Gloo's plain alltoall skips the per-peer bookkeeping
+          ::gloo::AlltoallOptions o(context_);
+          o.setInput(bytes(input), static_cast<size_t>(in_b[0] * size_));
+          o.setOutput(bytes(output), static_cast<size_t>(out_b[0] * size_));
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          ::gloo::alltoall(o);
+          return;
+        }
+        ::gloo::AlltoallvOptions o(context_);
+        o.setInput(bytes(input), in_b);
+        o.setOutput(bytes(output), out_b);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        ::gloo::alltoallv(o);
+      },
+      std::move(peer_out), std::move(peer_in));
 }
 
 WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
                              const std::vector<TensorView>& inputs, const OpContext& ctx) {
-  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+  std::vector<int64_t> peer_out(size_), peer_in(size_);
+  for (int i = 0; i < size_; ++i) {
+    peer_out[i] = inputs[i].nbytes();
+    peer_in[i] = outputs[i].nbytes();
+  }
+  auto body = [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<int64_t> in_b(size_), out_b(size_);
     int64_t in_total = 0, out_total = 0;
     for (int i = 0; i < size_; ++i) {
@@ -637,7 +703,8 @@ WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
         std::memcpy(bytes(outputs[i]), recv.data() + off, static_cast<size_t>(out_b[i]));
       off += out_b[i];
     }
-  });
+  };
+  return enqueue(ctx, std::move(body), std::move(peer_out), std::move(peer_in));
 }
 
 WorkPtr GlooImpl::barrier(const OpContext& ctx) {

@@ -54,7 +54,10 @@ DType to_dtype(at::ScalarType t) {
       return DType::kBool;
     default:
       throw Error(ErrorCode::kTypeError,
-                  std::string("fastcomms: unsupported dtype ") + c10::toString(t));
+                  std::string("fastcomms: a tensor of dtype ") + c10::toString(t) +
+                      " cannot be communicated; expected one of float16, bfloat16, float32, "
+                      "float64, float8_e4m3fn, float8_e5m2, int8, uint8, int32, int64, bool "
+                      "(a complex tensor can travel as torch.view_as_real(t))");
   }
 }
 
