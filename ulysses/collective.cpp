@@ -2,7 +2,6 @@
 // The collective path of the Ulysses all-to-all on CPU tensors: pack with plan/'s descriptors
 // (memcpy), one all_to_all_v_single on the communicator, unpack.
 #include <array>
-#include <cstdlib>
 #include <cstring>
 
 #include "fastcomms/error.hpp"
@@ -112,11 +111,7 @@ class UnpackWork : public Work {
 class CollectiveTransport final : public UlyssesTransport {
  public:
   explicit CollectiveTransport(std::shared_ptr<Communicator> comm)
-      : UlyssesTransport(comm->rank(), comm->size(), comm->name()), comm_(std::move(comm)) {
-    // Every rank of the group must see the same setting (it adds exchanges to each call).
-    const char* e = std::getenv("FASTCOMMS_ULYSSES_CHECK_SIZES");
-    check_sizes_ = e == nullptr || std::string(e) != "0";
-  }
+      : UlyssesTransport(comm->rank(), comm->size(), comm->name()), comm_(std::move(comm)) {}
   std::string kind() const override { return "collective"; }
 
  protected:
@@ -134,7 +129,6 @@ class CollectiveTransport final : public UlyssesTransport {
   std::shared_ptr<UlyssesScratch> scratch(std::shared_ptr<UlyssesScratch>& pool, int64_t bytes);
 
   std::shared_ptr<Communicator> comm_;
-  bool check_sizes_ = true;
   std::mutex mu_;
   std::shared_ptr<UlyssesScratch> send_pool_, recv_pool_;
 };
@@ -177,11 +171,11 @@ WorkPtr CollectiveTransport::run(const TensorView& x, const TensorView& out,
   const int64_t recv_total = p->recv_elems * e + P * kHeaderBytes;
   CallOptions o;
   o.async_op = true;
-  // NOTE [per-peer sizes check] (backends/gloo): ranks whose calls disagree on the geometry send
-  // chunks of other sizes; the check makes every rank raise before any byte moves (a size the
-  // receiver did not expect would make Gloo's I/O thread abort the process before the chunk
-  // headers could be compared). FASTCOMMS_ULYSSES_CHECK_SIZES=0 leaves it out.
-  if (check_sizes_) o.options.hints["gloo.check_calls"] = "1";
+  // Ranks whose calls disagree on the geometry so that the chunk sizes differ are caught by the
+  // gloo backend's call check (FASTCOMMS_CHECK_CALLS=1, NOTE [per-peer sizes check]) before any
+  // byte moves; without it Gloo's I/O thread aborts on a size it did not expect (the chunk
+  // headers catch the mismatches whose sizes agree). Not on by default: it cost 40-58% of a
+  // 1 MiB call on loopback (docs/benchmarks.md).
   WorkPtr inner = comm_->all_to_all_v_single(
       TensorView::contiguous(recv->data.get(), DType::kUInt8, {recv_total}, x.device),
       TensorView::contiguous(send->data.get(), DType::kUInt8, {send_total}, x.device), recv_bytes,

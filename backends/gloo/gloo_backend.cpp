@@ -121,7 +121,8 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     std::string prefix;
     CallFingerprint fingerprint;
     // NOTE [per-peer sizes check]: bytes this rank sends to / expects from each peer (the _v
-    // forms); empty when every rank's sizes follow from the fingerprint.
+    // forms); empty when every rank's sizes follow from the fingerprint. They travel with the
+    // fingerprint in check_call's one exchange.
     std::vector<int64_t> peer_out, peer_in;
     bool check = false;  // this op is checked (the communicator's setting or the op's hint)
   };
@@ -305,65 +306,52 @@ WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> 
 void GlooImpl::check_call(const Task& task) {
   // Local markers (finalize's drain) carry no fingerprint and move nothing.
   if (size_ == 1 || task.fingerprint.op < 0) return;
-  CallFingerprint mine = task.fingerprint;
-  std::vector<CallFingerprint> all(size_);
+  // One record per rank, the same size for every op (so this exchange itself never disagrees on
+  // sizes): the fingerprint, then NOTE [per-peer sizes check]'s bytes to and from every peer
+  // (-1 where the op has none).
+  const size_t n = 4 + 2 * static_cast<size_t>(size_);
+  std::vector<int64_t> mine(n, -1), all(n * size_);
+  std::memcpy(mine.data(), &task.fingerprint, sizeof(CallFingerprint));
+  for (size_t q = 0; q < task.peer_out.size(); ++q) {
+    mine[4 + q] = task.peer_out[q];
+    mine[4 + size_ + q] = task.peer_in[q];
+  }
   ::gloo::AllgatherOptions o(context_);
-  o.setInput(&mine, 1);
+  o.setInput(mine.data(), n);
   o.setOutput(all.data(), all.size());
   o.setTag(task.tag + 1);
   o.setTimeout(task.timeout);
   ::gloo::allgather(o);
+  const auto fp = [&](int r) {
+    CallFingerprint f;
+    std::memcpy(&f, all.data() + n * r, sizeof f);
+    return f;
+  };
   for (int q = 0; q < size_; ++q) {
-    if (all[q] == mine) continue;
+    if (fp(q) == task.fingerprint) continue;
     // The same message on every rank: the lowest two ranks that differ, in rank order.
     int a = 0;
-    while (a < size_ && all[a] == all[0]) ++a;
+    while (a < size_ && fp(a) == fp(0)) ++a;
     throw Error(ErrorCode::kInvalidArgument,
                 detail::cat(task.prefix, "ranks issued different collectives: rank 0 called ",
-                            describe(all[0]), ", rank ", a, " called ", describe(all[a]),
-                            " (this rank called ", describe(mine), ")"));
+                            describe(fp(0)), ", rank ", a, " called ", describe(fp(a)),
+                            " (this rank called ", describe(task.fingerprint), ")"));
   }
   if (task.peer_out.empty()) return;
-  // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprints cannot
-  // hold them. Every rank sends each peer the bytes it will send it (one int64 per peer: a fixed
-  // size), compares what arrives with what it expects, and every rank's first disagreement is
-  // then summed into a table all ranks see (an allreduce, another algorithm than the two before,
-  // so the shared tag cannot mix them), so every rank raises the same error before any data
-  // moves; a mismatched size would otherwise make Gloo's I/O thread abort the process.
-  std::vector<int64_t> told(size_);
-  {
-    ::gloo::AlltoallOptions a(context_);
-    a.setInput(const_cast<int64_t*>(task.peer_out.data()), task.peer_out.size());
-    a.setOutput(told.data(), told.size());
-    a.setTag(task.tag + 1);
-    a.setTimeout(task.timeout);
-    ::gloo::alltoall(a);
-  }
-  std::vector<int64_t> table(4 * static_cast<size_t>(size_), 0);  // [flag, sender, sent, expected]
-  for (int q = 0; q < size_; ++q) {
-    if (told[q] != task.peer_in[q]) {
-      table[4 * rank_] = 1;
-      table[4 * rank_ + 1] = q;
-      table[4 * rank_ + 2] = told[q];
-      table[4 * rank_ + 3] = task.peer_in[q];
-      break;
-    }
-  }
-  {
-    ::gloo::AllreduceOptions a(context_);
-    a.setOutput(table.data(), table.size());
-    a.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<int64_t>));
-    a.setTag(task.tag + 1);
-    a.setTimeout(task.timeout);
-    ::gloo::allreduce(a);
-  }
+  // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprint cannot
+  // hold them; every rank has every rank's sizes from the one exchange above, finds the first
+  // pair (in rank order) where what r sends q is not what q expects from r, and raises the same
+  // error before any data moves (a size the receiver does not expect makes Gloo's I/O thread
+  // abort the process).
   for (int r = 0; r < size_; ++r) {
-    if (table[4 * r] == 0) continue;
-    throw Error(ErrorCode::kInvalidArgument,
-                detail::cat(task.prefix, "ranks disagree on the per-peer sizes: rank ",
-                            table[4 * r + 1], " sends ", table[4 * r + 2], " bytes to rank ", r,
-                            ", which expects ", table[4 * r + 3], " (nothing was moved)"));
+    for (int q = 0; q < size_; ++q) {
+      const int64_t sent = all[n * r + 4 + q], expected = all[n * q + 4 + size_ + r];
+      if (sent == expected) continue;
+      throw Error(ErrorCode::kInvalidArgument,
+                  detail::cat(task.prefix, "ranks disagree on the per-peer sizes: rank ", r,
+                              " sends ", sent, " bytes to rank ", q, ", which expects ", expected,
+                              " (nothing was moved)"));
+    }
   }
 }
 

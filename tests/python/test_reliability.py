@@ -414,9 +414,9 @@ def test_store_keys_released_at_finalize(tmp_path, keep):
 def _ulysses_mismatch(comm, rank, size):
     """Found by the input probe: ranks whose Ulysses calls differ in heads send chunks of other
     sizes; Gloo's I/O thread aborted the process on the unexpected size before the chunk headers
-    were compared. The CPU path now checks the per-peer sizes first (NOTE [per-peer sizes
-    check]), so every rank raises and the group stays usable. FASTCOMMS_CHECK_CALLS is off."""
-    assert os.environ.get("FASTCOMMS_CHECK_CALLS", "0") == "0"
+    were compared. With the call check on, the gloo backend now checks the per-peer sizes of the
+    exchange first (NOTE [per-peer sizes check]), so every rank raises and the group stays
+    usable."""
     g = UlyssesGroup(comm)
     x = torch.ones(1, 2, 4 if rank == 0 else 6, 4)
     with pytest.raises(ValueError, match="ranks disagree on the per-peer sizes"):
@@ -425,9 +425,8 @@ def _ulysses_mismatch(comm, rank, size):
     assert torch.equal(y[:, 2 * rank : 2 * rank + 2], torch.full((1, 2, 2, 4), float(rank)))
 
 
-def test_ulysses_calls_that_differ_in_size_raise_on_every_rank(world, monkeypatch):
-    monkeypatch.delenv("FASTCOMMS_CHECK_CALLS", raising=False)
-    world(_ulysses_mismatch, 2)
+def test_ulysses_calls_that_differ_in_size_raise_on_every_rank(world):
+    world(_ulysses_mismatch, 2, hints={"gloo.check_calls": "1"})
 
 
 def test_input_probe_every_case_a_clear_error():
