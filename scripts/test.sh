@@ -15,18 +15,18 @@ bash scripts/check_version.sh
 
 bash scripts/build.sh
 
-step "fuzz: plan (${FUZZ_SECONDS:-20} s), calls (${FUZZ_CALLS_SECONDS:-10} s)"
+step "fuzz: plan (${FUZZ_SECONDS:-20} s), calls and nvlink records (${FUZZ_CALLS_SECONDS:-10} s each)"
 fuzz_build="$FASTCOMMS_BUILD-fuzz"
 if [ ! -f "$fuzz_build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DFASTCOMMS_CUDA=OFF \
     -DFASTCOMMS_FUZZ=ON -DFASTCOMMS_TOOLS=OFF -DFASTCOMMS_TESTS=ON >/dev/null
 fi
-cmake --build "$fuzz_build" --target fuzz_plan fuzz_calls -j "$JOBS" >/dev/null
+cmake --build "$fuzz_build" --target fuzz_plan fuzz_calls fuzz_records -j "$JOBS" >/dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for target in fuzz_plan fuzz_calls; do
+for target in fuzz_plan fuzz_calls fuzz_records; do
   seconds=${FUZZ_SECONDS:-20}
-  [ "$target" = fuzz_calls ] && seconds=${FUZZ_CALLS_SECONDS:-10}
+  [ "$target" != fuzz_plan ] && seconds=${FUZZ_CALLS_SECONDS:-10}
   mkdir -p "$work/$target"
   if ! (cd "$work/$target" && "$fuzz_build/tests/fuzz/$target" -max_total_time="$seconds" \
         -print_final_stats=1 . >fuzz.log 2>&1); then

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "backends/nvlink/records.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/error.hpp"
@@ -145,6 +146,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   for (int q = 0; q < opt_.size; ++q) {
     fd_addresses_[q] =
         opt_.store->get_string(detail::cat(opt_.name, "/fdchannel/", q), opt_.timeout);
+    nvlink_records::check_fd_address(fd_addresses_[q], q, prefix());  // NOTE [nvlink records]
     all = all && fd_addresses_[q] != "-";
   }
   FASTCOMMS_CHECK(alloc != "vmm" || all || opt_.size == 1, kUnsupported, prefix(),
@@ -210,11 +212,12 @@ NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& 
     FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, w.ipc_local.get()));
   }
   const int64_t kind = vmm ? 1 : 0;
-  std::vector<uint8_t> value(sizeof handle + 2 * sizeof(int64_t));
-  std::memcpy(value.data(), &handle, sizeof handle);
-  std::memcpy(value.data() + sizeof handle, &bytes, sizeof bytes);
-  std::memcpy(value.data() + sizeof handle + sizeof bytes, &kind, sizeof kind);
-  opt_.store->set(base + std::to_string(opt_.rank), value);
+  nvlink_records::WindowRecord mine;  // NOTE [nvlink records]
+  static_assert(sizeof handle == nvlink_records::kHandleBytes);
+  std::memcpy(mine.handle.data(), &handle, sizeof handle);
+  mine.bytes = bytes;
+  mine.kind = kind;
+  opt_.store->set(base + std::to_string(opt_.rank), nvlink_records::encode(mine));
   w.maps.resize(opt_.size);
   w.imports.resize(opt_.size);
   w.ptrs.resize(opt_.size);
@@ -242,20 +245,17 @@ NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& 
       throw Error(e.code(), detail::cat(prefix(), "rank ", q, " did not publish its ", tag,
                                         " window: ", e.what()));
     }
-    FASTCOMMS_CHECK(v.size() == value.size(), kInternal, prefix(), "malformed window record");
+    const auto rec = nvlink_records::decode_window(v, bytes, kind, q, prefix(), tag);
     cudaIpcMemHandle_t peer;
-    int64_t peer_bytes = 0, peer_kind = 0;
-    std::memcpy(&peer, v.data(), sizeof peer);
-    std::memcpy(&peer_bytes, v.data() + sizeof peer, sizeof peer_bytes);
-    std::memcpy(&peer_kind, v.data() + sizeof peer + sizeof peer_bytes, sizeof peer_kind);
-    FASTCOMMS_CHECK(peer_bytes == bytes, kInvalidArgument, prefix(), "rank ", q, " sized its ", tag,
-                    " window ", peer_bytes, " bytes, this rank ", bytes,
-                    ": the ranks issued different calls");
-    FASTCOMMS_CHECK(peer_kind == kind, kInternal, prefix(), "rank ", q, " shares its ", tag,
-                    " window by ", peer_kind ? "vmm" : "ipc", ", this rank by ",
-                    vmm ? "vmm" : "ipc");
+    std::memcpy(&peer, rec.handle.data(), sizeof peer);
     if (vmm) {
       const FdChannel::Received r = fds_->receive(generation, q, opt_.timeout);
+      try {
+        nvlink_records::check_import_size(r.bytes, bytes, q, prefix());
+      } catch (...) {
+        ::close(r.fd);
+        throw;
+      }
       try {
         w.imports[q] = cuda::VmmImport(r.fd, static_cast<size_t>(r.bytes), opt_.device);
       } catch (...) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "backends/nvlink/records.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/cuda/signal.hpp"
@@ -51,11 +52,7 @@ std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle) 
   return m;
 }
 
-struct Record {  // what a rank publishes for a registration
-  cudaIpcMemHandle_t handle;
-  int64_t offset;
-  int64_t bytes;
-};
+static_assert(sizeof(cudaIpcMemHandle_t) == nvlink_records::kHandleBytes);
 
 }  // namespace
 
@@ -129,18 +126,19 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
   const int64_t offset = static_cast<char*>(ptr) - base;
   FASTCOMMS_CHECK(offset + bytes <= static_cast<int64_t>(size), kInvalidArgument, where,
                   "the buffer runs past its allocation");
-  Record mine{};
-  const cudaError_t rc = cudaIpcGetMemHandle(&mine.handle, base);
+  cudaIpcMemHandle_t handle{};
+  const cudaError_t rc = cudaIpcGetMemHandle(&handle, base);
   FASTCOMMS_CHECK(rc == cudaSuccess, kInvalidArgument, where,
                   "CUDA IPC cannot export this buffer (", cudaGetErrorString(rc),
                   "); register memory from cudaMalloc (with PyTorch: not from expandable "
                   "segments, PYTORCH_CUDA_ALLOC_CONF)");
+  // NOTE [nvlink records]
+  nvlink_records::BufferRecord mine;
+  std::memcpy(mine.handle.data(), &handle, sizeof handle);
   mine.offset = offset;
   mine.bytes = bytes;
   const std::string key = detail::cat(opt_.name, "/buf/", generation_, "/");
-  opt_.store->set(key + std::to_string(opt_.rank),
-                  std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&mine),
-                                       reinterpret_cast<uint8_t*>(&mine) + sizeof mine));
+  opt_.store->set(key + std::to_string(opt_.rank), nvlink_records::encode(mine));
   std::vector<std::shared_ptr<cuda::IpcMapping>> maps(opt_.size);
   std::vector<void*> ptrs(opt_.size, nullptr);
   for (int q = 0; q < opt_.size; ++q) {
@@ -148,14 +146,19 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
       ptrs[q] = ptr;
       continue;
     }
-    const auto v = opt_.store->get(key + std::to_string(q), opt_.timeout);
-    FASTCOMMS_CHECK(v.size() == sizeof(Record), kInternal, where, "malformed record from rank ", q);
-    Record peer{};
-    std::memcpy(&peer, v.data(), sizeof peer);
-    FASTCOMMS_CHECK(peer.bytes == bytes, kInvalidArgument, where, "rank ", q, " registered ",
-                    peer.bytes, " bytes, this rank ", bytes,
-                    ": every rank registers the same size");
-    maps[q] = open_shared(peer.handle);
+    const auto peer = nvlink_records::decode_buffer(
+        opt_.store->get(key + std::to_string(q), opt_.timeout), bytes, q, where);
+    cudaIpcMemHandle_t peer_handle;
+    std::memcpy(&peer_handle, peer.handle.data(), sizeof peer_handle);
+    maps[q] = open_shared(peer_handle);
+    // The offset must lie inside what the handle mapped: never write past a peer's allocation.
+    // (Where the driver cannot size an imported mapping, the record's own checks stand.)
+    int64_t mapped = -1;
+    try {
+      mapped = static_cast<int64_t>(allocation_of(maps[q]->get(), where).second);
+    } catch (const Error&) {
+    }
+    if (mapped >= 0) nvlink_records::check_inside(peer, mapped, q, where);
     ptrs[q] = static_cast<char*>(maps[q]->get()) + peer.offset;
   }
   ++generation_;

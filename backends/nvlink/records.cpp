@@ -1,0 +1,106 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// NOTE [nvlink records] (records.hpp).
+#include "backends/nvlink/records.hpp"
+
+#include <cstring>
+
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::nvlink_records {
+namespace {
+
+template <typename T>
+void put(std::vector<uint8_t>& v, size_t at, const T& x) {
+  std::memcpy(v.data() + at, &x, sizeof x);
+}
+template <typename T>
+T take(const std::vector<uint8_t>& v, size_t at) {
+  T x{};
+  std::memcpy(&x, v.data() + at, sizeof x);
+  return x;
+}
+
+constexpr size_t kWindowBytes = kHandleBytes + 2 * sizeof(int64_t);
+constexpr size_t kBufferBytes = kHandleBytes + 2 * sizeof(int64_t);
+
+}  // namespace
+
+std::vector<uint8_t> encode(const WindowRecord& r) {
+  std::vector<uint8_t> v(kWindowBytes);
+  put(v, 0, r.handle);
+  put(v, kHandleBytes, r.bytes);
+  put(v, kHandleBytes + 8, r.kind);
+  return v;
+}
+
+WindowRecord decode_window(const std::vector<uint8_t>& v, int64_t bytes, int64_t kind, int peer,
+                           const std::string& where, const std::string& tag) {
+  FASTCOMMS_CHECK(v.size() == kWindowBytes, kInvalidArgument, where, "rank ", peer, "'s ", tag,
+                  " window record is ", v.size(), " bytes, expected ", kWindowBytes);
+  WindowRecord r;
+  r.handle = take<Handle>(v, 0);
+  r.bytes = take<int64_t>(v, kHandleBytes);
+  r.kind = take<int64_t>(v, kHandleBytes + 8);
+  FASTCOMMS_CHECK(r.bytes == bytes, kInvalidArgument, where, "rank ", peer, " sized its ", tag,
+                  " window ", r.bytes, " bytes, this rank ", bytes,
+                  ": the ranks issued different calls");
+  FASTCOMMS_CHECK(r.kind == 0 || r.kind == 1, kInvalidArgument, where, "rank ", peer, "'s ", tag,
+                  " window record names sharing kind ", r.kind, ", expected 0 (ipc) or 1 (vmm)");
+  FASTCOMMS_CHECK(r.kind == kind, kInternal, where, "rank ", peer, " shares its ", tag,
+                  " window by ", r.kind ? "vmm" : "ipc", ", this rank by ", kind ? "vmm" : "ipc");
+  return r;
+}
+
+std::vector<uint8_t> encode(const BufferRecord& r) {
+  std::vector<uint8_t> v(kBufferBytes);
+  put(v, 0, r.handle);
+  put(v, kHandleBytes, r.offset);
+  put(v, kHandleBytes + 8, r.bytes);
+  return v;
+}
+
+BufferRecord decode_buffer(const std::vector<uint8_t>& v, int64_t bytes, int peer,
+                           const std::string& where) {
+  FASTCOMMS_CHECK(v.size() == kBufferBytes, kInvalidArgument, where, "rank ", peer,
+                  "'s registration record is ", v.size(), " bytes, expected ", kBufferBytes);
+  BufferRecord r;
+  r.handle = take<Handle>(v, 0);
+  r.offset = take<int64_t>(v, kHandleBytes);
+  r.bytes = take<int64_t>(v, kHandleBytes + 8);
+  FASTCOMMS_CHECK(r.bytes == bytes, kInvalidArgument, where, "rank ", peer, " registered ", r.bytes,
+                  " bytes, this rank ", bytes, ": every rank registers the same size");
+  FASTCOMMS_CHECK(r.offset >= 0, kInvalidArgument, where, "rank ", peer,
+                  "'s registration record has offset ", r.offset, ", expected >= 0");
+  int64_t end = 0;
+  FASTCOMMS_CHECK(!__builtin_add_overflow(r.offset, r.bytes, &end), kInvalidArgument, where,
+                  "rank ", peer, "'s registration record overflows: offset ", r.offset, " + ",
+                  r.bytes, " bytes");
+  return r;
+}
+
+void check_inside(const BufferRecord& r, int64_t mapped, int peer, const std::string& where) {
+  FASTCOMMS_CHECK(r.offset + r.bytes <= mapped, kInvalidArgument, where, "rank ", peer,
+                  "'s registered buffer [", r.offset, ", ", r.offset + r.bytes,
+                  ") lies outside its allocation of ", mapped, " bytes");
+}
+
+void check_import_size(int64_t announced, int64_t needed, int peer, const std::string& where) {
+  FASTCOMMS_CHECK(announced >= needed && announced > 0, kInvalidArgument, where, "rank ", peer,
+                  " announced a memory descriptor of ", announced, " bytes for a window of ",
+                  needed, ": it would be written past its end");
+}
+
+void check_fd_address(const std::string& a, int peer, const std::string& where) {
+  static const std::string kPrefix = "fastcomms-fd-";
+  bool ok = a == "-";
+  if (!ok && a.size() == kPrefix.size() + 32 && a.compare(0, kPrefix.size(), kPrefix) == 0) {
+    ok = true;
+    for (size_t i = kPrefix.size(); i < a.size(); ++i)
+      ok = ok && ((a[i] >= '0' && a[i] <= '9') || (a[i] >= 'a' && a[i] <= 'f'));
+  }
+  FASTCOMMS_CHECK(ok, kInvalidArgument, where, "rank ", peer, "'s fd-channel address '",
+                  a.substr(0, 64), "' is not one fastcomms makes (\"-\" or ", kPrefix,
+                  " and 32 hex digits)");
+}
+
+}  // namespace fastcomms::nvlink_records
