@@ -156,7 +156,7 @@ TEST_F(Factory, UnknownWithoutVariable) {
   for (const auto& n : registered_backends()) built += (built.empty() ? "" : ", ") + n;
   EXPECT_NE(built.find("gloo"), std::string::npos);
   expect_error([&] { make("toy"); }, ErrorCode::kInvalidArgument,
-               "backend 'toy' is not built in (built in: " + built +
+               "[rank 0/1 f] new_comm: backend 'toy' is not built in (built in: " + built +
                    ") and FASTCOMMS_BACKEND_LIB_PATH_TOY is not set to a backend library");
 }
 
