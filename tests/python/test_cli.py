@@ -218,3 +218,36 @@ def test_check_reports_a_failure():
     # armed control: the nccl backend cannot start on this CPU machine; check says so and fails
     r = _run("check", "--backend", "nccl", "--nproc", "2")
     assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
+
+
+def test_pick_backend_says_why(monkeypatch):
+    """bench/check's backend choice on machines this CI does not have: the probes are replaced,
+    the rule is the real one (nvlink only on NVML's yes for every pair, never on unknown)."""
+    from fastcomms import _C, cli
+
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_C, "has_transport", lambda kind: True)
+    joined = {(a, b): True for a in range(4) for b in range(4) if a != b}
+    cases = [
+        (4, 2, (joined, ""), "nvlink", "NVLink-joined"),
+        (4, 2, ({**joined, (0, 1): False, (1, 0): False}, ""), "nccl", "not NVLink-joined"),
+        (4, 2, (None, "NVML not found"), "nccl", "NVML cannot say"),
+        (1, 2, (joined, ""), "gloo", "1 GPUs for 2 ranks"),
+        (0, 2, (joined, ""), "gloo", "no CUDA device"),
+    ]
+    for ngpu, nproc, nvml, want, why in cases:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=ngpu: n)
+        monkeypatch.setattr(cli, "_nvlink", lambda devs, r=nvml: r)
+        backend, reason = cli.pick_backend(nproc)
+        assert (backend, why in reason) == (want, True), (ngpu, nvml, backend, reason)
+    # under torchrun across hosts: never nvlink
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cli, "_nvlink", lambda devs: (joined, ""))
+    assert cli.pick_backend(2)[0] == "nccl"
