@@ -135,6 +135,8 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
 
   WorkPtr enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out = {},
                   std::vector<int64_t> peer_in = {});
+  // Whether this op runs the call check: the communicator's setting, or the op's hint.
+  bool checks(const OpContext& ctx) const;
   void check_call(const Task& task);
   void collective_loop();
   void p2p_loop();
@@ -277,14 +279,18 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
   }
 }
 
+bool GlooImpl::checks(const OpContext& ctx) const {
+  if (ctx.hints != nullptr) {  // a per-op hint decides for that op
+    if (auto h = ctx.hints->find("gloo.check_calls"); h != ctx.hints->end())
+      return h->second == "1";
+  }
+  return check_calls_;
+}
+
 WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out,
                           std::vector<int64_t> peer_in) {
   auto work = new_work(ctx);
-  bool check = check_calls_;
-  if (ctx.hints != nullptr) {  // a per-op hint turns the check on for that op
-    if (auto h = ctx.hints->find("gloo.check_calls"); h != ctx.hints->end())
-      check = h->second == "1";
-  }
+  const bool check = checks(ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
@@ -610,10 +616,10 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
                                       const std::vector<int64_t>& output_splits,
                                       const std::vector<int64_t>& input_splits,
                                       const OpContext& ctx) {
-  std::vector<int64_t> peer_out(size_), peer_in(size_);
-  for (int i = 0; i < size_; ++i) {
-    peer_out[i] = input_splits[i] * row_bytes(input);
-    peer_in[i] = output_splits[i] * row_bytes(output);
+  std::vector<int64_t> peer_out, peer_in;  // only for the call check
+  for (int i = 0; checks(ctx) && i < size_; ++i) {
+    peer_out.push_back(input_splits[i] * row_bytes(input));
+    peer_in.push_back(output_splits[i] * row_bytes(output));
   }
   return enqueue(
       ctx,
@@ -657,10 +663,10 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
 
 WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
                              const std::vector<TensorView>& inputs, const OpContext& ctx) {
-  std::vector<int64_t> peer_out(size_), peer_in(size_);
-  for (int i = 0; i < size_; ++i) {
-    peer_out[i] = inputs[i].nbytes();
-    peer_in[i] = outputs[i].nbytes();
+  std::vector<int64_t> peer_out, peer_in;  // only for the call check
+  for (int i = 0; checks(ctx) && i < size_; ++i) {
+    peer_out.push_back(inputs[i].nbytes());
+    peer_in.push_back(outputs[i].nbytes());
   }
   auto body = [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<int64_t> in_b(size_), out_b(size_);

@@ -3,44 +3,45 @@
 #include "backends/nvlink/records.hpp"
 
 #include <cstring>
+#include <tuple>
 
 #include "fastcomms/error.hpp"
 
 namespace fastcomms::nvlink_records {
 namespace {
 
-template <typename T>
-void put(std::vector<uint8_t>& v, size_t at, const T& x) {
-  std::memcpy(v.data() + at, &x, sizeof x);
-}
-template <typename T>
-T take(const std::vector<uint8_t>& v, size_t at) {
-  T x{};
-  std::memcpy(&x, v.data() + at, sizeof x);
-  return x;
-}
+// Both records share one wire form: the handle, then two int64 fields.
+constexpr size_t kRecordBytes = kHandleBytes + 2 * sizeof(int64_t);
 
-constexpr size_t kWindowBytes = kHandleBytes + 2 * sizeof(int64_t);
-constexpr size_t kBufferBytes = kHandleBytes + 2 * sizeof(int64_t);
-
-}  // namespace
-
-std::vector<uint8_t> encode(const WindowRecord& r) {
-  std::vector<uint8_t> v(kWindowBytes);
-  put(v, 0, r.handle);
-  put(v, kHandleBytes, r.bytes);
-  put(v, kHandleBytes + 8, r.kind);
+std::vector<uint8_t> pack(const Handle& h, int64_t a, int64_t b) {
+  std::vector<uint8_t> v(kRecordBytes);
+  std::memcpy(v.data(), h.data(), kHandleBytes);
+  std::memcpy(v.data() + kHandleBytes, &a, sizeof a);
+  std::memcpy(v.data() + kHandleBytes + sizeof a, &b, sizeof b);
   return v;
 }
 
+// The handle and the two fields of peer `peer`'s record `what`; throws on another length.
+std::tuple<Handle, int64_t, int64_t> unpack(const std::vector<uint8_t>& v, const std::string& what,
+                                            int peer, const std::string& where) {
+  FASTCOMMS_CHECK(v.size() == kRecordBytes, kInvalidArgument, where, "rank ", peer, "'s ", what,
+                  " record is ", v.size(), " bytes, expected ", kRecordBytes);
+  Handle h;
+  int64_t a = 0, b = 0;
+  std::memcpy(h.data(), v.data(), kHandleBytes);
+  std::memcpy(&a, v.data() + kHandleBytes, sizeof a);
+  std::memcpy(&b, v.data() + kHandleBytes + sizeof a, sizeof b);
+  return {h, a, b};
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode(const WindowRecord& r) { return pack(r.handle, r.bytes, r.kind); }
+
 WindowRecord decode_window(const std::vector<uint8_t>& v, int64_t bytes, int64_t kind, int peer,
                            const std::string& where, const std::string& tag) {
-  FASTCOMMS_CHECK(v.size() == kWindowBytes, kInvalidArgument, where, "rank ", peer, "'s ", tag,
-                  " window record is ", v.size(), " bytes, expected ", kWindowBytes);
   WindowRecord r;
-  r.handle = take<Handle>(v, 0);
-  r.bytes = take<int64_t>(v, kHandleBytes);
-  r.kind = take<int64_t>(v, kHandleBytes + 8);
+  std::tie(r.handle, r.bytes, r.kind) = unpack(v, tag + " window", peer, where);
   FASTCOMMS_CHECK(r.bytes == bytes, kInvalidArgument, where, "rank ", peer, " sized its ", tag,
                   " window ", r.bytes, " bytes, this rank ", bytes,
                   ": the ranks issued different calls");
@@ -51,22 +52,12 @@ WindowRecord decode_window(const std::vector<uint8_t>& v, int64_t bytes, int64_t
   return r;
 }
 
-std::vector<uint8_t> encode(const BufferRecord& r) {
-  std::vector<uint8_t> v(kBufferBytes);
-  put(v, 0, r.handle);
-  put(v, kHandleBytes, r.offset);
-  put(v, kHandleBytes + 8, r.bytes);
-  return v;
-}
+std::vector<uint8_t> encode(const BufferRecord& r) { return pack(r.handle, r.offset, r.bytes); }
 
 BufferRecord decode_buffer(const std::vector<uint8_t>& v, int64_t bytes, int peer,
                            const std::string& where) {
-  FASTCOMMS_CHECK(v.size() == kBufferBytes, kInvalidArgument, where, "rank ", peer,
-                  "'s registration record is ", v.size(), " bytes, expected ", kBufferBytes);
   BufferRecord r;
-  r.handle = take<Handle>(v, 0);
-  r.offset = take<int64_t>(v, kHandleBytes);
-  r.bytes = take<int64_t>(v, kHandleBytes + 8);
+  std::tie(r.handle, r.offset, r.bytes) = unpack(v, "registration", peer, where);
   FASTCOMMS_CHECK(r.bytes == bytes, kInvalidArgument, where, "rank ", peer, " registered ", r.bytes,
                   " bytes, this rank ", bytes, ": every rank registers the same size");
   FASTCOMMS_CHECK(r.offset >= 0, kInvalidArgument, where, "rank ", peer,

@@ -85,7 +85,9 @@ def soak(comm, rank, size, device=None, budget=None):
             w = comm.all_to_all_single(out, mine, async_op)
             want = torch.cat([e.chunk(size)[rank] for e in everyone])
         else:  # the Ulysses op, mode 0: (1, s, h*size, d) -> (1, s*size, h, d)
-            s, h, d = shared.choice([1, 3]), shared.choice([1, 2]), shared.choice([4, 8])
+            # the NVLink path needs rows of a multiple of 16 bytes; the CPU path takes any d
+            d = shared.choice([4, 8] if cuda else [1, 8])
+            s, h = shared.choice([1, 3]), shared.choice([1, 2])
             if n < s * h * size * d:  # too few values for this shape (the same on every rank)
                 continue
             xs = [v[: s * h * size * d].view(1, s, h * size, d) for v in everyone]

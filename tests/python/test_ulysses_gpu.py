@@ -81,6 +81,16 @@ def _input(rank, mode, b, d, seq, heads, dtype, gen, device):
     return _rand(shape, dtype, gen).to(device)
 
 
+def _shared_seed(store, rank, key):
+    """FASTCOMMS_SEED or a random seed, rank 0's, through the store: every rank draws the same
+    geometries."""
+    seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
+    if rank == 0:
+        store.set(key, str(seed))
+    store.wait([key])
+    return int(store.get(key))
+
+
 def _spawn(fn, size):
     """Runs fn(store, rank, size) on `size` processes, each with a torch.distributed gloo
     default group (the reference) over one FileStore."""
@@ -108,12 +118,7 @@ def _nvlink_worker(store, rank, world):
     ngpu = torch.cuda.device_count()
     dev = torch.device("cuda", rank % ngpu)
     torch.cuda.set_device(dev)
-    seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
-    # every rank must draw the same geometries: rank 0's seed travels through the store
-    if rank == 0:
-        store.set("ulysses_gpu_seed", str(seed))
-    store.wait(["ulysses_gpu_seed"])
-    seed = int(store.get("ulysses_gpu_seed"))
+    seed = _shared_seed(store, rank, "ulysses_gpu_seed")
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed * 31 + rank)
     # over torch.distributed's default group: the NVLink setup goes through its store
@@ -355,11 +360,7 @@ def _gqa_worker(store, rank, world):
     ngpu = torch.cuda.device_count()
     dev = torch.device("cuda", rank % ngpu)
     torch.cuda.set_device(dev)
-    seed = int(os.environ.get("FASTCOMMS_SEED", "0")) or random.SystemRandom().randrange(1 << 30)
-    if rank == 0:
-        store.set("gqa_seed", str(seed))
-    store.wait(["gqa_seed"])
-    seed = int(store.get("gqa_seed"))
+    seed = _shared_seed(store, rank, "gqa_seed")
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed * 31 + rank)
     ref = UlyssesGroup(None)  # gloo on CPU copies
