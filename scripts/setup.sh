@@ -2,9 +2,30 @@
 # Installs everything the build and the tests need; quick when it is already there.
 #   Debian packages: compilers, CMake, Ninja, GoogleTest, Gloo, clang (libFuzzer), clang-format.
 #   A Python venv ($FASTCOMMS_VENV) with the pinned tools of requirements-dev.txt.
+# FASTCOMMS_OFFLINE=1 (a machine with no package registry, e.g. a GPU machine whose image already
+# has torch, pybind11, rich, CMake, Ninja and a compiler): installs nothing; the venv sees the
+# system Python's packages, and what is missing is named.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
+
+if [ "${FASTCOMMS_OFFLINE:-0}" = 1 ]; then
+  for tool in cmake ninja g++ python3; do
+    command -v "$tool" >/dev/null || { echo "setup (offline): $tool is missing and cannot be installed here" >&2; exit 1; }
+  done
+  if [ ! -x "$FASTCOMMS_VENV/bin/python" ]; then
+    step "python venv at $FASTCOMMS_VENV over the system packages (offline)"
+    python3 -m venv --system-site-packages --without-pip "$FASTCOMMS_VENV"
+  fi
+  "$FASTCOMMS_VENV/bin/python" - <<'PY'
+import importlib.util, sys
+need = ["torch", "pybind11", "rich", "numpy"]
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"setup (offline): Python modules missing and not installable here: {', '.join(missing)}")
+PY
+  exit 0
+fi
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev clang libclang-rt-14-dev
               clang-format python3-venv libgloo-dev libssl-dev

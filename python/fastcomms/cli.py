@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from fastcomms._bench import GatedTimer, permute_all_to_all_4d
+
 DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -416,9 +418,10 @@ def pick_backend(nproc: int) -> tuple[str, str]:
 # -- bench -----------------------------------------------------------------------------------------
 def _bench_rank(rank, size, store, args):
     """One rank of `fastcomms bench`: ours against permute + torch.distributed all_to_all_single
-    + permute, every variant timed as a batch of back-to-back calls (CUDA events on GPUs, the
-    host clock between barriers on CPU), rounds interleaved, median per variant; every result
-    checked bit for bit first. Returns (rows, transport description)."""
+    + permute, every variant timed as a batch of back-to-back calls (device time between CUDA
+    events with the host kept out of the way on GPUs, NOTE [gated device timing]; the host clock
+    between barriers on CPU), rounds interleaved, median per variant; every result checked bit
+    for bit against torch.distributed first. Returns (rows, transport description)."""
     import torch.distributed as dist
 
     import fastcomms
@@ -450,8 +453,16 @@ def _bench_rank(rank, size, store, args):
             timeout=datetime.timedelta(seconds=120),
         )
         ours = UlyssesGroup(comm, transport="collective")
-    ref = UlyssesGroup(None, device=dev if gpu else None, transport="collective")
     dtype = DTYPES[args.dtype]
+    timer = None
+    if gpu:
+
+        def agree(v):  # the largest value over the ranks
+            t = torch.tensor([float(v)], dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return t.item()
+
+        timer = GatedTimer(agree)
     progress = None
     if rank == 0 and args.progress:
         from rich.progress import Progress
@@ -468,7 +479,7 @@ def _bench_rank(rank, size, store, args):
             )
             x = raw.view(dtype).view(shape).to(dev)
             out = ours.empty_output(x)
-            want = ref.all_to_all_4d(x)
+            want = permute_all_to_all_4d(x, 0, size)  # the reference: torch.distributed's
             out.view(torch.uint8).fill_(0xA5)  # poisoned: an unwritten byte shows
             ours.all_to_all_4d(x, out=out)
             ok = torch.equal(out.view(torch.uint8), want.view(torch.uint8))
@@ -476,9 +487,11 @@ def _bench_rank(rank, size, store, args):
             ok = ok and torch.equal(back.view(torch.uint8), x.view(torch.uint8))
             variants = {
                 "ours": lambda x=x, out=out: ours.all_to_all_4d(x, out=out),
-                "permute": lambda x=x: ref.all_to_all_4d(x),
+                "permute": lambda x=x: permute_all_to_all_4d(x, 0, size),
             }
             samples = {k: [] for k in variants}
+            host = {k: [] for k in variants}
+            gated = True
             for fn in variants.values():  # warm-up
                 for _ in range(args.warmup):
                     fn()
@@ -487,21 +500,16 @@ def _bench_rank(rank, size, store, args):
                     progress.update(task, description=f"{tuple(shape)} round {rnd + 1}")
                 for k, fn in variants.items():
                     dist.barrier()
-                    if gpu:
-                        torch.cuda.synchronize()
-                        a = torch.cuda.Event(enable_timing=True)
-                        b = torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        for _ in range(args.iters):
-                            fn()
-                        b.record()
-                        b.synchronize()
-                        samples[k].append(a.elapsed_time(b) / 1e3 / args.iters)
+                    if gpu:  # NOTE [gated device timing]
+                        dev_s, host_s, held = timer.sample(fn, args.iters)
+                        gated = gated and held
                     else:
                         t0 = time.perf_counter()
                         for _ in range(args.iters):
                             fn()
-                        samples[k].append((time.perf_counter() - t0) / args.iters)
+                        dev_s = host_s = (time.perf_counter() - t0) / args.iters
+                    samples[k].append(dev_s)
+                    host[k].append(host_s)
                 if progress is not None:
                     progress.advance(task)
             rows.append(
@@ -510,6 +518,9 @@ def _bench_rank(rank, size, store, args):
                     "bytes": x.numel() * x.element_size(),
                     "ours_s": statistics.median(samples["ours"]),
                     "permute_s": statistics.median(samples["permute"]),
+                    "ours_host_s": statistics.median(host["ours"]),
+                    "permute_host_s": statistics.median(host["permute"]),
+                    "gated": gated,
                     "ok": bool(ok),
                 }
             )
@@ -596,6 +607,7 @@ def bench(args) -> int:
     for i, row in enumerate(per_rank[0]):
         ours = max(r[i]["ours_s"] for r in per_rank)  # the slowest rank
         base = max(r[i]["permute_s"] for r in per_rank)
+        ours_host = max(r[i]["ours_host_s"] for r in per_rank)
         rows.append(
             {
                 "shape": row["shape"],
@@ -605,18 +617,36 @@ def bench(args) -> int:
                 "ours_gbps": row["bytes"] / ours / 1e9,
                 "permute_gbps": row["bytes"] / base / 1e9,
                 "speedup": base / ours,
+                "ours_host_us": ours_host * 1e6,
+                "permute_host_us": max(r[i]["permute_host_s"] for r in per_rank) * 1e6,
+                "gated": all(r[i]["gated"] for r in per_rank),
                 "ok": all(r[i]["ok"] for r in per_rank),
             }
         )
-    how = "CUDA events" if args.backend != "gloo" else "host clock, CPU ranks"
+    gpu = args.backend != "gloo"
+    how = (
+        "device time between CUDA events, the batch queued behind a spin kernel so that the "
+        "host's cost stays out of it"
+        if gpu
+        else "host clock, CPU ranks"
+    )
     table = Table(
         title=f"Ulysses all_to_all_4d (mode 0), {args.dtype}: {transport}",
         caption=f"µs per call: {args.iters} back-to-back calls per sample ({how}), median of "
         f"{args.rounds} interleaved rounds after {args.warmup} warm-up calls, slowest rank; "
         "permute = permute + torch.distributed all_to_all_single + permute; every result "
-        "checked bit for bit",
+        "checked bit for bit against torch.distributed"
+        + (
+            "; host µs = what issuing one call costs the host (an eager loop pays the larger "
+            "of that and the device time)"
+            if gpu
+            else ""
+        ),
     )
-    for col in ("shape (b,s,h,d)", "MiB/rank", "ours µs", "GB/s", "permute µs", "speed-up"):
+    cols = ["shape (b,s,h,d)", "MiB/rank", "ours µs", "GB/s", "permute µs", "speed-up"]
+    if gpu:
+        cols += ["ours host µs", "permute host µs"]
+    for col in cols:
         table.add_column(col, justify="right")
     table.add_column("check")
     for r in rows:
@@ -627,7 +657,16 @@ def bench(args) -> int:
             f"{r['ours_gbps']:.2f}",
             f"{r['permute_us']:.1f}",
             f"{r['speedup']:.2f}x",
-            "OK" if r["ok"] else "[red]FAIL[/]",
+            *(
+                [
+                    f"{r['ours_host_us']:.1f}",
+                    f"{r['permute_host_us']:.1f}",
+                ]
+                if gpu
+                else []
+            ),
+            ("OK" if r["ok"] else "[red]FAIL[/]")
+            + ("" if r["gated"] else " (host-bound: the gate did not hold)"),
         )
     console.print(table)
     bad = sum(not r["ok"] for r in rows)

@@ -30,6 +30,7 @@ import tempfile
 
 import torch
 import torch.multiprocessing as mp
+from fastcomms._bench import permute_all_to_all_4d
 
 WARMUP, ITERS = 5, 20
 ROUNDS = 7
@@ -73,18 +74,7 @@ def _interleaved(variants, iters, rounds=ROUNDS, warmup=WARMUP):
 
 def _base(x, mode, size, pg=None):
     """BASE: permute + all_to_all_single + permute (even shards), as Ulysses code usually has it."""
-    import torch.distributed as dist
-
-    b, s, h, d = x.shape
-    if mode == 0:  # (b, s, h, d) -> (b, s * ws, h / ws, d)
-        send = x.reshape(b, s, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=pg)
-        return recv.permute(1, 0, 2, 3, 4).reshape(b, size * s, h // size, d)
-    send = x.reshape(b, size, s // size, h, d).permute(1, 0, 2, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=pg)
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, s // size, size * h, d)
+    return permute_all_to_all_4d(x, mode, size, pg)
 
 
 def _anchor_module():

@@ -31,7 +31,7 @@ def main():
     print(f"CLI ({cli['backend']}: {cli['transport']}) against bench_a2a, µs per call")
     print(
         f"{'shape':22s} {'CLI ours':>9s} {'a2a sm0':>8s} {'a2a ce0':>8s} {'ours/sm0':>9s} "
-        f"{'CLI perm':>9s} {'a2a nccl+perm':>14s}"
+        f"{'CLI perm':>9s} {'a2a nccl+perm':>14s} {'perm/perm':>10s} {'CLI host ours':>14s}"
     )
     for row in cli["rows"]:
         shape = tuple(row["shape"])
@@ -42,7 +42,8 @@ def main():
         print(
             f"{str(shape):22s} {row['ours_us']:9.1f} {ref['sm0']:8.1f} {ref['ce0']:8.1f} "
             f"{row['ours_us'] / ref['sm0']:8.2f}x {row['permute_us']:9.1f} "
-            f"{ref['nccl+perm']:14.1f}"
+            f"{ref['nccl+perm']:14.1f} {row['permute_us'] / ref['nccl+perm']:9.2f}x "
+            f"{row.get('ours_host_us', float('nan')):14.1f}"
         )
     return 0
 
