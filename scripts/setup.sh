@@ -16,6 +16,9 @@ if [ "${FASTCOMMS_OFFLINE:-0}" = 1 ]; then
   if [ ! -x "$FASTCOMMS_VENV/bin/python" ]; then
     step "python venv at $FASTCOMMS_VENV over the system packages (offline)"
     python3 -m venv --system-site-packages --without-pip "$FASTCOMMS_VENV"
+    # python3 may itself be a venv, whose packages a venv made from it does not see: name them.
+    site=$("$FASTCOMMS_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/fastcomms-offline.pth"
   fi
   "$FASTCOMMS_VENV/bin/python" - <<'PY'
 import importlib.util, sys

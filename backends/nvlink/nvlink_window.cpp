@@ -213,13 +213,15 @@ void NvlinkWindow::signal(int peer, void* s) {
   cuda::signal_async(peer_pads_[peer] + opt_.rank, ++sent_[peer], stream);
 }
 
-void NvlinkWindow::wait_signal(int peer, void* s) {
+void NvlinkWindow::wait_signal(int peer, std::chrono::milliseconds timeout, void* s) {
   cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("wait_signal", "peer_rank", peer);
   check_errors();
   cuda::DeviceGuard guard(opt_.device);
-  const auto ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(opt_.timeout).count());
+  if (timeout.count() <= 0) timeout = opt_.timeout;
+  last_wait_timeout_ = timeout;  // what check_errors reports
+  const auto ns =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
   cuda::wait_signal_async(static_cast<uint64_t*>(pad_.get()) + peer, ++seen_[peer], error_dev_, ns,
                           stream);
 }
@@ -230,7 +232,7 @@ void NvlinkWindow::check_errors() {
   *static_cast<volatile int*>(error_.get()) = 0;
   throw Error(ErrorCode::kTimeout,
               detail::cat(prefix("wait_signal"), "a wait for a signal timed out after ",
-                          opt_.timeout.count(), " ms (the peer never signalled)"));
+                          last_wait_timeout_.count(), " ms (the peer never signalled)"));
 }
 
 }  // namespace fastcomms

@@ -58,7 +58,7 @@ class NvlinkWindow final : public Window {
   /// Enqueues a signal to `peer` ordered after everything enqueued before it on `stream`.
   void signal(int peer, void* stream) override;
   /// Enqueues a wait for the next signal from `peer`; later work on `stream` sees its puts.
-  void wait_signal(int peer, void* stream) override;
+  void wait_signal(int peer, std::chrono::milliseconds timeout, void* stream) override;
   /// Throws if a device-side wait timed out (reads pinned memory; no sync).
   void check_errors() override;
 
@@ -67,6 +67,7 @@ class NvlinkWindow final : public Window {
   void check_peer(const char* op, const char* what, int q) const;
 
   NvlinkWindowOptions opt_;
+  std::chrono::milliseconds last_wait_timeout_ = opt_.timeout;  // the latest wait's limit
   cuda::DeviceBuffer pad_;  // size slots: [q] = signals received from q
   std::vector<std::shared_ptr<cuda::IpcMapping>> pad_maps_;
   std::vector<uint64_t*> peer_pads_;  // [q]: q's pad, mapped here

@@ -12,6 +12,7 @@ import enum
 import itertools
 import os
 import time
+import weakref
 from pkgutil import extend_path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -55,6 +56,8 @@ __all__ = [
     "RedOpType",
     "CommOptions",
     "TorchCommWindow",
+    "TorchCommWindowAttr",
+    "TorchCommWinAccessType",
     "BatchSendRecv",
     "P2POp",
     "P2POpType",
@@ -281,20 +284,41 @@ class _DoneWork:
         return WorkStatus.COMPLETED
 
 
+class TorchCommWinAccessType(enum.Enum):
+    """How a peer's window memory is reached (torchcomms' names): UNIFIED, loads and stores from
+    this device reach it directly (NVLink peer mappings); SEPARATE, only through put/get."""
+
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class TorchCommWindowAttr:
+    """A window's attributes for one peer (``TorchCommWindow.get_attr``)."""
+
+    def __init__(self) -> None:
+        self.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
+
+    def __repr__(self) -> str:
+        return f"TorchCommWindowAttr(access_type={self.access_type})"
+
+
 class TorchCommWindow:
     """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink): every
-    rank
-    registers a CUDA tensor of the same size (collective), peers' tensors are mapped here through
-    CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a peer's puts
-    before this rank's later work; all are enqueued on the caller's current stream (their
-    TorchWork is complete at once: the stream orders them). Not for CUDA graph capture."""
+    rank registers a CUDA tensor of the same size (collective), peers' tensors are mapped here
+    through CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a
+    peer's puts before this rank's later work; all are enqueued on the caller's current stream
+    (their TorchWork is complete at once: the stream orders them). Not for CUDA graph capture.
+    ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
+    leaves a TimeoutError for ``check_errors`` and the next window call)."""
 
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
         self._comm = comm
         self._rank, self._size = comm.get_rank(), comm.get_size()
-        self.device = comm.get_device()
+        self._device = comm.get_device()
         self._w = comm._c.new_window()  # collective; the backend says if it has windows
         self._tensor = None
+        self._owning = True
+        self._meta = None  # (dtype, shape) of the registered tensor, owning or not
         if tensor is not None:
             self.tensor_register(tensor)
 
@@ -302,80 +326,163 @@ class TorchCommWindow:
         return f"[rank {self._rank}/{self._size} {self._comm.get_name()} {op}]"
 
     def _need(self, op: str) -> torch.Tensor:
-        if self._tensor is None:
+        if self._meta is None:
             raise ValueError(f"{self._where(op)} no tensor is registered; call tensor_register")
         return self._tensor
 
+    def _peer(self, op: str, what: str, q) -> int:
+        if isinstance(q, bool) or not isinstance(q, int):
+            raise TypeError(f"{self._where(op)} {what} must be an int, got {type(q).__name__}")
+        if not 0 <= q < self._size:
+            raise ValueError(f"{self._where(op)} {what} must be in [0, {self._size}), got {q}")
+        return q
+
+    def _options(self, op: str, hints, timeout) -> int:
+        """Checks the per-call options; returns the timeout in ms (0: the communicator's)."""
+        if hints is not None and not isinstance(hints, dict):
+            raise TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
+        if timeout is None:
+            return 0
+        if not isinstance(timeout, datetime.timedelta):
+            raise TypeError(
+                f"{self._where(op)} timeout must be a datetime.timedelta, got "
+                f"{type(timeout).__name__}"
+            )
+        ms = int(timeout / datetime.timedelta(milliseconds=1))
+        if ms <= 0:
+            raise ValueError(f"{self._where(op)} timeout must be positive, got {timeout}")
+        return ms
+
     # -- registration ----------------------------------------------------------------------------
-    def tensor_register(self, tensor: torch.Tensor) -> None:
+    def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
         """Collective: this rank's buffer (a contiguous tensor on the communicator's device, the
-        same number of bytes on every rank)."""
+        same number of bytes on every rank). ``owning=False``: the window keeps no reference
+        (the caller keeps the tensor alive while the window uses it; ``get_tensor`` is None)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self._where('tensor_register')} needs a tensor")
-        if tensor.device != self.device or not tensor.is_contiguous():
+        if tensor.device != self._device or not tensor.is_contiguous():
             raise ValueError(
-                f"{self._where('tensor_register')} needs a contiguous tensor on {self.device}, got "
-                f"{'a non-contiguous tensor' if tensor.device == self.device else tensor.device}"
+                f"{self._where('tensor_register')} needs a contiguous tensor on {self._device}, "
+                "got "
+                + (
+                    "a non-contiguous tensor"
+                    if tensor.device == self._device
+                    else str(tensor.device)
+                )
+            )
+        if self._meta is not None:
+            raise RuntimeError(
+                f"{self._where('tensor_register')} a tensor is already registered; call "
+                "tensor_deregister first"
             )
         self._w.register_buffer(tensor)
-        self._tensor = tensor
+        self._owning = bool(owning)
+        self._tensor = tensor if self._owning else None
+        self._meta = (tensor.dtype, list(tensor.shape), tensor.element_size(), tensor.numel())
 
     def tensor_deregister(self) -> None:
         """Collective: releases the registration once every rank's puts are done."""
+        if self._meta is None:
+            raise RuntimeError(f"{self._where('tensor_deregister')} no tensor is registered")
         self._w.deregister()
         self._tensor = None
+        self._meta = None
 
     # -- one-sided ops ---------------------------------------------------------------------------
-    def put(self, tensor, dst_rank, target_offset_nelems, async_op=False):
+    def put(self, tensor, dst_rank, target_offset_nelems, async_op=False, hints=None, timeout=None):
         """Copies ``tensor`` into rank ``dst_rank``'s buffer from element
         ``target_offset_nelems`` (elements of the registered tensor's dtype)."""
-        reg = self._need("put")
-        if tensor.device != self.device or not tensor.is_contiguous():
-            raise ValueError(f"{self._where('put')} needs a contiguous tensor on {self.device}")
-        if tensor.dtype != reg.dtype:
+        self._need("put")
+        self._options("put", hints, timeout)
+        dtype, _, itemsize, numel = self._meta
+        dst_rank = self._peer("put", "dst_rank", dst_rank)
+        if tensor.device != self._device or not tensor.is_contiguous():
+            raise ValueError(f"{self._where('put')} needs a contiguous tensor on {self._device}")
+        if tensor.dtype != dtype:
             raise TypeError(
-                f"{self._where('put')} tensor is {tensor.dtype}, the window holds {reg.dtype}"
+                f"{self._where('put')} tensor is {tensor.dtype}, the window holds {dtype}"
             )
         offset = int(target_offset_nelems)
-        if offset < 0 or offset + tensor.numel() > reg.numel():
+        if offset < 0 or offset + tensor.numel() > numel:
             raise ValueError(
                 f"{self._where('put')} elements [{offset}, {offset + tensor.numel()}) do not fit "
-                f"the window of {reg.numel()}"
+                f"the window of {numel}"
             )
-        self._w.put(tensor, int(dst_rank), offset * reg.element_size())
+        self._w.put(tensor, dst_rank, offset * itemsize)
         return _DoneWork()
 
-    def signal(self, peer_rank, async_op=False):
+    def signal(self, peer_rank, async_op=False, hints=None, timeout=None):
         """Tells ``peer_rank`` that this rank's earlier puts (in stream order) are complete."""
-        self._w.signal(int(peer_rank))
+        self._options("signal", hints, timeout)
+        self._w.signal(self._peer("signal", "peer_rank", peer_rank))
         return _DoneWork()
 
-    def wait_signal(self, peer_rank, async_op=False):
-        """Makes later work on the current stream wait for ``peer_rank``'s next signal."""
-        self._w.wait_signal(int(peer_rank))
+    def wait_signal(self, peer_rank, async_op=False, hints=None, timeout=None):
+        """Makes later work on the current stream wait for ``peer_rank``'s next signal, for at
+        most ``timeout`` (default: the communicator's)."""
+        ms = self._options("wait_signal", hints, timeout)
+        self._w.wait_signal(self._peer("wait_signal", "peer_rank", peer_rank), ms)
         return _DoneWork()
 
     def map_remote_tensor(self, rank) -> torch.Tensor:
         """Rank ``rank``'s registered tensor, mapped on this device (kernels may read and write
         it directly; pair such writes with signal/wait_signal)."""
-        reg = self._need("map_remote_tensor")
-        return self._w.remote(int(rank), list(reg.shape), reg)
+        self._need("map_remote_tensor")
+        dtype, shape, _, _ = self._meta
+        like = torch.empty(0, dtype=dtype, device=self._device)
+        return self._w.remote(self._peer("map_remote_tensor", "rank", rank), shape, like)
 
     def check_errors(self) -> None:
         """Raises TimeoutError if a wait_signal gave up waiting."""
         self._w.check_errors()
 
+    # -- attributes ------------------------------------------------------------------------------
+    def get_attr(self, peer_rank) -> TorchCommWindowAttr:
+        """How ``peer_rank``'s buffer is reached: UNIFIED (this backend maps every peer's buffer
+        into this device over NVLink, so ``map_remote_tensor`` gives loads and stores)."""
+        self._peer("get_attr", "peer_rank", peer_rank)
+        attr = TorchCommWindowAttr()
+        attr.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
+        return attr
+
     def get_size(self) -> int:
         """Bytes of the registered buffer (0 when none)."""
         return self._w.bytes()
 
+    def get_tensor(self) -> torch.Tensor | None:
+        """The registered tensor; None when none is, or it was registered with owning=False."""
+        return self._tensor
+
     @property
     def dtype(self):
-        return None if self._tensor is None else self._tensor.dtype
+        """The registered tensor's dtype (None before a registration)."""
+        return None if self._meta is None else self._meta[0]
 
     @property
     def shape(self):
-        return None if self._tensor is None else self._tensor.shape
+        """The registered tensor's shape as a list (None before a registration)."""
+        return None if self._meta is None else list(self._meta[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # -- the device-side window API (torchcomms' NCCLX path) --------------------------------------
+    def _no_device_window(self, op: str):
+        raise UnsupportedError(
+            f"{self._where(op)} device-side windows (get_device_window, local buffer handles for "
+            "kernels that issue RMA themselves) are an NCCLX feature fastcomms does not have; use "
+            "map_remote_tensor for direct loads and stores, or put/signal/wait_signal"
+        )
+
+    def get_device_window(self, signal_count=-1, counter_count=-1, barrier_count=1):
+        self._no_device_window("get_device_window")
+
+    def register_local_buffer(self, tensor):
+        self._no_device_window("register_local_buffer")
+
+    def deregister_local_buffer(self, handle):
+        self._no_device_window("deregister_local_buffer")
 
 
 class TorchCommBackend:
@@ -521,6 +628,79 @@ class TorchComm(_OpaqueBase):
     def is_abort_supported(self) -> bool:
         """``abort()`` unblocks every waiter on every built-in backend."""
         return True
+
+    def get_backend_impl(self):
+        """The backend object under this communicator (an escape hatch, as in torchcomms: no
+        compatibility promise): the extension's communicator for built-in backends, the
+        ``TorchCommBackend`` instance for Python ones."""
+        from ._pybackend import Shim
+
+        return self._c._b if isinstance(self._c, Shim) else self._c
+
+    def unsafe_get_backend(self):
+        """Deprecated name of ``get_backend_impl``."""
+        import warnings
+
+        warnings.warn(
+            "unsafe_get_backend() is deprecated, use get_backend_impl() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.get_backend_impl()
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it (torch.distributed's gloo
+        ``monitored_barrier``), for communicators on CPU: every rank checks in with rank 0, which
+        waits at most ``timeout`` (default: the communicator's) for all of them at once and
+        releases them only when all arrived. Otherwise rank 0 raises RuntimeError naming the
+        missing ranks (every one with ``wait_all_ranks=True``, the lowest otherwise) and the
+        others raise when their release does not come within the timeout."""
+        op = "monitored_barrier"
+        where = f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} {op}]"
+        if self.get_device().type != "cpu":
+            raise UnsupportedError(
+                f"{where} is for communicators on CPU (gloo), as torch.distributed's; this one "
+                f"is on {self.get_device()}"
+            )
+        if timeout is None:
+            timeout = self.get_options().timeout
+        if not isinstance(timeout, datetime.timedelta) or timeout <= datetime.timedelta(0):
+            raise ValueError(
+                f"{where} timeout must be a positive datetime.timedelta, got {timeout!r}"
+            )
+        rank, size = self.get_rank(), self.get_size()
+        ms = int(timeout / datetime.timedelta(milliseconds=1))
+        token = torch.zeros(1, dtype=torch.int32)
+        if rank != 0:
+            self.send(token, 0, False, timeout=timeout)
+            try:
+                self.recv(token, 0, False, timeout=timeout)
+            except Exception as e:
+                raise RuntimeError(
+                    f"{where} rank 0 did not release monitoredBarrier within {ms} ms (another "
+                    f"rank failed to reach it, or rank 0 did): {e}"
+                ) from e
+            return
+        works = {
+            q: self.recv(torch.zeros(1, dtype=torch.int32), q, True, timeout=timeout)
+            for q in range(1, size)
+        }
+        failed = []
+        for q, w in works.items():
+            try:
+                w.wait()
+            except Exception:
+                failed.append(q)
+                if not wait_all_ranks:
+                    break
+        if failed:
+            if wait_all_ranks:
+                who = f"Ranks {', '.join(map(str, failed))} failed"
+            else:
+                who = f"Rank {failed[0]} failed"
+            raise RuntimeError(f"{where} {who} to pass monitoredBarrier in {ms} ms")
+        for q in range(1, size):
+            self.send(token, q, False, timeout=timeout)
 
     def get_init_handle(self):
         """torchcomms' handle for ``reconfigure``; fastcomms has no reconfiguration yet."""
@@ -877,7 +1057,9 @@ def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
     def make():
         try:
             kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
-            result["store"] = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout, **kw)
+            result["store"] = dist.TCPStore(
+                addr, port, size, rank == 0, timeout=timeout, wait_for_workers=False, **kw
+            )
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             result["error"] = e
 
@@ -893,6 +1075,56 @@ def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
         f"could not be {'served' if rank == 0 else 'reached'} within "
         f"{timeout.total_seconds():g} s"
     )
+
+
+# NOTE [one store per MASTER_PORT]: communicators made without a store meet on the TCPStore
+# that rank 0 serves at MASTER_ADDR:MASTER_PORT. A second one made while the first lives cannot
+# serve the same port again, so every communicator of this process made that way shares one store
+# (each has its own key space in it: NOTE [store incarnations] in core/communicator.cpp). The
+# table holds the store weakly: the port is free again once no communicator uses it.
+# A rank that makes its next communicator sooner than rank 0 drops the previous one could reach
+# the server that is about to close (the torchcomms test files did: rank 0 then waited for a
+# rank that had gone on with a dead store). So the k-th store-less communicator of the process
+# (the same k on every rank: communicators are made in the same order) is announced by rank 0
+# with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
+# only once they see that key on it, reconnecting until the deadline otherwise.
+_default_stores: dict[tuple[str, int, int, int], weakref.ref] = {}
+_default_count: dict[tuple[str, int, int], int] = {}
+
+
+def _default_store(addr: str, port: int, size: int, rank: int, timeout):
+    key = (addr, port, size, rank)
+    k = _default_count.get(key[:3], 0) + 1
+    _default_count[key[:3]] = k
+    mark = f"fastcomms/default/{k}"
+    ref = _default_stores.get(key)
+    store = ref() if ref is not None else None
+    if rank == 0:
+        if store is None:
+            store = _tcp_store(addr, port, size, rank, timeout)
+        store.set(mark, "1")
+        if k > 1:  # every rank took the store of k - 1 before rank 0 could finish making it
+            store.delete_key(f"fastcomms/default/{k - 1}")
+        _default_stores[key] = weakref.ref(store)
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        if store is None:
+            store = _tcp_store(addr, port, size, rank, datetime.timedelta(seconds=max(left, 0.1)))
+        try:
+            store.wait([mark], datetime.timedelta(seconds=max(min(1.0, left), 0.05)))
+            _default_stores[key] = weakref.ref(store)
+            return store
+        except Exception as e:  # a server about to close, or not rank 0's current one
+            store = None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"[rank {rank}/{size}] new_comm: rank 0 did not announce its store at "
+                    f"{addr}:{port} (MASTER_ADDR, MASTER_PORT) for this communicator within "
+                    f"{timeout.total_seconds():g} s: {e}"
+                ) from e
+            time.sleep(0.05)
 
 
 def _rank_size() -> tuple[int, int]:
@@ -942,7 +1174,7 @@ def new_comm(
     if store is None:
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "29500"))
-        store = _tcp_store(addr, port, size, rank, timeout)
+        store = _default_store(addr, port, size, rank, timeout)
     name = name or f"{backend}_{next(_names)}"
     return TorchComm(
         _C.Comm(

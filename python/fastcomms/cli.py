@@ -570,7 +570,7 @@ def bench(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
     size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.backend == "auto":

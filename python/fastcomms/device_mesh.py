@@ -179,6 +179,10 @@ class _CommProcessGroup(dist.ProcessGroup):
         inp = input_lists[0] if self._comm.get_rank() == root else []
         return _CommWork([self._comm.scatter(outputs[0], inp, root, True)], outputs)
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """torch.distributed's gloo health-checking barrier, on the communicator (CPU only)."""
+        self._comm.monitored_barrier(timeout, wait_all_ranks)
+
     def barrier(self, opts=None):
         return _CommWork([self._comm.barrier(True)], [])
 

@@ -33,6 +33,7 @@ __all__ = [
     "reduce_scatter_tensor_autograd",
     "all_to_all_single",
     "all_to_all_single_autograd",
+    "is_torch_compile_supported_and_enabled",
 ]
 
 _names: dict[object, str] = {}  # communicator object -> its process group's name
@@ -107,3 +108,11 @@ def all_to_all_single_autograd(tensor, output_split_sizes, input_split_sizes, co
     return _funcol.all_to_all_single_autograd(
         tensor, output_split_sizes, input_split_sizes, _group(comm)
     )
+
+
+def is_torch_compile_supported_and_enabled(min_version=None, _current_version=None) -> bool:
+    """torchcomms' switch for tracing the communicator's own methods (``comm.all_reduce(...)``
+    inside ``torch.compile``). fastcomms traces the functional ops of this module and the Ulysses
+    op instead, not the methods, so this is False (code that asks skips its method-compiling
+    path, as it does on a torch that torchcomms' compile support does not cover)."""
+    return False

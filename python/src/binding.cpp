@@ -266,19 +266,33 @@ PYBIND11_MODULE(_C, m) {
   static py::exception<Error> aborted_error(m, "AbortedError", PyExc_RuntimeError);
   static py::exception<Error> backend_error(m, "BackendError", PyExc_RuntimeError);
   static py::exception<Error> unsupported_error(m, "UnsupportedError", PyExc_RuntimeError);
+  // Argument, type and timeout errors are ValueError / TypeError / TimeoutError as Python code
+  // expects, and RuntimeError too, as torchcomms raises (its C++ throws std::runtime_error), so
+  // code written against either catches them. They keep the builtin names (fastcomms._C.ValueError
+  // ...), so a traceback or a check of the class name reads as before.
+  auto both = [&m](const char* name, PyObject* base) {
+    py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
+        (std::string("fastcomms._C.") + name).c_str(),
+        py::make_tuple(py::handle(base), py::handle(PyExc_RuntimeError)).ptr(), nullptr));
+    m.attr(name) = cls;
+    return cls.release().ptr();  // kept for the process's lifetime, as the module keeps it
+  };
+  static PyObject* invalid_argument = both("ValueError", PyExc_ValueError);
+  static PyObject* type_error = both("TypeError", PyExc_TypeError);
+  static PyObject* timeout_error = both("TimeoutError", PyExc_TimeoutError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       switch (e.code()) {
         case ErrorCode::kInvalidArgument:
-          PyErr_SetString(PyExc_ValueError, e.what());
+          PyErr_SetString(invalid_argument, e.what());
           return;
         case ErrorCode::kTypeError:
-          PyErr_SetString(PyExc_TypeError, e.what());
+          PyErr_SetString(type_error, e.what());
           return;
         case ErrorCode::kTimeout:
-          PyErr_SetString(PyExc_TimeoutError, e.what());
+          PyErr_SetString(timeout_error, e.what());
           return;
         case ErrorCode::kAborted:
           py::set_error(aborted_error, e.what());
@@ -504,7 +518,10 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("signal", [](PyWindow& w, int peer) { w.w->signal(peer, current_stream(w.device)); })
       .def("wait_signal",
-           [](PyWindow& w, int peer) { w.w->wait_signal(peer, current_stream(w.device)); })
+           [](PyWindow& w, int peer, int64_t timeout_ms) {
+             w.w->wait_signal(peer, std::chrono::milliseconds(timeout_ms),
+                              current_stream(w.device));
+           })
       .def("check_errors", [](PyWindow& w) { w.w->check_errors(); })
       .def("remote", [](PyWindow& w, int q, std::vector<int64_t> shape, at::Tensor like) {
         void* p = w.w->remote(q);

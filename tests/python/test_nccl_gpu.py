@@ -4,6 +4,7 @@ world 2 (one process per GPU), sync, async and graph-captured. Skipped (saying w
 GPUs."""
 
 import datetime
+import time
 import traceback
 
 import pytest
@@ -179,6 +180,30 @@ def _window_worker(rank, size, path, errq):
             win.put(data(rank, 0), 5, 0, False)
         with pytest.raises(TypeError, match="the window holds torch.float32"):
             win.put(data(rank, 0).double(), peer, 0, False)
+        # torchcomms' window attributes
+        attr = win.get_attr(peer)
+        assert attr.access_type == fastcomms.TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
+        assert win.get_tensor() is buf and win.shape == [size * n] and win.device == dev
+        with pytest.raises(fastcomms.UnsupportedError, match="NCCLX"):
+            win.register_local_buffer(buf)
+        # a wait with its own timeout for a signal that never comes gives up and says so
+        t0 = time.monotonic()
+        win.wait_signal(peer, False, timeout=datetime.timedelta(milliseconds=300))
+        torch.cuda.synchronize()
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(TimeoutError, match="300 ms"):
+            win.check_errors()
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            win.wait_signal(peer, False, timeout=datetime.timedelta(0))
+        torch.cuda.synchronize()
+        dist.barrier()
+        win.tensor_deregister()
+        assert win.get_tensor() is None and win.get_size() == 0
+        # owning=False: the window keeps no reference, the metadata stays
+        other = torch.zeros(64, dtype=torch.bfloat16, device=dev)
+        win.tensor_register(other, owning=False)
+        assert win.get_tensor() is None and win.dtype == torch.bfloat16 and win.shape == [64]
+        assert win.map_remote_tensor(peer).dtype == torch.bfloat16
         torch.cuda.synchronize()
         win.tensor_deregister()
         comm.finalize()

@@ -93,3 +93,99 @@ def hooks_module(comm, rank, size):
 
 def test_flight_recorder_and_nan_check(world):
     world(hooks_module, 2)
+
+
+def _monitored_worker(rank, size, path, errq):
+    """monitored_barrier (on the communicator and through its process group): all ranks pass;
+    a rank that never arrives is named by rank 0 (all of them with wait_all_ranks, the lowest
+    without) within the timeout, and the other ranks raise instead of hanging."""
+    import datetime
+    import time
+    import traceback
+
+    from conftest import _hang_guard, init_rank
+
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+        from fastcomms.device_mesh import _create_torchcomm_process_group
+
+        store = init_rank(rank, size, path)
+
+        def comm(name):
+            return fastcomms.new_comm(
+                "gloo",
+                "cpu",
+                name,
+                store=dist.PrefixStore(name, store),
+                timeout=datetime.timedelta(seconds=60),
+            )
+
+        c = comm("mb_ok")
+        pg = _create_torchcomm_process_group(c, "mb_ok")
+        pg.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
+        c.monitored_barrier()  # the communicator's timeout
+        assert c.get_backend_impl() is not None
+        import warnings
+
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert c.unsafe_get_backend() is c.get_backend_impl()
+        assert any(issubclass(x.category, DeprecationWarning) for x in w)
+        with pytest.raises(ValueError, match="timeout must be a positive"):
+            c.monitored_barrier(datetime.timedelta(0))
+        c.finalize()
+        one = datetime.timedelta(seconds=1)
+        for wait_all in (True, False):
+            name = f"mb_late_{int(wait_all)}"
+            c = comm(name)
+            t0 = time.monotonic()
+            if rank == 0:
+                with pytest.raises(RuntimeError, match="monitoredBarrier") as e:
+                    c.monitored_barrier(one, wait_all_ranks=wait_all)
+                late = list(range(1, size)) if size == 2 else [q for q in range(2, size)]
+                want = (
+                    f"Ranks {', '.join(map(str, late))} failed"
+                    if wait_all
+                    else f"Rank {late[0]} failed"
+                )
+                assert want in str(e.value), str(e.value)
+            elif rank == 1 and size > 2:  # arrives, and is never released
+                with pytest.raises(RuntimeError, match="did not release monitoredBarrier"):
+                    c.monitored_barrier(one, wait_all_ranks=wait_all)
+            else:  # never arrives
+                time.sleep(2.5)
+            assert time.monotonic() - t0 < 10
+            store.set(f"{name}/done/{rank}", "1")
+            store.wait([f"{name}/done/{q}" for q in range(size)])
+            c.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_monitored_barrier(size):
+    from conftest import spawn
+
+    spawn(_monitored_worker, size, timeout=120)
+
+
+def test_is_torch_compile_supported_and_enabled():
+    from fastcomms.functional import is_torch_compile_supported_and_enabled
+
+    assert is_torch_compile_supported_and_enabled() is False
+
+
+def test_extension_errors_are_runtime_errors_too():
+    """torchcomms raises RuntimeError for bad arguments; ours are ValueError (TypeError,
+    TimeoutError) and RuntimeError at once."""
+    from fastcomms import _C
+
+    with pytest.raises(ValueError, match="not divisible by world_size=2") as e:
+        _C.ulysses_geometry([1, 4, 5, 8], 2, 0, None, None, 0, 2, 1)
+    assert isinstance(e.value, RuntimeError)
+    assert issubclass(_C.TypeError, TypeError) and issubclass(_C.TypeError, RuntimeError)
+    assert issubclass(_C.TimeoutError, TimeoutError) and issubclass(_C.TimeoutError, RuntimeError)

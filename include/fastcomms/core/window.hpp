@@ -6,6 +6,7 @@
 /// rank registers, mapped into every peer, with signals to order puts. Backends that have them
 /// say so (Backend::supports_window) and make them (Backend::new_window).
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -30,8 +31,10 @@ class Window {
   virtual void put(const void* src, int64_t bytes, int dst, int64_t offset, void* stream) = 0;
   /// A signal to `peer`, ordered after everything issued before it on `stream`.
   virtual void signal(int peer, void* stream) = 0;
-  /// Waits for the next signal from `peer`; later work on `stream` sees its puts.
-  virtual void wait_signal(int peer, void* stream) = 0;
+  /// Waits for the next signal from `peer`; later work on `stream` sees its puts. A wait longer
+  /// than `timeout` gives up and leaves an error for check_errors (zero or less: the window's
+  /// default, the communicator's timeout).
+  virtual void wait_signal(int peer, std::chrono::milliseconds timeout, void* stream) = 0;
   /// Throws if a device-side wait failed or timed out.
   virtual void check_errors() = 0;
 };
