@@ -47,6 +47,10 @@ from . import _hook_types as _ht  # noqa: E402
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
 from ._hook_types import *  # noqa: E402,F401,F403  (OpName and the hook argument classes)
 
+# Argument and type errors raised here are the extension's: ValueError / TypeError and RuntimeError
+# at once (NOTE [error mapping] in python/src/binding.cpp), as torchcomms raises RuntimeError.
+_ValueError, _TypeError = _C.ValueError, _C.TypeError
+
 __all__ = [
     "new_comm",
     "TorchComm",
@@ -125,7 +129,7 @@ def _env_bool(name: str, default: bool) -> bool:
         return True
     if v.strip().lower() in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {v!r}")
+    raise _ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {v!r}")
 
 
 def _env_timeout() -> datetime.timedelta:
@@ -137,7 +141,7 @@ def _env_timeout() -> datetime.timedelta:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise ValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be a positive number, got {v!r}")
+        raise _ValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be a positive number, got {v!r}")
     return datetime.timedelta(seconds=seconds)
 
 
@@ -221,7 +225,7 @@ class P2POp:
         if not isinstance(type, P2POpType):
             name = type if isinstance(type, str) else getattr(type, "__name__", "")
             if name not in ("send", "recv", "isend", "irecv"):
-                raise ValueError(f"P2POp: type must be P2POpType.SEND or RECV, got {type!r}")
+                raise _ValueError(f"P2POp: type must be P2POpType.SEND or RECV, got {type!r}")
             type = P2POpType.SEND if name in ("send", "isend") else P2POpType.RECV  # noqa: A001
         self.type = type
         self.tensor = tensor
@@ -327,30 +331,30 @@ class TorchCommWindow:
 
     def _need(self, op: str) -> torch.Tensor:
         if self._meta is None:
-            raise ValueError(f"{self._where(op)} no tensor is registered; call tensor_register")
+            raise _ValueError(f"{self._where(op)} no tensor is registered; call tensor_register")
         return self._tensor
 
     def _peer(self, op: str, what: str, q) -> int:
         if isinstance(q, bool) or not isinstance(q, int):
-            raise TypeError(f"{self._where(op)} {what} must be an int, got {type(q).__name__}")
+            raise _TypeError(f"{self._where(op)} {what} must be an int, got {type(q).__name__}")
         if not 0 <= q < self._size:
-            raise ValueError(f"{self._where(op)} {what} must be in [0, {self._size}), got {q}")
+            raise _ValueError(f"{self._where(op)} {what} must be in [0, {self._size}), got {q}")
         return q
 
     def _options(self, op: str, hints, timeout) -> int:
         """Checks the per-call options; returns the timeout in ms (0: the communicator's)."""
         if hints is not None and not isinstance(hints, dict):
-            raise TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
+            raise _TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
         if timeout is None:
             return 0
         if not isinstance(timeout, datetime.timedelta):
-            raise TypeError(
+            raise _TypeError(
                 f"{self._where(op)} timeout must be a datetime.timedelta, got "
                 f"{type(timeout).__name__}"
             )
         ms = int(timeout / datetime.timedelta(milliseconds=1))
         if ms <= 0:
-            raise ValueError(f"{self._where(op)} timeout must be positive, got {timeout}")
+            raise _ValueError(f"{self._where(op)} timeout must be positive, got {timeout}")
         return ms
 
     # -- registration ----------------------------------------------------------------------------
@@ -359,9 +363,9 @@ class TorchCommWindow:
         same number of bytes on every rank). ``owning=False``: the window keeps no reference
         (the caller keeps the tensor alive while the window uses it; ``get_tensor`` is None)."""
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{self._where('tensor_register')} needs a tensor")
+            raise _TypeError(f"{self._where('tensor_register')} needs a tensor")
         if tensor.device != self._device or not tensor.is_contiguous():
-            raise ValueError(
+            raise _ValueError(
                 f"{self._where('tensor_register')} needs a contiguous tensor on {self._device}, "
                 "got "
                 + (
@@ -397,14 +401,14 @@ class TorchCommWindow:
         dtype, _, itemsize, numel = self._meta
         dst_rank = self._peer("put", "dst_rank", dst_rank)
         if tensor.device != self._device or not tensor.is_contiguous():
-            raise ValueError(f"{self._where('put')} needs a contiguous tensor on {self._device}")
+            raise _ValueError(f"{self._where('put')} needs a contiguous tensor on {self._device}")
         if tensor.dtype != dtype:
-            raise TypeError(
+            raise _TypeError(
                 f"{self._where('put')} tensor is {tensor.dtype}, the window holds {dtype}"
             )
         offset = int(target_offset_nelems)
         if offset < 0 or offset + tensor.numel() > numel:
-            raise ValueError(
+            raise _ValueError(
                 f"{self._where('put')} elements [{offset}, {offset + tensor.numel()}) do not fit "
                 f"the window of {numel}"
             )
@@ -505,7 +509,7 @@ _python_backends: dict[str, type] = {}
 def register_backend(name: str, cls: type) -> None:
     """Registers a Python backend class under ``name``."""
     if not name:
-        raise ValueError("register_backend: name is empty")
+        raise _ValueError("register_backend: name is empty")
     _python_backends[name] = cls
 
 
@@ -547,7 +551,7 @@ def _ms(td) -> datetime.timedelta | None:
     if not isinstance(td, datetime.timedelta):
         td = datetime.timedelta(seconds=float(td))
     if td <= datetime.timedelta(0):
-        raise ValueError(f"timeout must be positive, got {td!r}")
+        raise _ValueError(f"timeout must be positive, got {td!r}")
     return max(td, datetime.timedelta(milliseconds=1))
 
 
@@ -556,7 +560,7 @@ def _op(op) -> tuple[RedOpType, float]:
         return op.type, op.factor
     if isinstance(op, RedOpType):
         return op, 1.0
-    raise TypeError(f"op must be a ReduceOp, got {type(op).__name__}")
+    raise _TypeError(f"op must be a ReduceOp, got {type(op).__name__}")
 
 
 class TorchComm(_OpaqueBase):
@@ -665,7 +669,7 @@ class TorchComm(_OpaqueBase):
         if timeout is None:
             timeout = self.get_options().timeout
         if not isinstance(timeout, datetime.timedelta) or timeout <= datetime.timedelta(0):
-            raise ValueError(
+            raise _ValueError(
                 f"{where} timeout must be a positive datetime.timedelta, got {timeout!r}"
             )
         rank, size = self.get_rank(), self.get_size()
@@ -744,7 +748,7 @@ class TorchComm(_OpaqueBase):
 
     def _add_hook(self, table, fn) -> RemovableHandle:
         if not callable(fn):
-            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+            raise _TypeError(f"a hook must be callable, got {type(fn).__name__}")
         key = next(self._hook_ids)
         table[key] = fn
         return RemovableHandle(lambda: table.pop(key, None))
@@ -932,7 +936,7 @@ class TorchComm(_OpaqueBase):
         joins none and returns None; a non-empty list without the caller raises."""
         ranks = [int(r) for r in ranks]
         if ranks and self.get_rank() not in ranks:
-            raise ValueError(
+            raise _ValueError(
                 f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} split] ranks "
                 f"{ranks} does not contain this rank; pass [] to join no group"
             )
@@ -1017,7 +1021,7 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
     try:
         infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
     except OSError as e:
-        raise ValueError(
+        raise _ValueError(
             f"[rank {rank}/{size}] new_comm: cannot resolve the store's address {bind!r} "
             f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
         ) from e
@@ -1032,7 +1036,7 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
         except OSError as e:
             err = e
             sock.close()
-    raise ValueError(
+    raise _ValueError(
         f"[rank {rank}/{size}] new_comm: rank 0 serves the store on {bind}:{port} "
         f"(MASTER_ADDR, MASTER_PORT) but cannot listen there: {err}; MASTER_ADDR must be an "
         "address of rank 0's host (FASTCOMMS_STORE_BIND=<address> binds another, '*' every "
@@ -1131,7 +1135,7 @@ def _rank_size() -> tuple[int, int]:
     for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
         if rk in os.environ and sz in os.environ:
             return int(os.environ[rk]), int(os.environ[sz])
-    raise ValueError(
+    raise _ValueError(
         "new_comm: rank and size come from TORCHCOMM_RANK/TORCHCOMM_SIZE or RANK/WORLD_SIZE; "
         "neither pair is set"
     )

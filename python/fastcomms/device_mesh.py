@@ -49,14 +49,18 @@ def _reduce_op(c10d_op, where):
 class _CommWork(dist.Work):
     """A torch Work over one or more fastcomms works (NOTE [process group over a communicator])."""
 
-    def __init__(self, works, result):
+    def __init__(self, works, result, host_sync_device=None):
         super().__init__()
         self._works, self._result = [w for w in works if w is not None], result
+        self._sync = host_sync_device
 
     def wait(self, timeout=None):
         for w in self._works:
             w.wait()
         self._works = []
+        if self._sync is not None:  # a barrier: the host waits for the stream's earlier work too
+            torch.cuda.current_stream(self._sync).synchronize()
+            self._sync = None
         return True
 
     def is_completed(self):
@@ -184,7 +188,11 @@ class _CommProcessGroup(dist.ProcessGroup):
         self._comm.monitored_barrier(timeout, wait_all_ranks)
 
     def barrier(self, opts=None):
-        return _CommWork([self._comm.barrier(True)], [])
+        # As torch's NCCL process group: waiting on a barrier blocks the host until the work the
+        # current stream held before it is done (code clears buffers on the stream and relies
+        # on a barrier to flush that).
+        dev = self._comm.get_device()
+        return _CommWork([self._comm.barrier(True)], [], dev if dev.type == "cuda" else None)
 
     def send(self, tensors, dst, tag=0):
         return self._each(lambda t: self._comm.send(t, dst, True), tensors)

@@ -95,6 +95,17 @@ def _worker(rank, size, path, errq, backend):
             assert torch.equal(
                 t, torch.full((4096,), float(sum(r + rep for r in range(size))), device=dev)
             )
+        # a barrier through the process group blocks the host until the stream's earlier work
+        # is done, as torch's NCCL process group does (code flushes stream work that way)
+        from fastcomms.device_mesh import _create_torchcomm_process_group
+
+        pg = _create_torchcomm_process_group(comm, f"barrier_{backend}")
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s on the stream
+        assert not torch.cuda.current_stream().query()
+        opts = dist.BarrierOptions()
+        opts.device = dev
+        pg.barrier(opts=opts).wait()
+        assert torch.cuda.current_stream().query(), "the barrier's wait did not block the host"
         # NCCL waits for the graphs that captured a communicator's kernels to go before the
         # communicator can be destroyed: release the graph first (as with torch's own NCCL).
         del graph
