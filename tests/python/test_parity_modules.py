@@ -189,3 +189,57 @@ def test_extension_errors_are_runtime_errors_too():
     assert isinstance(e.value, RuntimeError)
     assert issubclass(_C.TypeError, TypeError) and issubclass(_C.TypeError, RuntimeError)
     assert issubclass(_C.TimeoutError, TimeoutError) and issubclass(_C.TimeoutError, RuntimeError)
+
+
+def _storeless_worker(rank, size, path, errq, port):
+    """Communicators made without a store (MASTER_ADDR/MASTER_PORT): several alive at once, and
+    one after another where rank 0 drops the previous one late (so that another rank reaches the
+    port while rank 0's old server still serves it)."""
+    import datetime
+    import os
+    import time
+    import traceback
+
+    from conftest import _hang_guard
+
+    _hang_guard()
+    try:
+        import fastcomms
+        from fastcomms import ReduceOp
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        t = datetime.timedelta(seconds=30)
+        a = fastcomms.new_comm("gloo", "cpu", "a", timeout=t)
+        b = fastcomms.new_comm("gloo", "cpu", "b", timeout=t)  # the same port, both alive
+        for c in (a, b):
+            x = torch.ones(3)
+            c.all_reduce(x, ReduceOp.SUM, False)
+            assert torch.equal(x, torch.full((3,), float(size)))
+        a.finalize()
+        b.finalize()
+        del a, b
+        for i in range(3):
+            c = fastcomms.new_comm("gloo", "cpu", f"seq{i}", timeout=t)
+            x = torch.full((2,), float(rank))
+            c.all_reduce(x, ReduceOp.SUM, False)
+            assert torch.equal(x, torch.full((2,), float(sum(range(size)))))
+            c.finalize()
+            if rank == 0:
+                time.sleep(0.5)  # the others go on to the next communicator first
+            del c
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_storeless_communicators_share_the_port(size):
+    import socket
+
+    from conftest import spawn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spawn(_storeless_worker, size, port, timeout=120)
