@@ -12,6 +12,7 @@ import enum
 import itertools
 import os
 import time
+import typing
 import weakref
 from pkgutil import extend_path
 
@@ -85,6 +86,16 @@ _names = itertools.count()
 class ReduceOp:
     """A reduction: ``ReduceOp.SUM`` ... and ``ReduceOp.PREMUL_SUM(factor)``; ``.type`` gives
     the RedOpType."""
+
+    # set below, one per RedOpType but PREMUL_SUM (declared for type checkers and IDEs)
+    SUM: typing.ClassVar[ReduceOp]
+    PRODUCT: typing.ClassVar[ReduceOp]
+    MIN: typing.ClassVar[ReduceOp]
+    MAX: typing.ClassVar[ReduceOp]
+    BAND: typing.ClassVar[ReduceOp]
+    BOR: typing.ClassVar[ReduceOp]
+    BXOR: typing.ClassVar[ReduceOp]
+    AVG: typing.ClassVar[ReduceOp]
 
     def __init__(self, type: RedOpType, factor: float = 1.0) -> None:  # noqa: A002
         self.type = type
