@@ -331,9 +331,8 @@ class TorchCommWindow:
         self._rank, self._size = comm.get_rank(), comm.get_size()
         self._device = comm.get_device()
         self._w = comm._c.new_window()  # collective; the backend says if it has windows
-        self._tensor = None
-        self._owning = True
-        self._meta = None  # (dtype, shape) of the registered tensor, owning or not
+        self._tensor = None  # the registered tensor when the window owns it
+        self._meta = None  # (dtype, shape, itemsize, numel) of the registered tensor
         if tensor is not None:
             self.tensor_register(tensor)
 
@@ -356,17 +355,8 @@ class TorchCommWindow:
         """Checks the per-call options; returns the timeout in ms (0: the communicator's)."""
         if hints is not None and not isinstance(hints, dict):
             raise _TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
-        if timeout is None:
-            return 0
-        if not isinstance(timeout, datetime.timedelta):
-            raise _TypeError(
-                f"{self._where(op)} timeout must be a datetime.timedelta, got "
-                f"{type(timeout).__name__}"
-            )
-        ms = int(timeout / datetime.timedelta(milliseconds=1))
-        if ms <= 0:
-            raise _ValueError(f"{self._where(op)} timeout must be positive, got {timeout}")
-        return ms
+        td = _ms(timeout, self._where(op))
+        return 0 if td is None else td // datetime.timedelta(milliseconds=1)
 
     # -- registration ----------------------------------------------------------------------------
     def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
@@ -391,8 +381,7 @@ class TorchCommWindow:
                 "tensor_deregister first"
             )
         self._w.register_buffer(tensor)
-        self._owning = bool(owning)
-        self._tensor = tensor if self._owning else None
+        self._tensor = tensor if owning else None
         self._meta = (tensor.dtype, list(tensor.shape), tensor.element_size(), tensor.numel())
 
     def tensor_deregister(self) -> None:
@@ -553,16 +542,17 @@ def built_backends() -> list[str]:
     return sorted(set(_C.built_backends()) | set(_python_backends))
 
 
-def _ms(td) -> datetime.timedelta | None:
-    """A timeout as the C++ side takes it. One rule everywhere (new_comm, set_timeout, per op):
-    None means the default, anything else must be positive; under a millisecond rounds up to one
-    (the C++ side counts milliseconds, where 0 would read as "the default")."""
+def _ms(td, where: str = "") -> datetime.timedelta | None:
+    """A timeout as the C++ side takes it. One rule everywhere (new_comm, set_timeout, per op,
+    windows, monitored_barrier): None means the default, anything else must be positive; under a
+    millisecond rounds up to one (the C++ side counts milliseconds, where 0 would read as "the
+    default"). ``where`` prefixes the error (rank, communicator, op)."""
     if td is None:
         return None
     if not isinstance(td, datetime.timedelta):
         td = datetime.timedelta(seconds=float(td))
     if td <= datetime.timedelta(0):
-        raise _ValueError(f"timeout must be positive, got {td!r}")
+        raise _ValueError(f"{where + ' ' if where else ''}timeout must be positive, got {td!r}")
     return max(td, datetime.timedelta(milliseconds=1))
 
 
@@ -677,12 +667,7 @@ class TorchComm(_OpaqueBase):
                 f"{where} is for communicators on CPU (gloo), as torch.distributed's; this one "
                 f"is on {self.get_device()}"
             )
-        if timeout is None:
-            timeout = self.get_options().timeout
-        if not isinstance(timeout, datetime.timedelta) or timeout <= datetime.timedelta(0):
-            raise _ValueError(
-                f"{where} timeout must be a positive datetime.timedelta, got {timeout!r}"
-            )
+        timeout = _ms(timeout, where) or self.get_options().timeout
         rank, size = self.get_rank(), self.get_size()
         ms = int(timeout / datetime.timedelta(milliseconds=1))
         token = torch.zeros(1, dtype=torch.int32)
@@ -1103,14 +1088,13 @@ def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
 # (the same k on every rank: communicators are made in the same order) is announced by rank 0
 # with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
 # only once they see that key on it, reconnecting until the deadline otherwise.
-_default_stores: dict[tuple[str, int, int, int], weakref.ref] = {}
+_default_stores: dict[tuple[str, int, int], weakref.ref] = {}
 _default_count: dict[tuple[str, int, int], int] = {}
 
 
 def _default_store(addr: str, port: int, size: int, rank: int, timeout):
-    key = (addr, port, size, rank)
-    k = _default_count.get(key[:3], 0) + 1
-    _default_count[key[:3]] = k
+    key = (addr, port, size)
+    k = _default_count[key] = _default_count.get(key, 0) + 1
     mark = f"fastcomms/default/{k}"
     ref = _default_stores.get(key)
     store = ref() if ref is not None else None

@@ -26,6 +26,15 @@ def _hang_guard():
     )
 
 
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def init_rank(rank, size, path, backend="gloo", **kwargs):
     """What every spawned rank does first: the TORCHCOMM_* variables, the FileStore at `path`, and
     torch.distributed's default group on it under the prefix "torch". Returns the store."""

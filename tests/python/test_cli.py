@@ -97,11 +97,9 @@ def test_bench_ends_at_once_when_a_rank_dies():
 
 
 def test_check_under_torchrun(tmp_path):
-    import socket
+    from conftest import free_port
 
-    with socket.socket() as sk:  # a free port for torchrun's store (its --master-port 0 hands
-        sk.bind(("127.0.0.1", 0))  # the workers MASTER_PORT=0)
-        port = sk.getsockname()[1]
+    port = free_port()  # for torchrun's store (its --master-port 0 hands the workers port 0)
     r = subprocess.run(
         [
             sys.executable,

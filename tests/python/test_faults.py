@@ -239,11 +239,9 @@ def _store_host_rank(rank, size, port, q):
 
 
 def test_store_host_killed():
-    import socket
+    from conftest import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_store_host_rank, args=(r, 3, port, q)) for r in range(3)]

@@ -140,11 +140,9 @@ def test_default_store_listens_on_master_addr_only(tmp_path, bind):
     """Issue 16, item 8: the TCPStore new_comm starts without a store listens on MASTER_ADDR's
     address (here the loopback), not on every interface; FASTCOMMS_STORE_BIND='*' is the armed
     control (torch's own bind: every interface), which must show up as such."""
-    import socket
+    from conftest import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = str(tmp_path / "listen")
     spawn(_bind_rank, 2, port, bind, out)
     listen = open(out).read().split(",")

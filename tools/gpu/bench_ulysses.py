@@ -30,7 +30,7 @@ import tempfile
 
 import torch
 import torch.multiprocessing as mp
-from fastcomms._bench import permute_all_to_all_4d
+from fastcomms._bench import permute_all_to_all_4d as _base  # BASE: the permute path
 
 WARMUP, ITERS = 5, 20
 ROUNDS = 7
@@ -70,11 +70,6 @@ def _interleaved(variants, iters, rounds=ROUNDS, warmup=WARMUP):
             b.synchronize()
             samples[k].append(a.elapsed_time(b) * 1e3 / iters)
     return {k: statistics.median(v) for k, v in samples.items()}
-
-
-def _base(x, mode, size, pg=None):
-    """BASE: permute + all_to_all_single + permute (even shards), as Ulysses code usually has it."""
-    return permute_all_to_all_4d(x, mode, size, pg)
 
 
 def _anchor_module():
