@@ -216,9 +216,14 @@ GlooImpl::GlooImpl(const BackendInit& init)
   try {
     device_ = ::gloo::transport::tcp::CreateDevice(attr);
     context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
-    context_->setTimeout(init.options.timeout);
+    // NOTE [gloo connect wait]: Gloo waits five times the context's timeout for a pair to
+    // connect (a peer that published its address and then died is retried that long), so the
+    // mesh is built with a fifth of ours: a rendezvous then ends within one timeout of the
+    // store's wait, not five. Ops set their own timeout on every call.
+    context_->setTimeout(std::max(std::chrono::milliseconds(1), init.options.timeout / 5));
     StoreAdapter store(init.options.store, init.options.timeout);
     context_->connectFullMesh(store, device_);
+    context_->setTimeout(init.options.timeout);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
