@@ -12,6 +12,11 @@ of floating-point reductions, tolerance ``--rtol``).
   python examples/train_ulysses_fsdp.py --backend gloo --sp 2 --dp 2 --check     # CPU, 4 procs
   python examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --check   # 2 GPUs
 
+``--baseline`` runs the same training on torch.distributed's own process groups (NCCL on GPUs,
+gloo on CPU) with the Ulysses all-to-all written as most Ulysses code has it (permute, torch's
+differentiable all_to_all_single, permute), for a step-time comparison; rank 0 prints the median
+step time after two warm-up steps either way.
+
 It starts its own ranks with torch.multiprocessing, or runs as one rank under torchrun (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set). A progress bar shows loss and tokens/s
 when tqdm is installed (``pip install tqdm``); otherwise one line per step.
@@ -23,6 +28,7 @@ import argparse
 import datetime
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -109,56 +115,139 @@ def reference_losses(args):
     return out
 
 
-def train(rank, size, args, store):
+class PermuteUlysses:
+    """The baseline (``--baseline``): the all-to-all as most Ulysses code writes it, on a torch
+    process group: permute, torch's differentiable all_to_all_single, permute."""
+
+    def __init__(self, group, size):
+        self.group, self.size = group, size
+
+    def all_to_all_4d(self, x, mode=0):
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        (b, s, h, d), n = x.shape, self.size
+        if mode == 0:  # (b, s_local, h, d) -> (b, s, h_local, d)
+            send = x.reshape(b, s, n, h // n, d).permute(2, 0, 1, 3, 4).contiguous()
+            recv = all_to_all_single_autograd(send, None, None, self.group)
+            return recv.permute(1, 0, 2, 3, 4).reshape(b, n * s, h // n, d)
+        send = x.reshape(b, n, s // n, h, d).permute(1, 0, 2, 3, 4).contiguous()
+        recv = all_to_all_single_autograd(send, None, None, self.group)
+        return recv.permute(1, 2, 0, 3, 4).reshape(b, s // n, n * h, d)
+
+    def destroy(self):
+        pass
+
+
+def _fastcomms_mesh(rank, size, args, store, device):
+    """The (sp, dp) mesh on fastcomms communicators and the Ulysses group over "sp"; rank r sits at
+    (r // dp, r % dp), row-major."""
     import fastcomms
     from fastcomms.device_mesh import init_device_mesh
     from fastcomms.ulysses import UlyssesGroup
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    timeout = datetime.timedelta(seconds=300)
+    world = fastcomms.new_comm(args.backend, device, "world", store=store, timeout=timeout)
+    s, d = divmod(rank, args.dp)
+    sp = world.split([i * args.dp + d for i in range(args.sp)], "sp")
+    dp = world.split([s * args.dp + i for i in range(args.dp)], "dp")
+    mesh = init_device_mesh((sp, dp), ("sp", "dp"), _global_comm=world)
+
+    def close():
+        for c in (sp, dp, world):
+            c.finalize()
+
+    return mesh, UlyssesGroup(mesh["sp"], device=device), close
+
+
+def _torch_mesh(rank, size, args, store, device):
+    """The same mesh on torch.distributed's own groups, with the permute all-to-all."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.PrefixStore("baseline", store),
+        rank=rank,
+        world_size=size,
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
+    mesh = init_device_mesh(device.type, (args.sp, args.dp), mesh_dim_names=("sp", "dp"))
+    return mesh, PermuteUlysses(mesh.get_group("sp"), args.sp), dist.destroy_process_group
+
+
+def train(rank, size, args, store):
+    """Trains on this rank; returns {kind: per-step global losses} for the kinds run
+    ("fastcomms", "baseline" or both, interleaved step by step with ``--compare``)."""
     from torch.distributed.fsdp import fully_shard
 
     cuda = args.backend in ("nccl", "nvlink")
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    timeout = datetime.timedelta(seconds=300)
-    world = fastcomms.new_comm(args.backend, device, "world", store=store, timeout=timeout)
-    # rank r sits at (s, d) = (r // dp, r % dp) of the (sp, dp) mesh, row-major; FSDP2's hybrid
-    # mode replicates over the first dimension (sp) and shards over the second (dp)
+    kinds = ["baseline"] if args.baseline else ["fastcomms"]
+    if args.compare:  # torch's default group first: our mesh then keeps it as the default
+        kinds = ["baseline", "fastcomms"]
+    # FSDP2's hybrid mode replicates over the first mesh dimension (sp), shards over dp
     s, d = divmod(rank, args.dp)
-    sp = world.split([i * args.dp + d for i in range(args.sp)], "sp")
-    dp = world.split([s * args.dp + i for i in range(args.dp)], "dp")
-    mesh = init_device_mesh((sp, dp), ("sp", "dp"), _global_comm=world)
-    ulysses = UlyssesGroup(mesh["sp"], device=device)
-    model = make_model(args, ulysses).to(device)
-    for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    runs = {}
+    for kind in kinds:
+        make_mesh = _torch_mesh if kind == "baseline" else _fastcomms_mesh
+        mesh, ulysses, close = make_mesh(rank, size, args, store, device)
+        model = make_model(args, ulysses).to(device)
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        runs[kind] = dict(mesh=mesh, ulysses=ulysses, close=close, model=model, opt=opt)
     shard = args.seq // args.sp
     positions = torch.arange(s * shard, (s + 1) * shard, device=device)
-    losses, bar = [], _progress(args, rank)
+    losses = {k: [] for k in kinds}
+    step_s = {k: [] for k in kinds}
+    bar = _progress(args, rank)
     t0 = time.perf_counter()
     for step in range(args.steps):
         tokens, targets = batches(args, step)
         rows = slice(d * args.batch, (d + 1) * args.batch)
         cols = slice(s * shard, (s + 1) * shard)
         tokens, targets = tokens[rows, cols].to(device), targets[rows, cols].to(device)
-        loss = F.cross_entropy(model(tokens, positions).flatten(0, 1), targets.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        # the global loss: every rank's shard has the same number of tokens
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=mesh.get_group("sp"))
-        dist.all_reduce(total, group=mesh.get_group("dp"))
-        losses.append(total.item() / size)
-        if cuda:
-            torch.cuda.synchronize()
+        for kind in kinds:
+            run = runs[kind]
+            if cuda:
+                torch.cuda.synchronize()
+            t_step = time.perf_counter()
+            loss = F.cross_entropy(run["model"](tokens, positions).flatten(0, 1), targets.flatten())
+            run["opt"].zero_grad()
+            loss.backward()
+            run["opt"].step()
+            if cuda:
+                torch.cuda.synchronize()
+            step_s[kind].append(time.perf_counter() - t_step)
+            # the global loss: every rank's shard has the same number of tokens
+            total = loss.detach().clone()
+            dist.all_reduce(total, group=run["mesh"].get_group("sp"))
+            dist.all_reduce(total, group=run["mesh"].get_group("dp"))
+            losses[kind].append(total.item() / size)
         tok_s = args.dp * args.batch * args.seq * (step + 1) / (time.perf_counter() - t0)
-        bar(step, losses[-1], tok_s)
-    ulysses.destroy()
-    for c in (sp, dp, world):
-        c.finalize()
+        bar(step, losses[kinds[-1]][-1], tok_s * len(kinds))
+    for kind in reversed(kinds):  # ours first: torch's default group outlives our groups
+        runs[kind]["ulysses"].destroy()
+        runs[kind]["close"]()
+    if rank == 0 and args.steps > 2:
+        med = {k: statistics.median(v[2:]) for k, v in step_s.items()}
+        for kind in kinds:
+            what = (
+                "torch.distributed + permute" if kind == "baseline" else f"fastcomms {args.backend}"
+            )
+            print(
+                f"median step time ({what}, {args.steps - 2} steps after 2 warm-up): "
+                f"{med[kind] * 1e3:.3f} ms",
+                flush=True,
+            )
+        if len(kinds) == 2:
+            print(
+                f"step time ratio baseline / fastcomms: {med['baseline'] / med['fastcomms']:.3f}x",
+                flush=True,
+            )
     return losses
 
 
@@ -207,6 +296,16 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="compare with a one-process reference")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="run on torch.distributed's own groups with the permute all-to-all (for comparison)",
+    )
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="run fastcomms and the baseline in the same processes, step by step interleaved",
+    )
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument(
         "--fault-local-attention",
@@ -247,16 +346,22 @@ def main(argv=None):
             return 1
     if 0 not in results:
         return 0
-    losses = results[0]
-    print(
-        f"losses ({args.backend}, sp={args.sp}, dp={args.dp}): "
-        + ", ".join(f"{v:.6f}" for v in losses)
-    )
+    for kind, losses in results[0].items():
+        what = "torch baseline" if kind == "baseline" else args.backend
+        print(
+            f"losses ({what}, sp={args.sp}, dp={args.dp}): " + ", ".join(f"{v:.6f}" for v in losses)
+        )
     if args.check:
         ref = reference_losses(args)
-        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+        worst = max(
+            abs(a - b) / abs(b)
+            for losses in results[0].values()
+            for a, b in zip(losses, ref, strict=True)
+        )
         print("reference (one process): " + ", ".join(f"{v:.6f}" for v in ref))
-        ok = worst <= args.rtol and all(math.isfinite(v) for v in losses)
+        ok = worst <= args.rtol and all(
+            math.isfinite(v) for losses in results[0].values() for v in losses
+        )
         print(
             f"largest relative difference {worst:.2e} (rtol {args.rtol:.0e}): "
             f"{'loss matches the reference' if ok else 'MISMATCH'}"

@@ -6,8 +6,9 @@
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
 # runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
-# SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench); PYTEST_GPU_FILES picks the Python GPU
-# tests (default: all, the GPU soak included); GPU_BUDGET_S caps the whole run.
+# SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
+# time against torch + permute; EXAMPLE_BENCH_ARGS sizes it); PYTEST_GPU_FILES picks the Python
+# GPU tests (default: all, the GPU soak included); GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -35,7 +36,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example cli run_sh wheel bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example example_bench cli run_sh wheel bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -47,7 +48,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log cli.log run_sh.log wheel.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log example_bench.log cli.log run_sh.log wheel.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -142,7 +143,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
   rc=0
   : >"$LOGS/pytest_gpu.log"
-  for f in ${PYTEST_GPU_FILES:-tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py tests/python/test_soak.py::test_soak_gpu_backends}; do
+  for f in ${PYTEST_GPU_FILES:-tests/python/test_nccl_gpu.py tests/python/test_ulysses_gpu.py tests/python/test_device_mesh_gpu.py tests/python/test_soak.py::test_soak_gpu_backends}; do
     enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
     PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
       "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?
@@ -162,6 +163,20 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_EXAMPLE:-0}" != 1 ] && have_ext && 
   tail -5 "$LOGS/example.log"
   result[example]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -o 'largest relative difference [^ ]*' "$LOGS/example.log"))" ||
                     echo "FAILED (rc $rc, see example.log)")" [$((SECONDS - t0)) s]"
+  if [ "${SKIP_EXAMPLE_BENCH:-0}" != 1 ] && enough; then
+    # Its step time against the same model on torch.distributed NCCL with the permute
+    # all-to-all, interleaved step by step in the same processes (a size where the all-to-all
+    # carries 16 MiB per rank and call).
+    t0=$SECONDS
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" \
+      python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --compare \
+      ${EXAMPLE_BENCH_ARGS:---steps 12 --batch 1 --seq 16384 --dim 1024 --heads 16 --layers 4 --vocab 4096} \
+      >"$LOGS/example_bench.log" 2>&1
+    rc=$?
+    grep -E "median step time|ratio" "$LOGS/example_bench.log"
+    result[example_bench]=$([ "$rc" = 0 ] && grep -o 'ratio baseline / fastcomms: [^ ]*' "$LOGS/example_bench.log" ||
+                            echo "FAILED (rc $rc, see example_bench.log)")" [$((SECONDS - t0)) s]"
+  fi
 fi
 
 if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && have_ext && enough; then

@@ -20,6 +20,7 @@ def process_group_ops(comm, rank, size):
     assert comm_of(pg) is comm and dist.get_rank(pg) == rank and dist.get_world_size(pg) == size
     assert dist.get_process_group_ranks(pg) == list(range(size))
     assert dist.get_backend(pg) == "fastcomms"
+    dev = comm.get_device()
     torch.manual_seed(1000 + rank)
     n = 6 * size
 
@@ -32,7 +33,7 @@ def process_group_ops(comm, rank, size):
             outs.append(ts)
         return outs
 
-    x = torch.randn(n)
+    x = torch.randn(n, device=dev)
     for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         ours, theirs = both(lambda g, t, op=op: dist.all_reduce(t, op, group=g), x)
         assert _same(ours[0], theirs[0]), op
@@ -47,38 +48,42 @@ def process_group_ops(comm, rank, size):
     ours, theirs = both(lambda g, t: dist.reduce(t, dst=0, group=g), x)
     if rank == 0:
         assert _same(ours[0], theirs[0])
-    out = [torch.empty(n) for _ in range(size)]
+    out = [torch.empty(n, device=dev) for _ in range(size)]
     for group in (pg, None):
-        res = [torch.full((n,), float("nan")) for _ in range(size)]
+        res = [torch.full((n,), float("nan"), device=dev) for _ in range(size)]
         dist.all_gather(res, x, group=group)
         out = res if group is pg else out
         if group is None:
             assert all(_same(a, b) for a, b in zip(out, res, strict=True))
     ours, theirs = both(
-        lambda g, o, i: dist.all_gather_into_tensor(o, i, group=g), torch.empty(n * size), x
+        lambda g, o, i: dist.all_gather_into_tensor(o, i, group=g),
+        torch.empty(n * size, device=dev),
+        x,
     )
     assert _same(ours[0], theirs[0])
     ours, theirs = both(
-        lambda g, o, i: dist.reduce_scatter_tensor(o, i, group=g), torch.empty(6), x
+        lambda g, o, i: dist.reduce_scatter_tensor(o, i, group=g), torch.empty(6, device=dev), x
     )
     assert _same(ours[0], theirs[0])
-    ours, theirs = both(lambda g, o, i: dist.all_to_all_single(o, i, group=g), torch.empty(n), x)
+    ours, theirs = both(
+        lambda g, o, i: dist.all_to_all_single(o, i, group=g), torch.empty(n, device=dev), x
+    )
     assert _same(ours[0], theirs[0])
     # uneven splits: rank r sends q + 1 elements to rank q
-    send = torch.randn(sum(q + 1 for q in range(size)))
+    send = torch.randn(sum(q + 1 for q in range(size)), device=dev)
     recv_sizes = [rank + 1] * size
     ours, theirs = both(
         lambda g, o, i: dist.all_to_all_single(
             o, i, recv_sizes, [q + 1 for q in range(size)], group=g
         ),
-        torch.empty(sum(recv_sizes)),
+        torch.empty(sum(recv_sizes), device=dev),
         send,
     )
     assert _same(ours[0], theirs[0])
     # point to point in a ring, as a batch
     right, left = (rank + 1) % size, (rank - 1) % size
     for group in (pg, None):
-        got = torch.full((n,), float("nan"))
+        got = torch.full((n,), float("nan"), device=dev)
         reqs = dist.batch_isend_irecv(
             [dist.P2POp(dist.isend, x, right, group), dist.P2POp(dist.irecv, got, left, group)]
         )
@@ -90,7 +95,7 @@ def process_group_ops(comm, rank, size):
             assert _same(mine, got)
     dist.barrier(group=pg)
     # torch's functional collectives (what DTensor and torch.compile use) by group name
-    y, w = torch.randn(n), dist.group.WORLD
+    y, w = torch.randn(n, device=dev), dist.group.WORLD
     assert _same(
         funcol.all_reduce(y, "sum", "fc_world").wait(), funcol.all_reduce(y, "sum", w).wait()
     )
@@ -116,16 +121,17 @@ def test_process_group_ops_world3(world):
     world(process_group_ops, 3)
 
 
-def _model(seed):
+def _model(seed, dev="cpu"):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to(dev)
 
 
-def _train(model, rank, steps=3):
+def _train(model, rank, steps=3, dev="cpu"):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(77 + rank)
     for _ in range(steps):
         x, y = torch.randn(4, 16, generator=gen), torch.randn(4, 8, generator=gen)
+        x, y = x.to(dev), y.to(dev)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -138,24 +144,25 @@ def ddp_and_fsdp2(comm, rank, size):
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    dev = comm.get_device()
     pg = _create_torchcomm_process_group(comm, "fc_ddp")
-    # DDP: the same steps over our group and over torch's gloo group, bit for bit
-    ours, theirs = DDP(_model(5), process_group=pg), DDP(_model(5))
-    assert _same(_train(ours, rank), _train(theirs, rank))
+    # DDP: the same steps over our group and over torch's own default group, bit for bit
+    ours, theirs = DDP(_model(5, dev), process_group=pg), DDP(_model(5, dev))
+    assert _same(_train(ours, rank, dev=dev), _train(theirs, rank, dev=dev))
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         assert _same(a.detach(), b.detach())
     # FSDP2 over a 1-D DeviceMesh of our communicator vs torch's own mesh
     mesh = init_device_mesh((comm,), ("dp",))
     assert comm_of(mesh.get_group("dp")) is comm
-    ref_mesh = torch_mesh("cpu", (size,), mesh_dim_names=("dp",))
+    ref_mesh = torch_mesh(dev.type, (size,), mesh_dim_names=("dp",))
     models = []
     for m in (mesh, ref_mesh):
-        model = _model(9)
+        model = _model(9, dev)
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=m)
         fully_shard(model, mesh=m)
-        models.append((model, _train(model, rank)))
+        models.append((model, _train(model, rank, dev=dev)))
     (a, loss_a), (b, loss_b) = models
     assert _same(loss_a, loss_b)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
@@ -210,8 +217,8 @@ def test_mesh_2d(world):
 def functional_compiled(comm, rank, size):
     from fastcomms import functional as fcf
 
-    w = dist.group.WORLD
-    x = torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(rank))
+    w, dev = dist.group.WORLD, comm.get_device()
+    x = torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(rank)).to(dev)
 
     # compiled first (no eager call on this communicator before), fullgraph, forward and backward
     def f(t):
@@ -228,7 +235,7 @@ def functional_compiled(comm, rank, size):
     a, g, s = compiled(xr)
     frames = dynamo_utils.counters["frames"]["ok"]
     for i in range(10):  # fresh data of the same shape: no recompilation
-        compiled(torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(i)))
+        compiled(torch.randn(2 * size, 3, generator=torch.Generator().manual_seed(i)).to(dev))
     assert dynamo_utils.counters["frames"]["ok"] == frames, dynamo_utils.counters["frames"]
     assert _same(a, funcol.all_reduce(x, "sum", w).wait())
     assert _same(g, funcol.all_gather_tensor(x * 2, 0, w).wait())
@@ -262,10 +269,11 @@ def tensor_parallel(comm, rank, size):
         parallelize_module,
     )
 
+    dev = comm.get_device()
     mesh = init_device_mesh((comm,), ("tp",))
-    model, ref = _model(3), _model(3)
+    model, ref = _model(3, dev), _model(3, dev)
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(11))  # the same on every rank
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(11)).to(dev)  # same everywhere
     y, want = model(x), ref(x)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
     y.sum().backward()
@@ -276,3 +284,41 @@ def tensor_parallel(comm, rank, size):
 
 def test_tensor_parallel(world):
     world(tensor_parallel, 2)
+
+
+def compiled_step_in_cuda_graph(comm, rank, size):
+    """A compiled training-like step (matmul, all_reduce, all_gather over the communicator)
+    captured in a CUDA graph and replayed on fresh data: the same bits as the compiled step run
+    eagerly, and as torch's own collectives on the same data (GPU tier only)."""
+    from fastcomms import functional as fcf
+
+    dev, w = comm.get_device(), dist.group.WORLD
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(5)).to(dev)
+
+    def step(x):
+        h = fcf.all_reduce(x @ weight, "sum", comm)
+        return fcf.all_gather_tensor(torch.relu(h), 0, comm)
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    static_x = torch.randn(8, 64, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        for _ in range(3):
+            compiled(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = compiled(static_x)
+    for i in range(4):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(100 * i + rank)).to(dev)
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _same(static_out, compiled(x)), i
+        want = funcol.all_gather_tensor(
+            torch.relu(funcol.all_reduce(x @ weight, "sum", w).wait()), 0, w
+        ).wait()
+        torch.testing.assert_close(static_out, want, rtol=1e-5, atol=1e-5)
+    del graph
+    torch.cuda.synchronize()
