@@ -60,6 +60,7 @@ __all__ = [
     "ReduceOp",
     "RedOpType",
     "CommOptions",
+    "ReconfigureOptions",
     "TorchCommWindow",
     "TorchCommWindowAttr",
     "TorchCommWinAccessType",
@@ -564,6 +565,57 @@ def _op(op) -> tuple[RedOpType, float]:
     raise _TypeError(f"op must be a ReduceOp, got {type(op).__name__}")
 
 
+class ReconfigureOptions:
+    """The arguments of ``TorchComm.reconfigure`` as one object (torchcomms' class)."""
+
+    def __init__(self, uuid: int = 0, init_handles=None, timeout=None, hints=None) -> None:
+        self.uuid = uuid
+        self.init_handles = [] if init_handles is None else init_handles
+        self.timeout = timeout
+        self.hints = dict(hints or {})
+
+
+class _Unconfigured:
+    """What a communicator made with ``enable_reconfigure=True`` holds until its first
+    ``reconfigure``: it knows its name and backend, and every op says to reconfigure first."""
+
+    def __init__(self, backend: str, name: str, timeout, hints) -> None:
+        self._backend, self._name, self._timeout, self._hints = backend, name, timeout, hints
+
+    def name(self) -> str:
+        return self._name
+
+    def backend(self) -> str:
+        return self._backend
+
+    def timeout(self):
+        return self._timeout
+
+    def set_timeout(self, td) -> None:
+        self._timeout = td
+
+    def hints(self) -> dict:
+        return dict(self._hints)
+
+    def set_hints(self, hints) -> None:
+        self._hints = dict(hints)
+
+    def is_aborted(self) -> bool:
+        return False
+
+    def finalize(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def __getattr__(self, attr):
+        raise _ValueError(
+            f"[{self._name}] {attr}: this communicator was made with enable_reconfigure=True "
+            "and has no ranks until reconfigure(uuid, init_handles) is called"
+        )
+
+
 class TorchComm(_OpaqueBase):
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
@@ -578,6 +630,14 @@ class TorchComm(_OpaqueBase):
         self._post_hooks: dict[int, object] = {}
         self._op_ids = itertools.count(1)
         self._hook_ids = itertools.count()
+        # what reconfigure() rebuilds from (new_comm fills it in)
+        self._reconf: dict = {
+            "backend": c.backend(),
+            "name": c.name(),
+            "store": self._options.store,
+            "hints": dict(self._options.hints),
+            "uuids": set(),
+        }
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -702,12 +762,134 @@ class TorchComm(_OpaqueBase):
         for q in range(1, size):
             self.send(token, q, False, timeout=timeout)
 
-    def get_init_handle(self):
-        """torchcomms' handle for ``reconfigure``; fastcomms has no reconfiguration yet."""
-        raise UnsupportedError(
-            f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} get_init_handle] "
-            "reconfiguration (init handles, reconfigure) is not built in fastcomms"
+    def get_init_handle(self) -> str:
+        """This process's handle for ``reconfigure`` (torchcomms' fault-tolerance API): a string
+        that names this communicator object, the same on every call and across reconfigures."""
+        handle = getattr(self, "_init_handle", None)
+        if handle is None:
+            import secrets
+            import socket
+
+            handle = f"fastcomms:{self.get_backend()}:{socket.gethostname()}:{os.getpid()}"
+            handle += f":{secrets.token_hex(8)}"
+            self._init_handle = handle
+        return handle
+
+    def reconfigure(self, uuid, init_handles=None, timeout=None, hints=None) -> _DoneWork:
+        """Rebuilds this communicator over the ranks whose init handles are listed (torchcomms'
+        fault-tolerance API; needs ``new_comm(enable_reconfigure=True)``): every participant
+        passes the same ``uuid`` (never used before on this communicator) and the same handles.
+        A list gives rank = position of the handle; a set, rank = position in sorted order.
+        Ranks left out just stop using the communicator. The old configuration is finalized
+        first (an error there, such as a dead peer, aborts it instead). Windows, splits and
+        Ulysses groups made before belong to the old configuration. Also takes a
+        ``ReconfigureOptions`` as its only argument. Returns a completed work."""
+        if isinstance(uuid, ReconfigureOptions):
+            uuid, init_handles, timeout, hints = (
+                uuid.uuid,
+                uuid.init_handles,
+                uuid.timeout,
+                uuid.hints,
+            )
+        r = self._reconf
+        where = f"[{r['name']} reconfigure uuid={uuid}]"
+        if not self._options.enable_reconfigure:
+            raise _ValueError(
+                f"{where} this communicator was made without enable_reconfigure=True; "
+                "reconfigure is for communicators made with it"
+            )
+        if isinstance(uuid, bool) or not isinstance(uuid, int):
+            raise _TypeError(f"{where} uuid must be an int, got {type(uuid).__name__}")
+        if uuid < 0:
+            raise _ValueError(f"{where} uuid must be non-negative, got {uuid}")
+        if uuid in r["uuids"]:
+            raise _ValueError(f"{where} uuid {uuid} was used before on this communicator")
+        if isinstance(init_handles, set | frozenset):
+            handles = sorted(init_handles)
+        elif isinstance(init_handles, list | tuple):
+            handles = list(init_handles)
+        else:
+            raise _TypeError(
+                f"{where} init_handles must be a list or a set of init handles, got "
+                f"{type(init_handles).__name__}"
+            )
+        if not handles or not all(isinstance(h, str) for h in handles):
+            raise _ValueError(f"{where} init_handles must be a non-empty list of strings")
+        if len(set(handles)) != len(handles):
+            raise _ValueError(f"{where} init_handles lists a handle twice: {handles}")
+        mine = self.get_init_handle()
+        if mine not in handles:
+            raise _ValueError(
+                f"{where} this rank's handle {mine!r} is not among init_handles; a rank left "
+                "out of the new configuration does not call reconfigure"
+            )
+        prefix = f"fastcomms:{r['backend']}:"
+        foreign = [h for h in handles if not h.startswith(prefix)]
+        if foreign:
+            raise _ValueError(
+                f"{where} init_handles must come from get_init_handle() of {r['backend']!r} "
+                f"communicators, got {foreign}"
+            )
+        rank, size = handles.index(mine), len(handles)
+        where = f"[rank {rank}/{size} {r['name']} reconfigure uuid={uuid}]"
+        td = _ms(timeout, where) if timeout is not None else self._options.timeout
+        store = r["store"]
+        if store is None:
+            raise _ValueError(
+                f"{where} the communicator has no store (new_comm(store=...), or MASTER_ADDR "
+                "and MASTER_PORT with TORCHCOMM_RANK/SIZE or RANK/WORLD_SIZE set)"
+            )
+        import hashlib
+
+        import torch.distributed as dist
+
+        space = dist.PrefixStore(f"fastcomms/reconfigure/{r['name']}/{uuid}", store)
+        # Every participant must pass the same handles in the same order: each one publishes a
+        # digest of its list under its own handle and compares those of the others.
+        digest = hashlib.sha256("\n".join(handles).encode()).hexdigest()
+        space.set(f"list/{mine}", digest)
+        others = [f"list/{h}" for h in handles if h != mine]
+        try:
+            if others:
+                space.wait(others, td)
+        except Exception as e:  # noqa: BLE001 (the store's timeout type varies)
+            missing = [k[5:] for k in others if not space.check([k])]
+            raise TimeoutError(
+                f"{where} handles {missing} did not join within {td.total_seconds():g} s: {e}"
+            ) from e
+        differ = [k[5:] for k in others if space.get(k).decode() != digest]
+        if differ:
+            raise _ValueError(
+                f"{where} the ranks with handles {differ} passed other init_handles (another "
+                "set or order) for this uuid"
+            )
+        old = self._c
+        if isinstance(old, _Unconfigured):
+            pass
+        else:
+            try:
+                old.finalize()
+            except Exception:  # noqa: BLE001 (a broken configuration: abort it instead)
+                old.abort()
+        merged = dict(r["hints"])
+        merged.update(hints or {})
+        dev = self._device
+        c = _C.Comm(
+            r["backend"],
+            rank,
+            size,
+            dev.type,
+            -1 if dev.index is None else dev.index,
+            space,
+            td,
+            self._options.abort_process_on_timeout_or_error,
+            r["name"],
+            merged,
         )
+        c.set_timeout(self._options.timeout)  # the reconfigure timeout was for the rendezvous
+        self._c = c
+        r["uuids"].add(uuid)
+        return _DoneWork()
 
     # -- hooks ---------------------------------------------------------------------------------
     # NOTE [python hooks]: hooks run here, where the call's tensors are at hand, as torchcomms
@@ -1126,6 +1308,30 @@ def _default_store(addr: str, port: int, size: int, rank: int, timeout):
             time.sleep(0.05)
 
 
+def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
+    """new_comm(enable_reconfigure=True): no ranks and no rendezvous until reconfigure()."""
+    if not _C.is_backend_built(backend):
+        raise UnsupportedError(
+            f"new_comm: enable_reconfigure=True needs a built-in backend "
+            f"({', '.join(b for b in ('gloo', 'nccl', 'nvlink') if _C.is_backend_built(b))}), "
+            f"got {backend!r}"
+        )
+    name = name or f"{backend}_{next(_names)}"
+    if store is None and "MASTER_PORT" in os.environ:  # as new_comm does without a store
+        rank, size = _rank_size()
+        store = _default_store(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]),
+            size,
+            rank,
+            opts.timeout,
+        )
+    options = CommOptions(
+        opts.abort_process_on_timeout_or_error, opts.timeout, store, hints, name, True
+    )
+    return TorchComm(_Unconfigured(backend, name, opts.timeout, hints), device, options)
+
+
 def _rank_size() -> tuple[int, int]:
     for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
         if rk in os.environ and sz in os.environ:
@@ -1149,8 +1355,6 @@ def new_comm(
 ) -> TorchComm:
     """Creates a communicator (collective over the ranks that share the store). The positional
     order is torchcomms' Python binding's: ``new_comm(backend, device, name, ...)``."""
-    if enable_reconfigure:
-        raise UnsupportedError("new_comm: enable_reconfigure is not supported")
     opts = CommOptions(abort_process_on_timeout_or_error, timeout, store, hints, name or "")
     timeout, abort = opts.timeout, opts.abort_process_on_timeout_or_error
     hints = dict(hints or {})
@@ -1161,6 +1365,8 @@ def new_comm(
         device = torch.device("cuda", torch.cuda.current_device())
     if not _C.is_backend_built(backend) and backend not in _python_backends:
         _load_entry_point_backends()
+    if enable_reconfigure:
+        return _new_reconfigurable(backend, device, name, opts, hints, store)
     if backend in _python_backends:
         from ._pybackend import Shim
 

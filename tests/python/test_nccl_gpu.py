@@ -228,3 +228,39 @@ def _window_worker(rank, size, path, errq):
 
 def test_nvlink_windows():
     spawn(_window_worker, 2, timeout=200)
+
+
+def _reconfigure_worker(rank, size, path, errq, backend):
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+        from fastcomms import ReduceOp
+
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        import os
+
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+        store = dist.FileStore(path, size)
+        comm = fastcomms.new_comm(backend, dev, "ft", store=store, enable_reconfigure=True)
+        store.set(f"h/{rank}", comm.get_init_handle())
+        hs = [store.get(f"h/{r}").decode() for r in range(size)]
+        for uuid, handles in enumerate((list(reversed(hs)), [hs[rank]], hs)):
+            comm.reconfigure(uuid, handles, datetime.timedelta(seconds=60)).wait()
+            assert comm.get_rank() == handles.index(hs[rank]) and comm.get_size() == len(handles)
+            t = torch.full((4096,), float(comm.get_rank() + 1), device=dev)
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            want = float(sum(range(1, len(handles) + 1)))
+            assert torch.equal(t, torch.full((4096,), want, device=dev)), (uuid, t[:4])
+        torch.cuda.synchronize()
+        comm.finalize()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_reconfigure_on_gpu_backends(backend):
+    """reconfigure: all ranks (reversed order), each rank alone, all again."""
+    spawn(_reconfigure_worker, 2, backend, timeout=200)
