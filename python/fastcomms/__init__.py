@@ -7,6 +7,7 @@ far: the gloo backend on CPU tensors; see README.md for what is not built yet).
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import enum
 import itertools
@@ -1332,7 +1333,17 @@ def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
     return TorchComm(_Unconfigured(backend, name, opts.timeout, hints), device, options)
 
 
+# (rank, size) that new_comm takes instead of the environment's, for torch's torchcomms switch
+# (fastcomms._comms), which makes groups of a subset of the ranks
+_rank_size_override: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "fastcomms_rank_size", default=None
+)
+
+
 def _rank_size() -> tuple[int, int]:
+    given = _rank_size_override.get()
+    if given is not None:
+        return given
     for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
         if rk in os.environ and sz in os.environ:
             return int(os.environ[rk]), int(os.environ[sz])
