@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import enum
+import functools
 import itertools
 import os
 import time
@@ -189,9 +190,15 @@ class TorchWork:
 
     def __init__(self, work: _C.Work) -> None:
         self._work = work
+        self._on_timeout = None  # set by the communicator when something observes its ops
 
     def wait(self) -> None:
-        self._work.wait()
+        try:
+            self._work.wait()
+        except TimeoutError as e:
+            if self._on_timeout is not None:
+                self._on_timeout(e)
+            raise
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -202,13 +209,13 @@ class TorchWork:
     def wait_blocking(self) -> None:
         """Blocks this thread until the op has finished (``wait()`` on a CUDA backend only
         orders the caller's stream); raises the op's error like ``wait()``."""
-        self._work.wait()
+        self.wait()
         delay = 1e-5
         while not self._work.is_completed():
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
         if self._work.status() != WorkStatus.COMPLETED:
-            self._work.wait()  # rethrows the error that ended it
+            self.wait()  # rethrows the error that ended it
 
 
 class RemovableHandle:
@@ -629,6 +636,7 @@ class TorchComm(_OpaqueBase):
         self._options = options or CommOptions()
         self._pre_hooks: dict[int, object] = {}
         self._post_hooks: dict[int, object] = {}
+        self._observers: dict[int, object] = {}
         self._op_ids = itertools.count(1)
         self._hook_ids = itertools.count()
         # what reconfigure() rebuilds from (new_comm fills it in)
@@ -898,19 +906,39 @@ class TorchComm(_OpaqueBase):
     # <Op>PostHookArgs) once the op is issued. The argument objects are built only when a hook
     # is registered.
     def _run(self, name, pre_args, issue, post=None):
-        if not self._pre_hooks and not self._post_hooks:
+        if not self._pre_hooks and not self._post_hooks and not self._observers:
             return issue()
         op_id = next(self._op_ids)
         if self._pre_hooks:
             args = pre_args()
             for fn in list(self._pre_hooks.values()):
                 fn(name, op_id, args)
-        result = issue()
+        try:
+            result = issue()
+        except TimeoutError as e:
+            self._notify("timeout", op_id, e)
+            raise
+        if self._observers:
+            work = result if isinstance(result, TorchWork) else None
+            if work is not None:
+                work._on_timeout = functools.partial(self._notify, "timeout", op_id)
+            self._notify("issued", op_id, work)
         if self._post_hooks:
             args = (post or _ht.CollectivePostHookArgs)()
             for fn in list(self._post_hooks.values()):
                 fn(op_id, args)
         return result
+
+    def _observe(self, fn) -> RemovableHandle:
+        """Internal (fastcomms.hooks' flight recorder): ``fn(event, op_id, payload)`` with event
+        "issued" (payload: the op's TorchWork, None for ops that return none) once an op is
+        issued, and "timeout" (payload: the exception) when the op, or a wait on its work,
+        raised TimeoutError. Op ids are the hooks' op ids."""
+        return self._add_hook(self._observers, fn)
+
+    def _notify(self, event, op_id, payload) -> None:
+        for fn in list(self._observers.values()):
+            fn(event, op_id, payload)
 
     def register_pre_hook(self, fn) -> RemovableHandle:
         """``fn(name: OpName, op_id: int, args)`` before every operation (torchcomms')."""

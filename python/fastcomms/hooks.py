@@ -3,7 +3,11 @@
 
 - ``FlightRecorderHook``: a ring of the last ``max_entries`` operations (op id, communicator,
   rank, operation, tensor shapes and dtypes, state, times), dumped as JSON on demand and to a
-  file when the communicator aborts (``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's prefix).
+  file when the communicator aborts or one of its operations times out (a sync op, or a wait on
+  an async op's work, raising ``TimeoutError``); ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's
+  prefix. States: "started" (not yet issued), "issued" (a sync op returned, or an async op
+  whose work was dropped), "in_progress", "completed", "timed_out" and "failed" (read from the
+  async op's work at dump time).
 - ``NanCheckHook``: raises ``RuntimeError`` before an operation whose input holds a NaN.
 
 Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_*_hook``)."""
@@ -15,6 +19,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -48,6 +53,7 @@ class FlightRecorderHook:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._ranks: dict[str, int] = {}
+        self._works: dict[tuple[str, int], weakref.ref] = {}  # async ops' works, weakly
 
     def _ring(self, comm_name: str) -> collections.deque:
         key = comm_name if self._isolated else ""
@@ -87,12 +93,27 @@ class FlightRecorderHook:
                     entry["state"] = "issued"  # sync ops are complete here, async ones enqueued
                     entry["time_issued_ns"] = time.time_ns()
 
+        def observe(event, op_id, payload):
+            if event == "issued" and payload is not None:
+                with self._lock:
+                    self._works[(name, op_id)] = weakref.ref(payload)
+                    if len(self._works) > 2 * self._max * max(1, len(self._rings)):
+                        self._prune_works()
+                return
+            if event == "timeout":
+                with self._lock:
+                    for entry in self._ring(name):
+                        if entry["comm"] == name and entry["op_id"] == op_id:
+                            entry["timed_out"] = True
+                self.dump_file(rank)
+
         def on_abort():
             self.dump_file(rank)
 
         self._handles += [
             comm.register_pre_hook(pre),
             comm.register_post_hook(post),
+            comm._observe(observe),
             comm.register_abort_hook(on_abort),
         ]
 
@@ -102,11 +123,37 @@ class FlightRecorderHook:
             h.remove()
         self._handles = []
 
+    def _state(self, entry: dict) -> str:
+        if entry.pop("timed_out", False):
+            return "timed_out"
+        ref = self._works.get((entry["comm"], entry["op_id"]))
+        work = ref() if ref is not None else None
+        if work is None:
+            return entry["state"]
+        status = work.status().name
+        return {
+            "COMPLETED": "completed",
+            "TIMEDOUT": "timed_out",
+            "ERROR": "failed",
+        }.get(status, "in_progress")
+
+    def _prune_works(self) -> None:
+        """Forgets the works of entries the rings no longer hold (the lock is held)."""
+        live = {(e["comm"], e["op_id"]) for ring in self._rings.values() for e in ring}
+        self._works = {k: w for k, w in self._works.items() if k in live}
+
     def _entries(self, include_completed: bool) -> list[dict]:
         with self._lock:
+            self._prune_works()
             entries = [dict(e) for ring in self._rings.values() for e in ring]
-        if not include_completed:
-            entries = [e for e in entries if e["state"] != "issued" or e["async_op"]]
+            for e in entries:
+                e["state"] = self._state(e)
+        if not include_completed:  # what is not known to be finished
+            entries = [
+                e
+                for e in entries
+                if e["state"] != "completed" and not (e["state"] == "issued" and not e["async_op"])
+            ]
         return sorted(entries, key=lambda e: e["time_started_ns"])
 
     def dump_json(self, include_completed: bool = True) -> str:
@@ -127,6 +174,7 @@ class FlightRecorderHook:
         with self._lock:
             self._rings.clear()
             self._open.clear()
+            self._works.clear()
 
     def is_enabled(self) -> bool:
         return bool(self._handles)

@@ -90,6 +90,44 @@ def hooks_module(comm, rank, size):
     assert torch.equal(ok, torch.full((4,), float(size)))
     nan.unregister()
 
+    # states read from the async ops' works; a dump when an op times out (sync or on wait)
+    import datetime
+    import os
+    import tempfile
+
+    fr = FlightRecorderHook()
+    fr.register_with_comm(comm)
+    held = comm.all_reduce(torch.ones(5), ReduceOp.SUM, True)
+    held.wait()
+    assert json.loads(fr.dump_json())["entries"][-1]["state"] == "completed"
+    assert json.loads(fr.dump_json(include_completed=False))["entries"] == []
+    comm.barrier(False)
+    if rank != 0:  # rank 0 alone now: its ops time out (a timeout ends gloo's pairs, so
+        import time  # nothing can tell this rank when rank 0 is done: it stays a while)
+
+        time.sleep(4)
+        return
+    prefix = os.path.join(tempfile.mkdtemp(), "fr_")
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = prefix
+    one_s = datetime.timedelta(seconds=1)
+    w = comm.all_reduce(torch.ones(6), ReduceOp.SUM, True, timeout=one_s)
+    with pytest.raises(TimeoutError):
+        w.wait()
+    with open(prefix + "0") as f:
+        last = json.load(f)["entries"][-1]
+    assert last["op"] == "all_reduce" and last["state"] == "timed_out", last
+    assert last["tensors"] == [{"arg": "tensor", "shape": [6], "dtype": "float32"}]
+    os.remove(prefix + "0")
+    with pytest.raises(TimeoutError):
+        comm.broadcast(torch.ones(7), 1, False, timeout=one_s)
+    with open(prefix + "0") as f:
+        entries = json.load(f)["entries"]
+    assert [e["state"] for e in entries[-2:]] == ["timed_out", "timed_out"], entries[-2:]
+    assert entries[-1]["op"] == "broadcast"
+    unfinished = json.loads(fr.dump_json(include_completed=False))["entries"]
+    assert [e["op"] for e in unfinished] == ["all_reduce", "broadcast"], unfinished
+    fr.unregister()
+
 
 def test_flight_recorder_and_nan_check(world):
     world(hooks_module, 2)
