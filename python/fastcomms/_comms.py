@@ -9,8 +9,8 @@ NOTE [torch's torchcomms switch]: torch imports this module while ``import torch
 way (torch.distributed's import), so nothing here touches torch.distributed at import time. torch
 calls ``new_comm(backend, device, name=group_name, store=prefix_store)`` from its process-group
 helper, then ``_BackendWrapper(comm)``, and installs what that returns; a ``ProcessGroup``
-subclass is installed as the group itself, which is what fastcomms returns (the process group of
-fastcomms.device_mesh over the communicator, named as torch names it). torch passes no rank or
+is installed as the group itself, which is what fastcomms returns (the process group of
+fastcomms.device_mesh over the communicator, which torch then names). torch passes no rank or
 size: for the default group they are the environment's (as torchcomms reads them), and for a
 ``new_group`` of some of the ranks they are this rank's place in the member list that torch's
 helper holds (``global_ranks_in_group``), read from its frame, without which the members would
@@ -47,8 +47,6 @@ def new_comm(backend, device, name=None, *args, **kwargs):
 
 def _BackendWrapper(comm):  # noqa: N802 (torchcomms' name)
     """The torch.distributed process group over ``comm`` for torch's torchcomms switch."""
-    from .device_mesh import _CommProcessGroup
+    from .device_mesh import _CommOps, _process_group
 
-    pg = _CommProcessGroup(comm)
-    pg._fc_group_name = comm.get_name()  # torch registers it under the name it gave new_comm
-    return pg
+    return _process_group(_CommOps(comm))  # torch names and registers it

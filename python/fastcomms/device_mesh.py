@@ -8,12 +8,15 @@ DeviceMesh, DTensor, FSDP2 and DDP then run their collectives on the communicato
 ``init_device_mesh(comms, names)`` builds a ``DeviceMesh`` whose dimensions are such process
 groups, as torchcomms' function of the same name does.
 
-How (NOTE [process group over a communicator]): torch lets Python subclass ``ProcessGroup`` and
-calls the subclass's methods both from Python (``dist.all_reduce``) and from C++ (the functional
-collectives, DDP's reducer) through its trampoline. Each method issues the communicator's op with
-``async_op=True`` and returns a ``torch.distributed.Work`` whose ``wait()`` waits for it (on CUDA:
-the caller's stream waits, no host block) and whose ``get_future()`` waits, then hands back a
-completed future (DDP's reducer chains on it). Ranks in a group are the communicator's ranks;
+How (NOTE [process group over a communicator]): the group is a plain torch ``ProcessGroup`` with
+one c10d backend, registered for the communicator's device type, made by fastcomms._c10d (NOTE
+[c10d backend over python]); torch calls that backend both from Python (``dist.all_reduce``) and
+from C++ (the functional collectives, DDP's reducer), and it calls the methods of ``_CommOps``
+here by torch's names. Each issues the communicator's op with ``async_op=True`` and returns a
+``torch.distributed.Work`` whose ``wait()`` waits for it (on CUDA: the caller's stream waits, no
+host block) and whose ``get_future()`` waits, then hands back a completed future (DDP's reducer
+chains on it). The backend says it supports coalescing, so ``batch_isend_irecv`` sends a batch as
+one (NOTE [coalesced p2p]). Ranks in a group are the communicator's ranks;
 ``global_ranks_mapping`` says which global rank each one is, for torch's bookkeeping.
 """
 
@@ -76,28 +79,23 @@ class _CommWork(dist.Work):
         return fut
 
 
-class _CommProcessGroup(dist.ProcessGroup):
-    """A torch.distributed ProcessGroup whose collectives run on a fastcomms TorchComm."""
+class _CommOps:
+    """What the c10d backend of a fastcomms process group calls (NOTE [c10d backend over
+    python]): torch's backend methods, by torch's names, on a fastcomms TorchComm."""
 
     def __init__(self, comm: TorchComm):
-        super().__init__(comm.get_rank(), comm.get_size())
         self._comm = comm
-
-    # -- identity ----------------------------------------------------------------------------
-    def getBackendName(self):  # noqa: N802 (torch's name)
-        return "fastcomms"
-
-    def name(self):
-        return "fastcomms"
+        self._coalescing: list | None = None  # p2p ops held between start and end coalescing
 
     @property
     def comm(self) -> TorchComm:
         return self._comm
 
-    @property
-    def group_name(self) -> str:
-        # torch keeps a group's name on its backends, and this group has none (Python answers)
-        return getattr(self, "_fc_group_name", "")
+    def rank(self) -> int:
+        return self._comm.get_rank()
+
+    def size(self) -> int:
+        return self._comm.get_size()
 
     def _where(self, op):
         return (
@@ -184,7 +182,10 @@ class _CommProcessGroup(dist.ProcessGroup):
         return _CommWork([self._comm.scatter(outputs[0], inp, root, True)], outputs)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        """torch.distributed's gloo health-checking barrier, on the communicator (CPU only)."""
+        """torch.distributed's gloo health-checking barrier, on the communicator (CPU only).
+        torch passes its unset timeout as a non-positive one: the communicator's then."""
+        if timeout is not None and timeout.total_seconds() <= 0:
+            timeout = None
         self._comm.monitored_barrier(timeout, wait_all_ranks)
 
     def barrier(self, opts=None):
@@ -195,9 +196,15 @@ class _CommProcessGroup(dist.ProcessGroup):
         return _CommWork([self._comm.barrier(True)], [], dev if dev.type == "cuda" else None)
 
     def send(self, tensors, dst, tag=0):
+        if self._coalescing is not None:
+            self._coalescing += [("send", t, dst) for t in tensors]
+            return _CommWork([], tensors)
         return self._each(lambda t: self._comm.send(t, dst, True), tensors)
 
     def recv(self, tensors, src, tag=0):
+        if self._coalescing is not None:
+            self._coalescing += [("recv", t, src) for t in tensors]
+            return _CommWork([], tensors)
         return self._each(lambda t: self._comm.recv(t, src, True), tensors)
 
     def recv_anysource(self, tensors, tag=0):
@@ -205,17 +212,75 @@ class _CommProcessGroup(dist.ProcessGroup):
             f"{self._where('recv')}: a receive from any source is not supported; name the peer"
         )
 
+    # NOTE [coalesced p2p]: torch's batch_isend_irecv (and _coalescing_manager) bracket a batch
+    # with start/end coalescing on groups whose backend supports it. The sends and receives in
+    # between are held and issued at the end as one batch of the communicator (one NCCL group
+    # on the GPU backends), so a send and a receive between the same two ranks cannot block each
+    # other, as they can when each is its own NCCL call on one stream. Collectives in between
+    # run at once.
+    def _start_coalescing(self):
+        if self._coalescing is not None:
+            raise RuntimeError(f"{self._where('start_coalescing')}: already coalescing")
+        self._coalescing = []
+
+    def _end_coalescing(self):
+        ops, self._coalescing = self._coalescing, None
+        if not ops:
+            return _CommWork([], [])
+        batch = self._comm.batch_op_create()
+        for kind, t, peer in ops:
+            (batch.send if kind == "send" else batch.recv)(t, peer)
+        return _CommWork([batch.issue(True)], [t for _, t, _ in ops])
+
+    def set_timeout(self, timeout):
+        self._comm.set_timeout(timeout)
+
+    def abort(self):
+        self._comm.abort()
+
+    def shutdown(self):
+        pass  # the communicator belongs to its maker, who finalizes it
+
+
+def _process_group(ops: _CommOps) -> dist.ProcessGroup:
+    """A plain torch ProcessGroup whose backend, for the communicator's device type, forwards to
+    ``ops`` (NOTE [c10d backend over python])."""
+    from . import _c10d
+
+    comm = ops.comm
+    pg = dist.ProcessGroup(dist.HashStore(), comm.get_rank(), comm.get_size())
+    backend = _c10d.make_backend(comm.get_rank(), comm.get_size(), ops)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    pg._register_backend(torch.device(comm.get_device().type), custom, backend)
+    pg._set_default_backend(custom)
+    return pg
+
+
+def _ops_of(group) -> _CommOps | None:
+    """The ops object behind a process group made here (None for any other group)."""
+    if not isinstance(group, dist.ProcessGroup):
+        return None
+    from . import _c10d
+
+    for device in getattr(group, "_device_types", ()):
+        try:
+            ops = _c10d.impl_of(group._get_backend(device))
+        except (RuntimeError, TypeError):
+            continue
+        if ops is not None:
+            return ops
+    return None
+
 
 def _register(pg, group_name, backend_str, global_ranks_mapping):
     """Records `pg` in torch's process-group tables (what torch.distributed's rank queries,
     DeviceMesh and the functional collectives look up)."""
     c10d = dist.distributed_c10d
     pg._set_group_name(group_name)
-    pg._fc_group_name = group_name
     store = dist.HashStore()  # torch's bookkeeping wants one; the communicator has its own
     c10d._world.pg_map[pg] = (backend_str, store)
     c10d._world.pg_names[pg] = group_name
-    c10d._world.pg_backend_config[pg] = f"{pg.comm.get_device().type}:{backend_str}"
+    c10d._world.pg_backend_config[pg] = f"{comm_of(pg).get_device().type}:{backend_str}"
     c10d._register_process_group(group_name, pg)
     c10d._world.pg_group_ranks[pg] = global_ranks_mapping
     tag = f"ptd:{group_name}"
@@ -234,7 +299,7 @@ def _create_torchcomm_process_group(
     each member's global rank to its rank in ``comm`` (default: the identity)."""
     if not isinstance(comm, TorchComm):
         raise TypeError(f"expected a fastcomms TorchComm, got {type(comm).__name__}")
-    pg = _CommProcessGroup(comm)
+    pg = _process_group(_CommOps(comm))
     name = group_name or comm.get_name()
     mapping = global_ranks_mapping or {i: i for i in range(comm.get_size())}
     n = comm.get_size()
@@ -265,7 +330,8 @@ def _unregister(pg):
 
 def comm_of(group) -> TorchComm | None:
     """The TorchComm behind a process group made here (None for any other group)."""
-    return group.comm if isinstance(group, _CommProcessGroup) else None
+    ops = _ops_of(group)
+    return None if ops is None else ops.comm
 
 
 def init_device_mesh(

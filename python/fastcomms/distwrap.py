@@ -15,7 +15,7 @@ import torch
 
 import fastcomms
 from fastcomms import RedOpType, ReduceOp, TorchComm
-from fastcomms.device_mesh import _CommProcessGroup, _register, _unregister
+from fastcomms.device_mesh import _CommOps, _ops_of, _process_group, _register, _unregister
 
 __all__ = [
     "init_process_group",
@@ -56,16 +56,12 @@ class GroupMember:
     NON_GROUP_MEMBER = _NonMember()
 
 
-class _Group(_CommProcessGroup):
-    """A process group: a fastcomms communicator and the global ranks it spans, registered with
-    torch.distributed as ``fastcomms/<communicator name>``."""
+class _GroupOps(_CommOps):
+    """What a distwrap group knows: its communicator and the global ranks it spans."""
 
     def __init__(self, comm: TorchComm, ranks: list[int]) -> None:
         super().__init__(comm)
         self.ranks = ranks
-        _register(
-            self, f"fastcomms/{comm.get_name()}", "fastcomms", {g: i for i, g in enumerate(ranks)}
-        )
 
     def group_rank(self, global_rank: int) -> int:
         try:
@@ -76,18 +72,31 @@ class _Group(_CommProcessGroup):
             ) from None
 
 
-_default: _Group | None = None
+def _new_group(comm: TorchComm, ranks: list[int]):
+    """A process group (a plain torch ProcessGroup over the communicator, NOTE [process group
+    over a communicator]) registered with torch.distributed as ``fastcomms/<communicator name>``."""
+    pg = _process_group(_GroupOps(comm, ranks))
+    _register(pg, f"fastcomms/{comm.get_name()}", "fastcomms", {g: i for i, g in enumerate(ranks)})
+    return pg
+
+
+_default = None  # the default group (a torch ProcessGroup made by _new_group)
 _splits = 0
 
 
-def _group(group) -> _Group:
+def _group(group) -> _GroupOps:
     if group is None:
         if _default is None:
             raise RuntimeError("fastcomms.distwrap: call init_process_group first")
-        return _default
+        group = _default
     if group is GroupMember.NON_GROUP_MEMBER:
         raise ValueError("fastcomms.distwrap: this rank is not a member of the group")
-    return group
+    ops = _ops_of(group)
+    if not isinstance(ops, _GroupOps):
+        raise TypeError(
+            f"fastcomms.distwrap: expected a group made by fastcomms.distwrap, got {group!r}"
+        )
+    return ops
 
 
 def _op(op) -> ReduceOp:
@@ -153,7 +162,7 @@ def init_process_group(
     comm = fastcomms.new_comm(
         chosen, device, timeout=timeout, store=store, name=group_name or "default"
     )
-    _default = _Group(comm, list(range(world_size)))
+    _default = _new_group(comm, list(range(world_size)))
     import torch.distributed as dist
 
     if not dist.is_initialized():  # torch's functions then see it as the default group
@@ -166,10 +175,11 @@ def is_initialized() -> bool:
 
 def destroy_process_group(group=None) -> None:
     global _default
-    g = _group(group)
+    pg = _default if group is None else group
+    g = _group(pg)
     g.comm.finalize()
-    _unregister(g)
-    if g is _default:
+    _unregister(pg)
+    if pg is _default:
         _default = None
 
 
@@ -196,7 +206,7 @@ def new_group(
     _splits += 1
     mine = ranks if d.rank() in ranks else []  # the group this rank joins (a colour split)
     sub = d.comm.split(mine, group_desc or f"group{_splits}", timeout=timeout)
-    return GroupMember.NON_GROUP_MEMBER if sub is None else _Group(sub, ranks)
+    return GroupMember.NON_GROUP_MEMBER if sub is None else _new_group(sub, ranks)
 
 
 def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None):
@@ -212,7 +222,7 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
         parent.comm.split([], name, timeout=timeout)
         return None
     sub = parent.comm.split([parent.group_rank(r) for r in mine], name, timeout=timeout)
-    return _Group(sub, mine)
+    return _new_group(sub, mine)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
@@ -328,7 +338,8 @@ def batch_isend_irecv(p2p_op_list):
     if not p2p_op_list:
         raise ValueError("batch_isend_irecv: the list is empty")
     group = p2p_op_list[0].group
-    g = _group(group if isinstance(group, _Group) else None)  # torch's P2POp names its own group
+    # torch's P2POp names its own group
+    g = _group(group if isinstance(_ops_of(group), _GroupOps) else None)
     batch = g.comm.batch_op_create()
     for p in p2p_op_list:
         name = getattr(p.op, "__name__", str(p.op))

@@ -80,8 +80,28 @@ def process_group_ops(comm, rank, size):
         send,
     )
     assert _same(ours[0], theirs[0])
-    # point to point in a ring, as a batch
+    # point to point in a ring, as a batch: a plain torch ProcessGroup whose backend coalesces,
+    # so torch hands the batch to the communicator as one batch (no single sends or receives)
+    assert type(pg) is dist.ProcessGroup
+    assert pg._get_backend(dev).supports_coalescing
+    issued = []
+    hook = comm.register_pre_hook(lambda name, op_id, args: issued.append(name.value))
     right, left = (rank + 1) % size, (rank - 1) % size
+    pairs = [((rank + k) % size, (rank - k) % size) for k in range(1, min(2, size - 1) + 1)]
+    got2 = [torch.full((n,), float("nan"), device=dev) for _ in pairs]
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.full((n,), 10.0 * rank + k, device=dev), to, pg)
+            for k, (to, _) in enumerate(pairs)
+        ]
+        + [dist.P2POp(dist.irecv, g, frm, pg) for g, (_, frm) in zip(got2, pairs, strict=True)]
+    )
+    for r in reqs:
+        r.wait()
+    hook.remove()
+    assert issued == ["batch_op_issue"], issued
+    for k, (_, frm) in enumerate(pairs):
+        assert _same(got2[k], torch.full((n,), 10.0 * frm + k, device=dev)), (k, frm, got2[k])
     for group in (pg, None):
         got = torch.full((n,), float("nan"), device=dev)
         reqs = dist.batch_isend_irecv(
