@@ -84,6 +84,7 @@ __all__ += _ht.__all__
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 _names = itertools.count()
+_op_ids = itertools.count(1)  # NOTE [op ids]
 
 
 class ReduceOp:
@@ -190,15 +191,17 @@ class TorchWork:
 
     def __init__(self, work: _C.Work) -> None:
         self._work = work
-        self._on_timeout = None  # set by the communicator when something observes its ops
+        self._observer = None  # fn(event, payload), set when something observes the op
 
     def wait(self) -> None:
         try:
             self._work.wait()
         except TimeoutError as e:
-            if self._on_timeout is not None:
-                self._on_timeout(e)
+            if self._observer is not None:
+                self._observer("timeout", e)
             raise
+        if self._observer is not None:
+            self._observer("waited", self)
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -637,7 +640,6 @@ class TorchComm(_OpaqueBase):
         self._pre_hooks: dict[int, object] = {}
         self._post_hooks: dict[int, object] = {}
         self._observers: dict[int, object] = {}
-        self._op_ids = itertools.count(1)
         self._hook_ids = itertools.count()
         # what reconfigure() rebuilds from (new_comm fills it in)
         self._reconf: dict = {
@@ -905,10 +907,12 @@ class TorchComm(_OpaqueBase):
     # calls them: pre-hooks fn(OpName, op_id, <Op>PreHookArgs), post-hooks fn(op_id,
     # <Op>PostHookArgs) once the op is issued. The argument objects are built only when a hook
     # is registered.
-    def _run(self, name, pre_args, issue, post=None):
+    def _run(self, name, pre_args, issue, post=None, post_of=None):
         if not self._pre_hooks and not self._post_hooks and not self._observers:
             return issue()
-        op_id = next(self._op_ids)
+        # NOTE [op ids]: one sequence for the process, as torchcomms numbers ops across its
+        # communicators; finalize takes none (its hooks see 0), so a recorder sees no gap
+        op_id = 0 if name is _ht.OpName.finalize else next(_op_ids)
         if self._pre_hooks:
             args = pre_args()
             for fn in list(self._pre_hooks.values()):
@@ -921,10 +925,12 @@ class TorchComm(_OpaqueBase):
         if self._observers:
             work = result if isinstance(result, TorchWork) else None
             if work is not None:
-                work._on_timeout = functools.partial(self._notify, "timeout", op_id)
+                work._observer = functools.partial(self._notify_work, op_id)
             self._notify("issued", op_id, work)
         if self._post_hooks:
-            args = (post or _ht.CollectivePostHookArgs)()
+            args = (
+                post_of(result) if post_of is not None else (post or _ht.CollectivePostHookArgs)()
+            )
             for fn in list(self._post_hooks.values()):
                 fn(op_id, args)
         return result
@@ -932,13 +938,17 @@ class TorchComm(_OpaqueBase):
     def _observe(self, fn) -> RemovableHandle:
         """Internal (fastcomms.hooks' flight recorder): ``fn(event, op_id, payload)`` with event
         "issued" (payload: the op's TorchWork, None for ops that return none) once an op is
-        issued, and "timeout" (payload: the exception) when the op, or a wait on its work,
-        raised TimeoutError. Op ids are the hooks' op ids."""
+        issued, "waited" (payload: the work) when a wait on its work returned, and "timeout"
+        (payload: the exception) when the op, or a wait on its work, raised TimeoutError. Op
+        ids are the hooks' op ids."""
         return self._add_hook(self._observers, fn)
 
     def _notify(self, event, op_id, payload) -> None:
         for fn in list(self._observers.values()):
             fn(event, op_id, payload)
+
+    def _notify_work(self, op_id, event, payload) -> None:
+        self._notify(event, op_id, payload)
 
     def register_pre_hook(self, fn) -> RemovableHandle:
         """``fn(name: OpName, op_id: int, args)`` before every operation (torchcomms')."""
@@ -1147,21 +1157,25 @@ class TorchComm(_OpaqueBase):
                 f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} split] ranks "
                 f"{ranks} does not contain this rank; pass [] to join no group"
             )
-        sub = self._run(
+
+        def issue():
+            sub = self._c.split(ranks, name, _ms(timeout), hints)
+            if sub is None:
+                return None
+            o = self._options
+            return TorchComm(
+                sub,
+                self._device,
+                CommOptions(
+                    o.abort_process_on_timeout_or_error, sub.timeout(), o.store, sub.hints(), name
+                ),
+            )
+
+        return self._run(
             _ht.OpName.split,
             lambda: _ht.SplitPreHookArgs(list(ranks), name),
-            lambda: self._c.split(ranks, name, _ms(timeout), hints),
-            _ht.SplitPostHookArgs,
-        )
-        if sub is None:
-            return None
-        o = self._options
-        return TorchComm(
-            sub,
-            self._device,
-            CommOptions(
-                o.abort_process_on_timeout_or_error, sub.timeout(), o.store, sub.hints(), name
-            ),
+            issue,
+            post_of=_ht.SplitPostHookArgs,
         )
 
     def new_window(self, tensor=None) -> TorchCommWindow:

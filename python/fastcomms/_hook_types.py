@@ -107,15 +107,17 @@ _PRE = {
     "BatchOpIssuePreHookArgs": ("num_ops", "async_op"),
     "FinalizePreHookArgs": (),
 }
-_POST = (
-    "CollectivePostHookArgs",
-    "SplitPostHookArgs",
-    "NewWindowPostHookArgs",
-    "BatchOpIssuePostHookArgs",
-    "FinalizePostHookArgs",
-)
+_POST = {
+    "CollectivePostHookArgs": (),
+    # the communicator the split made (None where this rank joined none): fastcomms passes it,
+    # as torchcomms does to its C++ hooks (its Python class shows no field)
+    "SplitPostHookArgs": ("new_comm",),
+    "NewWindowPostHookArgs": (),
+    "BatchOpIssuePostHookArgs": (),
+    "FinalizePostHookArgs": (),
+}
 for _name, _fields in _PRE.items():
     globals()[_name] = _args_class(_name, _fields)
-for _name in _POST:
-    globals()[_name] = _args_class(_name, ())
+for _name, _fields in _POST.items():
+    globals()[_name] = _args_class(_name, _fields)
 __all__ += list(_PRE) + list(_POST)

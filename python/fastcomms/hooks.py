@@ -1,13 +1,11 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """Hooks to register on a communicator, as torchcomms' ``torchcomms.hooks`` names them:
 
-- ``FlightRecorderHook``: a ring of the last ``max_entries`` operations (op id, communicator,
-  rank, operation, tensor shapes and dtypes, state, times), dumped as JSON on demand and to a
-  file when the communicator aborts or one of its operations times out (a sync op, or a wait on
-  an async op's work, raising ``TimeoutError``); ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's
-  prefix. States: "started" (not yet issued), "issued" (a sync op returned, or an async op
-  whose work was dropped), "in_progress", "completed", "timed_out" and "failed" (read from the
-  async op's work at dump time).
+- ``FlightRecorderHook``: a ring of the last ``max_entries`` operations in torch's
+  flight-recorder trace format, dumped as JSON on demand and pickled to a file on demand, when
+  the communicator aborts and when one of its operations times out (a sync op, or a wait on an
+  async op's work, raising ``TimeoutError``); ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's
+  prefix.
 - ``NanCheckHook``: raises ``RuntimeError`` before an operation whose input holds a NaN.
 
 Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_*_hook``)."""
@@ -15,8 +13,10 @@ Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
+import pickle
 import threading
 import time
 import weakref
@@ -39,21 +39,70 @@ def _tensors(args: Any) -> list[tuple[str, Any]]:
     return out
 
 
+# torch's names of the scalar types, as its flight recorder writes them ("Float", "Long", ...)
+_DTYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+_P2P_OPS = ("send", "recv", "batch_op_issue")
+_NOT_RECORDED = ("finalize", "new_window")
+
+
+def _sizes_and_dtypes(tensors):
+    return [list(t.shape) for t in tensors], [
+        _DTYPE_NAMES.get(t.dtype, str(t.dtype).split(".")[-1]) for t in tensors
+    ]
+
+
+def _io(args: Any) -> tuple[list, list]:
+    """(inputs, outputs) of a pre-hook argument object; an in-place ``tensor`` is both."""
+    ins, outs = [], []
+    for label, t in _tensors(args):
+        if label == "tensor":
+            ins.append(t)
+            outs.append(t)
+        elif label.startswith("input"):
+            ins.append(t)
+        else:
+            outs.append(t)
+    return ins, outs
+
+
 class FlightRecorderHook:
-    """Records the last ``max_entries`` operations of the communicators it is registered with.
-    ``isolated=True`` keeps one ring per communicator (``dump_json`` then lists them all).
-    Thread-safe."""
+    """Records the last ``max_entries`` operations of the communicators it is registered with,
+    in torch's flight-recorder trace format (version "2.10": ``pg_config``, ``pg_status`` and
+    ``entries`` with ``record_id``, ``pg_id``, ``process_group``, ``collective_seq_id``,
+    ``p2p_seq_id``, ``op_id``, ``profiling_name`` "<backend>:<op>", input/output sizes and
+    dtypes, ``time_created_ns``, ``state`` "scheduled"/"started"/"completed", ``is_p2p``,
+    ``retired``, ``timeout_ms``), so torch's analyzer (``torch.distributed.flight_recorder``)
+    reads its dumps. An async op's state is read from its work at dump time; a sync op is
+    complete when it returns (on CUDA: ordered on the stream). ``dump_file`` writes the trace
+    pickled, as torch does, when asked, when a communicator aborts and when an operation times
+    out. ``isolated=True`` keeps one ring per communicator. Thread-safe."""
+
+    VERSION = "2.10"
 
     def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
         if max_entries <= 0:
             raise ValueError(f"FlightRecorderHook: max_entries must be positive, got {max_entries}")
         self._max, self._isolated = int(max_entries), bool(isolated)
         self._rings: dict[str, collections.deque] = {}
-        self._open: dict[tuple[str, int], dict] = {}
+        self._open: dict[int, dict] = {}  # op_id -> entry, until the op is issued
+        self._works: dict[int, weakref.ref] = {}  # op_id -> its async work, weakly
         self._lock = threading.Lock()
         self._handles: list[Any] = []
-        self._ranks: dict[str, int] = {}
-        self._works: dict[tuple[str, int], weakref.ref] = {}  # async ops' works, weakly
+        self._comms: dict[str, dict] = {}  # name -> pg_id, rank, ranks, backend, counters
+        self._records = itertools.count()
 
     def _ring(self, comm_name: str) -> collections.deque:
         key = comm_name if self._isolated else ""
@@ -64,51 +113,88 @@ class FlightRecorderHook:
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
-        name, rank = comm.get_name(), comm.get_rank()
-        self._ranks[name] = rank
+        name = comm.get_name()
+        with self._lock:
+            info = self._comms.setdefault(
+                name,
+                {
+                    "pg_id": len(self._comms),
+                    "rank": comm.get_rank(),
+                    "ranks": list(range(comm.get_size())),
+                    "backend": comm.get_backend(),
+                    "collective_seq_id": 0,
+                    "p2p_seq_id": 0,
+                },
+            )
+        timeout_ms = max(1, int(comm.get_options().timeout.total_seconds() * 1000))
 
         def pre(op, op_id, args):
-            entry = {
-                "op_id": op_id,
-                "comm": name,
-                "rank": rank,
-                "op": getattr(op, "value", str(op)),
-                "tensors": [
-                    {"arg": label, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
-                    for label, t in _tensors(args)
-                ],
-                "async_op": bool(getattr(args, "async_op", False)),
-                "state": "started",
-                "time_started_ns": time.time_ns(),
-                "time_issued_ns": None,
-            }
+            opname = getattr(op, "value", str(op))
+            if opname in _NOT_RECORDED:
+                return
+            ins, outs = _io(args)
+            in_sizes, in_dtypes = _sizes_and_dtypes(ins)
+            out_sizes, out_dtypes = _sizes_and_dtypes(outs)
+            p2p = opname in _P2P_OPS
             with self._lock:
+                info["p2p_seq_id" if p2p else "collective_seq_id"] += 1
+                entry = {
+                    "record_id": next(self._records),
+                    "pg_id": info["pg_id"],
+                    "process_group": [name, info["backend"]],
+                    "collective_seq_id": 0 if p2p else info["collective_seq_id"],
+                    "p2p_seq_id": info["p2p_seq_id"] if p2p else 0,
+                    "op_id": op_id,
+                    "profiling_name": f"{info['backend']}:{opname}",
+                    "input_sizes": in_sizes,
+                    "input_dtypes": in_dtypes,
+                    "output_sizes": out_sizes,
+                    "output_dtypes": out_dtypes,
+                    "time_created_ns": time.time_ns(),
+                    "state": "scheduled",
+                    "is_p2p": p2p,
+                    "retired": False,
+                    "timeout_ms": timeout_ms,
+                    "frames": [],
+                    "async_op": bool(getattr(args, "async_op", False)),
+                }
                 self._ring(name).append(entry)
-                self._open[(name, op_id)] = entry
+                self._open[op_id] = entry
 
         def post(op_id, args):
+            child = getattr(args, "new_comm", None)
+            if child is not None:  # a split: its communicator is recorded too
+                self.register_with_comm(child)
             with self._lock:
-                entry = self._open.pop((name, op_id), None)
-                if entry is not None:
-                    entry["state"] = "issued"  # sync ops are complete here, async ones enqueued
-                    entry["time_issued_ns"] = time.time_ns()
+                entry = self._open.pop(op_id, None)
+                if entry is None:
+                    return
+                entry["time_discovered_started_ns"] = time.time_ns()
+                if entry["async_op"]:
+                    entry["state"] = "started"
+                else:  # a sync op returned: done (on CUDA, in stream order)
+                    entry["state"], entry["retired"] = "completed", True
+                    entry["duration_ms"] = (time.time_ns() - entry["time_created_ns"]) / 1e6
 
         def observe(event, op_id, payload):
-            if event == "issued" and payload is not None:
-                with self._lock:
-                    self._works[(name, op_id)] = weakref.ref(payload)
-                    if len(self._works) > 2 * self._max * max(1, len(self._rings)):
-                        self._prune_works()
+            if event == "issued":
+                if payload is not None:
+                    with self._lock:
+                        self._works[op_id] = weakref.ref(payload)
+                        if len(self._works) > 2 * self._max * max(1, len(self._rings)):
+                            self._prune_works()
                 return
-            if event == "timeout":
+            if event == "waited" and payload.status().name == "COMPLETED":
                 with self._lock:
                     for entry in self._ring(name):
-                        if entry["comm"] == name and entry["op_id"] == op_id:
-                            entry["timed_out"] = True
-                self.dump_file(rank)
+                        if entry["op_id"] == op_id and not entry["retired"]:
+                            entry["state"], entry["retired"] = "completed", True
+                return
+            if event == "timeout":
+                self.dump_file(info["rank"])
 
         def on_abort():
-            self.dump_file(rank)
+            self.dump_file(info["rank"])
 
         self._handles += [
             comm.register_pre_hook(pre),
@@ -123,54 +209,93 @@ class FlightRecorderHook:
             h.remove()
         self._handles = []
 
-    def _state(self, entry: dict) -> str:
-        if entry.pop("timed_out", False):
-            return "timed_out"
-        ref = self._works.get((entry["comm"], entry["op_id"]))
-        work = ref() if ref is not None else None
-        if work is None:
-            return entry["state"]
-        status = work.status().name
-        return {
-            "COMPLETED": "completed",
-            "TIMEDOUT": "timed_out",
-            "ERROR": "failed",
-        }.get(status, "in_progress")
-
     def _prune_works(self) -> None:
         """Forgets the works of entries the rings no longer hold (the lock is held)."""
-        live = {(e["comm"], e["op_id"]) for ring in self._rings.values() for e in ring}
+        live = {e["op_id"] for ring in self._rings.values() for e in ring}
         self._works = {k: w for k, w in self._works.items() if k in live}
+
+    def _settle(self, entry: dict) -> None:
+        """An async op's state from its work, if the work is still alive (the lock is held)."""
+        ref = self._works.get(entry["op_id"])
+        work = ref() if ref is not None else None
+        if work is not None and not entry["retired"] and work.status().name == "COMPLETED":
+            entry["state"], entry["retired"] = "completed", True  # (a failed op stays started)
 
     def _entries(self, include_completed: bool) -> list[dict]:
         with self._lock:
             self._prune_works()
-            entries = [dict(e) for ring in self._rings.values() for e in ring]
-            for e in entries:
-                e["state"] = self._state(e)
-        if not include_completed:  # what is not known to be finished
+            for ring in self._rings.values():
+                for e in ring:
+                    self._settle(e)
             entries = [
-                e
-                for e in entries
-                if e["state"] != "completed" and not (e["state"] == "issued" and not e["async_op"])
+                {k: v for k, v in e.items() if k != "async_op"}
+                for ring in self._rings.values()
+                for e in ring
+                if include_completed or not e["retired"]
             ]
-        return sorted(entries, key=lambda e: e["time_started_ns"])
+        return sorted(entries, key=lambda e: e["record_id"])
+
+    def _trace(self, include_completed: bool, rank: int | None = None) -> dict:
+        entries = self._entries(include_completed)
+        with self._lock:
+            comms = {n: dict(i) for n, i in self._comms.items()}
+        pg_config = {
+            n: {
+                "name": n,
+                "desc": i["backend"],
+                "ranks": "[" + ",".join(map(str, i["ranks"])) + "]",
+            }
+            for n, i in comms.items()
+        }
+        pg_status = {}
+        for n, i in comms.items():
+            mine = [e for e in entries if e["process_group"][0] == n and not e["is_p2p"]]
+            done = [e["collective_seq_id"] for e in mine if e["state"] == "completed"]
+            started = [e["collective_seq_id"] for e in mine if e["state"] != "scheduled"]
+            pg_status[n] = {
+                "last_enqueued_collective": i["collective_seq_id"],
+                "last_started_collective": max(started, default=-1),
+                "last_completed_collective": max(done, default=-1),
+            }
+        if rank is None and comms:
+            rank = next(iter(comms.values()))["rank"]
+        trace = {"version": self.VERSION, "pg_config": pg_config, "pg_status": pg_status}
+        if rank is not None:
+            trace["rank"] = rank
+        trace["entries"] = entries
+        return trace
 
     def dump_json(self, include_completed: bool = True) -> str:
-        """The recorded operations as JSON: ``{"version": 1, "entries": [...]}``; without
-        ``include_completed``, only operations not known to be finished (started, or async)."""
-        return json.dumps({"version": 1, "entries": self._entries(include_completed)})
+        """The trace as JSON; without ``include_completed``, only entries not retired."""
+        return json.dumps(self._trace(include_completed))
 
     def dump_file(self, rank: int, include_completed: bool = True) -> str:
-        """Writes ``dump_json`` to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<rank>`` (default prefix
-        ``/tmp/torchcomm_fr_trace_``) and returns the path."""
-        prefix = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE", "/tmp/torchcomm_fr_trace_")
-        path = f"{prefix}{rank}"
-        with open(path, "w") as f:
-            f.write(self.dump_json(include_completed))
+        """Writes the trace, pickled as torch's flight recorder writes it, and returns the path:
+        ``$TORCHCOMM_FR_DUMP_TEMP_FILE<rank>``, by default
+        ``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_<rank>`` (``~/.cache`` without
+        XDG_CACHE_HOME); with ``TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME=1``,
+        ``$TORCHCOMM_FR_DUMP_TEMP_FILE`` itself (the whole path, read at each dump), as
+        torchcomms names its files."""
+        dynamic = os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME", "0").lower()
+        given = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
+        if given and dynamic in ("1", "true", "yes", "on"):
+            path = given
+        else:
+            if given:
+                prefix = given
+            else:
+                cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+                    os.path.expanduser("~"), ".cache"
+                )
+                os.makedirs(os.path.join(cache, "torch"), exist_ok=True)
+                prefix = os.path.join(cache, "torch", "comm_lib_trace_rank_")
+            path = f"{prefix}{rank}"
+        with open(path, "wb") as f:
+            pickle.dump(self._trace(include_completed, rank), f)
         return path
 
     def reset(self) -> None:
+        """Drops every entry (the counters go on)."""
         with self._lock:
             self._rings.clear()
             self._open.clear()

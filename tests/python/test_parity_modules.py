@@ -73,11 +73,42 @@ def hooks_module(comm, rank, size):
     for i in range(6):
         comm.all_reduce(torch.ones(3 + i), ReduceOp.SUM, False)
     comm.barrier(True).wait()
-    entries = json.loads(fr.dump_json())["entries"]
+    trace = json.loads(fr.dump_json())
+    entries = trace["entries"]
+    assert trace["version"] == "2.10" and trace["rank"] == rank
+    assert (
+        trace["pg_config"][comm.get_name()]["ranks"]
+        == "[" + ",".join(str(r) for r in range(size)) + "]"
+    )
     assert fr.size() == 4 and len(entries) == 4  # the ring keeps the last max_entries
-    assert [e["op"] for e in entries] == ["all_reduce"] * 3 + ["barrier"]
-    assert entries[-2]["tensors"] == [{"arg": "tensor", "shape": [8], "dtype": "float32"}]
-    assert all(e["state"] == "issued" and e["rank"] == rank for e in entries)
+    assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"] * 3 + ["gloo:barrier"]
+    assert [e["collective_seq_id"] for e in entries] == [4, 5, 6, 7]
+    assert entries[-2]["input_sizes"] == [[8]] and entries[-2]["output_sizes"] == [[8]]
+    assert entries[-2]["input_dtypes"] == ["Float"] and not entries[-2]["is_p2p"]
+    ids = [e["op_id"] for e in entries]
+    assert ids == list(range(ids[0], ids[0] + 4)), ids  # one sequence, no gaps
+    assert all(e["state"] == "completed" and e["retired"] for e in entries), entries
+    # torch's analyzer reads the trace
+    import argparse
+
+    from torch.distributed.flight_recorder.components.builder import build_db
+
+    db = build_db(
+        {f"rank_{rank}": trace},
+        argparse.Namespace(
+            verbose=False, just_print_entries=False, allow_incomplete_ranks=True, mismatch_cap=10
+        ),
+        "2.10",
+    )
+    assert db.groups and db.memberships
+    # a split is recorded, and the communicator it makes is recorded from then on
+    child = comm.split(list(range(size)), "fr_child")
+    child.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+    seen = [
+        (e["process_group"][0], e["profiling_name"]) for e in json.loads(fr.dump_json())["entries"]
+    ]
+    assert (comm.get_name(), "gloo:split") in seen and ("fr_child", "gloo:all_reduce") in seen, seen
+    child.finalize()
     fr.unregister()
     nan = NanCheckHook()
     nan.register_with_comm(comm)
@@ -113,19 +144,27 @@ def hooks_module(comm, rank, size):
     w = comm.all_reduce(torch.ones(6), ReduceOp.SUM, True, timeout=one_s)
     with pytest.raises(TimeoutError):
         w.wait()
-    with open(prefix + "0") as f:
-        last = json.load(f)["entries"][-1]
-    assert last["op"] == "all_reduce" and last["state"] == "timed_out", last
-    assert last["tensors"] == [{"arg": "tensor", "shape": [6], "dtype": "float32"}]
+    import pickle
+
+    with open(prefix + "0", "rb") as f:  # pickled, as torch's flight recorder writes
+        last = pickle.load(f)["entries"][-1]
+    assert last["profiling_name"] == "gloo:all_reduce" and last["state"] == "started", last
+    assert not last["retired"] and last["input_sizes"] == [[6]]
     os.remove(prefix + "0")
     with pytest.raises(TimeoutError):
         comm.broadcast(torch.ones(7), 1, False, timeout=one_s)
-    with open(prefix + "0") as f:
-        entries = json.load(f)["entries"]
-    assert [e["state"] for e in entries[-2:]] == ["timed_out", "timed_out"], entries[-2:]
-    assert entries[-1]["op"] == "broadcast"
+    with open(prefix + "0", "rb") as f:
+        entries = pickle.load(f)["entries"]
+    assert entries[-1]["profiling_name"] == "gloo:broadcast", entries[-1]
+    assert entries[-1]["state"] == "scheduled"  # it never got past its start
     unfinished = json.loads(fr.dump_json(include_completed=False))["entries"]
-    assert [e["op"] for e in unfinished] == ["all_reduce", "broadcast"], unfinished
+    names = [e["profiling_name"] for e in unfinished]
+    assert names == ["gloo:all_reduce", "gloo:broadcast"], unfinished
+    # torchcomms' dynamic file name: the variable is the whole path, read at each dump
+    os.environ["TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"] = "1"
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = prefix + "whole"
+    assert fr.dump_file(rank) == prefix + "whole" and os.path.exists(prefix + "whole")
+    del os.environ["TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"]
     fr.unregister()
 
 
