@@ -8,9 +8,10 @@
 NOTE [torch's torchcomms switch]: torch imports this module while ``import torch`` is still under
 way (torch.distributed's import), so nothing here touches torch.distributed at import time. torch
 calls ``new_comm(backend, device, name=group_name, store=prefix_store)`` from its process-group
-helper, then ``_BackendWrapper(comm)``, and installs what that returns; a ``ProcessGroup``
-is installed as the group itself, which is what fastcomms returns (the process group of
-fastcomms.device_mesh over the communicator, which torch then names). torch passes no rank or
+helper, then ``_BackendWrapper(comm)``, and registers what that returns as the backend of the
+process group it makes: fastcomms' c10d backend over the communicator (fastcomms._c10d), which
+torch also recognizes later (``isinstance(backend, _BackendWrapper)``, ``get_comm()``) to
+finalize the communicator when the group is destroyed. torch passes no rank or
 size: for the default group they are the environment's (as torchcomms reads them), and for a
 ``new_group`` of some of the ranks they are this rank's place in the member list that torch's
 helper holds (``global_ranks_in_group``), read from its frame, without which the members would
@@ -45,8 +46,20 @@ def new_comm(backend, device, name=None, *args, **kwargs):
             _rank_size_override.reset(token)
 
 
-def _BackendWrapper(comm):  # noqa: N802 (torchcomms' name)
-    """The torch.distributed process group over ``comm`` for torch's torchcomms switch."""
-    from .device_mesh import _CommOps, _process_group
+class _BackendWrapperType(type):
+    def __instancecheck__(cls, obj) -> bool:
+        from . import _c10d
 
-    return _process_group(_CommOps(comm))  # torch names and registers it
+        return isinstance(obj, _c10d.ForwardingBackend)
+
+
+class _BackendWrapper(metaclass=_BackendWrapperType):  # noqa: N801 (torchcomms' name)
+    """``_BackendWrapper(comm)``: the c10d backend over ``comm`` that torch's torchcomms switch
+    installs on the process group it makes (NOTE [c10d backend over python]). Every backend
+    fastcomms makes is an instance (torch asks, then calls ``get_comm()`` to finalize it)."""
+
+    def __new__(cls, comm):
+        from . import _c10d
+        from .device_mesh import _CommOps
+
+        return _c10d.make_backend(comm.get_rank(), comm.get_size(), _CommOps(comm))

@@ -264,11 +264,11 @@ def _ops_of(group) -> _CommOps | None:
 
     for device in getattr(group, "_device_types", ()):
         try:
-            ops = _c10d.impl_of(group._get_backend(device))
+            backend = group._get_backend(device)
         except (RuntimeError, TypeError):
             continue
-        if ops is not None:
-            return ops
+        if isinstance(backend, _c10d.ForwardingBackend):
+            return backend.impl
     return None
 
 

@@ -163,20 +163,20 @@ class __attribute__((visibility("hidden"))) ForwardingBackend final : public c10
 
 PYBIND11_MODULE(_c10d, m) {
   m.doc() = "fastcomms' c10d Backend over a Python object (internal; see fastcomms.device_mesh)";
+  // A Python type for the backend, derived from torch's Backend type, so a backend torch hands
+  // out (pg._get_backend(device)) is seen as ours (isinstance) and names its communicator.
+  py::class_<ForwardingBackend, c10d::Backend, c10::intrusive_ptr<ForwardingBackend>>(
+      m, "ForwardingBackend")
+      .def_property_readonly("impl", &ForwardingBackend::impl)
+      .def(
+          "get_comm", [](const ForwardingBackend& b) { return b.impl().attr("comm"); },
+          "The fastcomms TorchComm this backend runs on (torchcomms' _BackendWrapper.get_comm).");
   m.def(
       "make_backend",
       [](int rank, int size, py::object impl) {
-        return c10::intrusive_ptr<c10d::Backend>(
-            c10::make_intrusive<ForwardingBackend>(rank, size, std::move(impl)));
+        return c10::make_intrusive<ForwardingBackend>(rank, size, std::move(impl));
       },
       py::arg("rank"), py::arg("size"), py::arg("impl"),
       "A c10d Backend whose methods call impl's methods of the same names (allreduce(tensors, "
       "opts), send(tensors, dst, tag), _start_coalescing(), _end_coalescing(), ...).");
-  m.def(
-      "impl_of",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend) -> py::object {
-        auto* fwd = dynamic_cast<ForwardingBackend*>(backend.get());
-        return fwd == nullptr ? py::none() : fwd->impl();
-      },
-      py::arg("backend"), "The Python object behind a backend made here (None for any other).");
 }

@@ -119,3 +119,70 @@ def test_distwrap_default_group_is_torchs():
     from conftest import spawn
 
     spawn(_alone, 3)
+
+
+def _extras(rank, size, path, errq, use_torchcomms):
+    """torchcomms' distwrap surface: use_torchcomms picks fastcomms or torch.distributed itself;
+    torch's names; the object collectives with global ranks; utils."""
+    import traceback
+
+    from fastcomms.device_mesh import comm_of
+    from fastcomms.distwrap import utils
+
+    try:
+        fd.init_process_group(
+            "gloo",
+            init_method=f"file://{path}",
+            rank=rank,
+            world_size=size,
+            use_torchcomms=use_torchcomms,
+        )
+        world = utils.get_group(None)
+        comm = utils.get_torchcomms_instance(world, "cpu")
+        assert (comm is not None) == use_torchcomms, comm
+        if comm is not None:
+            assert comm is comm_of(world) and comm.get_size() == size
+        assert fd.ReduceOp is dist.ReduceOp and fd.ProcessGroupGloo is dist.ProcessGroupGloo
+        t = torch.full((3,), float(rank + 1))
+        fd.all_reduce(t, fd.ReduceOp.SUM)
+        assert torch.equal(t, torch.full((3,), float(size * (size + 1) // 2)))
+        if use_torchcomms:  # torch's PREMUL_SUM (torch's gloo has none)
+            t = torch.full((3,), float(rank + 1))
+            fd.all_reduce(t, fd._make_nccl_premul_sum(2.0))
+            assert torch.equal(t, torch.full((3,), float(size * (size + 1))))
+        got = [None] * size
+        fd.all_gather_object(got, {"rank": rank, "t": torch.tensor([rank])})
+        assert [g["rank"] for g in got] == list(range(size))
+        objs = [f"from {rank}", rank] if rank == size - 1 else [None, None]
+        fd.broadcast_object_list(objs, src=size - 1)
+        assert objs == [f"from {size - 1}", size - 1]
+        gathered = [None] * size if rank == 1 else None
+        fd.gather_object(rank * 10, gathered, dst=1)
+        if rank == 1:
+            assert gathered == [q * 10 for q in range(size)]
+        out = [None]
+        fd.scatter_object_list(out, [q + 100 for q in range(size)] if rank == 0 else None, src=0)
+        assert out == [rank + 100]
+        # a subgroup: the object collectives take global ranks there too
+        sub = fd.new_group([1, 2])
+        if rank in (1, 2):
+            objs = ["x"] if rank == 2 else [None]
+            fd.broadcast_object_list(objs, src=2, group=sub)
+            assert objs == ["x"]
+        fd.barrier()
+        fd.destroy_process_group()
+        assert not fd.is_initialized()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_distwrap_torchcomms_surface():
+    import pytest
+    from conftest import spawn
+
+    for use in (True, False):
+        try:
+            spawn(_extras, 3, use)
+        except pytest.fail.Exception as e:
+            raise AssertionError(f"use_torchcomms={use}") from e
