@@ -48,6 +48,27 @@ def init_rank(rank, size, path, backend="gloo", **kwargs):
     return store
 
 
+def gpu_rank(rank, size, path, backend, name, timeout_s=60):
+    """What a GPU test's rank does first: cuda:rank as its device, torch.distributed's NCCL
+    default group (init_rank), and a fastcomms communicator of ``backend`` on the same store
+    under the prefix "fc". Returns (device, comm)."""
+    import fastcomms
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    store = init_rank(rank, size, path, "nccl", device_id=dev)
+    comm = fastcomms.new_comm(
+        backend,
+        dev,
+        name,
+        store=dist.PrefixStore("fc", store),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return dev, comm
+
+
 def spawn(target, size, *args, timeout=180):
     """Runs target(rank, size, store_path, errq, *args) on `size` spawned processes sharing one
     FileStore path; a rank reports its traceback through errq. Fails with every rank's traceback

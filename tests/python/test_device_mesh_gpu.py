@@ -5,13 +5,12 @@ DeviceMesh, tensor parallelism, a compiled fullgraph forward and backward) on th
 backends against torch's own NCCL group on the same data, plus a compiled step captured in a
 CUDA graph. World 2, one process per GPU. Skipped (saying why) without two GPUs."""
 
-import datetime
 import os
 import traceback
 
 import pytest
 import torch
-from conftest import _hang_guard, init_rank, spawn
+from conftest import _hang_guard, gpu_rank, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -34,20 +33,10 @@ def _worker(rank, size, path, errq, backend):
     )
     _hang_guard()
     try:
-        import fastcomms
         import test_device_mesh as bodies
         import torch.distributed as dist
 
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        store = init_rank(rank, size, path, "nccl", device_id=dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "pg",
-            store=dist.PrefixStore("fc", store),
-            timeout=datetime.timedelta(seconds=120),
-        )
+        _, comm = gpu_rank(rank, size, path, backend, "pg", timeout_s=120)
         for name in BODIES:
             try:
                 getattr(bodies, name)(comm, rank, size)

@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 import torch
-from conftest import _hang_guard, init_rank, spawn
+from conftest import _hang_guard, gpu_rank, init_rank, spawn
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -20,20 +20,10 @@ pytestmark = pytest.mark.skipif(
 def _worker(rank, size, path, errq, backend):
     _hang_guard()  # a crash or a hang in native code still names the Python line
     try:
-        import fastcomms
         import torch.distributed as dist
         from fastcomms import ReduceOp
 
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        store = init_rank(rank, size, path, "nccl", device_id=dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            store=dist.PrefixStore("fc", store),
-            name="g",
-            timeout=datetime.timedelta(seconds=60),
-        )
+        dev, comm = gpu_rank(rank, size, path, backend, "g")
         g = torch.Generator(device=dev).manual_seed(rank)
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             for async_op in (False, True):
