@@ -132,11 +132,20 @@ def hooks_module(comm, rank, size):
     held.wait()
     assert json.loads(fr.dump_json())["entries"][-1]["state"] == "completed"
     assert json.loads(fr.dump_json(include_completed=False))["entries"] == []
+    # rank 0 alone next: its ops time out. A timeout ends gloo's pairs, so the communicator cannot
+    # tell the other ranks when rank 0 is done: a file named for the test run (the ranks share
+    # their parent) does, and they stay until then (a rank that left early would turn rank 0's
+    # timeouts into "connection closed" errors)
+    done = os.path.join(tempfile.gettempdir(), f"fastcomms_fr_done_{os.getppid()}")
+    if rank == 0 and os.path.exists(done):
+        os.remove(done)  # a leftover of an earlier run in the same parent
     comm.barrier(False)
-    if rank != 0:  # rank 0 alone now: its ops time out (a timeout ends gloo's pairs, so
-        import time  # nothing can tell this rank when rank 0 is done: it stays a while)
+    if rank != 0:
+        import time
 
-        time.sleep(4)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return
     prefix = os.path.join(tempfile.mkdtemp(), "fr_")
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = prefix
@@ -165,6 +174,7 @@ def hooks_module(comm, rank, size):
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = prefix + "whole"
     assert fr.dump_file(rank) == prefix + "whole" and os.path.exists(prefix + "whole")
     del os.environ["TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"]
+    open(done, "w").close()  # the other ranks may go
     fr.unregister()
 
 
