@@ -338,6 +338,14 @@ class TorchCommWindow:
     ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
     leaves a TimeoutError for ``check_errors`` and the next window call)."""
 
+    # a handle, as the communicator (TorchComm.__copy__)
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
+
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
         self._comm = comm
         self._rank, self._size = comm.get_rank(), comm.get_size()
@@ -630,6 +638,15 @@ class _Unconfigured:
 class TorchComm(_OpaqueBase):
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
+
+    # A communicator (and a window) is a handle on shared state: copying one, or deep-copying an
+    # object that holds one (a model), gives the same object back, as torchcomms does.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
 
     def __init__(
         self, c: _C.Comm, device: torch.device, options: CommOptions | None = None
@@ -1450,3 +1467,9 @@ def new_comm(
         device,
         CommOptions(abort, timeout, store, hints, name),
     )
+
+
+# torchcomms' "fake" backend: one rank, every op done at once (fastcomms/_fake.py)
+from ._fake import FakeBackend as _FakeBackend  # noqa: E402
+
+register_backend("fake", _FakeBackend)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import sys
 
+# torchcomms' native module holds every public name (code imports OpName, ReduceOp, the hook
+# argument classes, ... from it): so does this one
+from . import *  # noqa: F403
 from . import _rank_size_override
 from . import new_comm as _new_comm
-
-__all__ = ["new_comm", "_BackendWrapper"]
+from ._hook_types import *  # noqa: F403
 
 
 def new_comm(backend, device, name=None, *args, **kwargs):

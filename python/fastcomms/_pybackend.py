@@ -158,7 +158,9 @@ class Shim:
         return self._call("gather_single", out, t, root, a)
 
     def batch(self, ops, a, to, h):
-        raise UnsupportedError(f"[{self._name}] Python backends take no batched p2p")
+        if hasattr(self._b, "batch_op_issue"):
+            return self._call("batch_op_issue", ops, a)
+        raise UnsupportedError(f"[{self._name}] backend '{self._backend}' takes no batched p2p")
 
     def split(self, ranks, name, to, h):
         raise UnsupportedError(f"[{self._name}] split is not available on Python backends")

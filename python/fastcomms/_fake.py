@@ -1,0 +1,58 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The "fake" backend, as torchcomms has it: one rank (rank 0 of 1), no store and no peers;
+every operation completes at once and leaves its tensors as they are. For tests of code around
+communicators (hooks, flight recorder, process groups, tracing) in a single process:
+``fastcomms.new_comm("fake", "cpu", "name")``."""
+
+from __future__ import annotations
+
+from . import TorchCommBackend
+
+_OPS = (
+    "send",
+    "recv",
+    "batch_op_issue",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_v",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_v",
+    "reduce_scatter_single",
+    "all_to_all_single",
+    "all_to_all_v_single",
+    "all_to_all",
+    "barrier",
+    "scatter",
+    "gather",
+    "gather_single",
+)
+
+
+class FakeBackend(TorchCommBackend):
+    """Rank 0 of 1; every op is done when called and moves nothing (None: done)."""
+
+    def init(self, device, name, options) -> None:
+        self.device, self.name, self.options = device, name, options
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_size(self) -> int:
+        return 1
+
+    def get_backend_version(self) -> str:
+        return "fake"
+
+    def finalize(self) -> None:
+        pass
+
+
+def _done(self, *args):
+    return None
+
+
+for _op in _OPS:
+    setattr(FakeBackend, _op, _done)
