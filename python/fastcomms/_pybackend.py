@@ -18,13 +18,15 @@ class _Work:
 
     def __init__(self, result):
         self._r = result
+        self._waited = False
 
     def wait(self):
         if self._r is not None:
             self._r.wait()
+        self._waited = True  # a work without is_completed is complete once waited for
 
     def is_completed(self):
-        if self._r is None:
+        if self._r is None or self._waited:
             return True
         done = getattr(self._r, "is_completed", None)
         return bool(done()) if done is not None else False
@@ -38,6 +40,7 @@ class Shim:
 
     def __init__(self, backend, backend_name, comm_name, options, reduce_op):
         self._b, self._backend, self._name = backend, backend_name, comm_name
+        self._options = options
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._aborted = False
@@ -81,6 +84,8 @@ class Shim:
 
     def set_timeout(self, t: datetime.timedelta):
         self._timeout = t
+        if hasattr(self._b, "set_timeout"):  # torchcomms' protocol passes it on
+            self._b.set_timeout(t)
 
     def set_hints(self, h):
         self._hints.update(h)
@@ -163,7 +168,23 @@ class Shim:
         raise UnsupportedError(f"[{self._name}] backend '{self._backend}' takes no batched p2p")
 
     def split(self, ranks, name, to, h):
-        raise UnsupportedError(f"[{self._name}] split is not available on Python backends")
+        """torchcomms' protocol: ``backend.split(ranks, name, options)`` returns the new group's
+        backend, already set up (None where this rank joins none)."""
+        if not hasattr(self._b, "split"):
+            raise UnsupportedError(
+                f"[{self._name}] backend '{self._backend}' does not implement split"
+            )
+        import copy
+
+        options = copy.copy(self._options)
+        options.name = name
+        if to is not None:
+            options.timeout = to
+        options.hints = {**dict(self._options.hints), **dict(h or {})}
+        sub = self._b.split(list(ranks), name, options)
+        if sub is None:
+            return None
+        return Shim(sub, self._backend, name, options, self._reduce_op)
 
     def new_window(self):
         raise UnsupportedError(f"[{self._name}] backend '{self._backend}' has no windows")

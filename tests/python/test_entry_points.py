@@ -99,3 +99,52 @@ def test_register_backend_follows_torchcomms_protocol():
     assert w.is_completed() and calls[-1] == "wait"
     comm.barrier(False).wait()
     comm.finalize()
+
+
+def test_python_backend_split_timeout_and_waited_work():
+    """torchcomms' protocol beyond the ops: ``split(ranks, name, options)`` returns the new
+    group's backend, ``set_timeout`` reaches the backend, and a work without is_completed is
+    complete once waited for."""
+
+    class Token:
+        def wait(self):
+            pass
+
+    class Splitting(fastcomms.TorchCommBackend):
+        def init(self, device, name, options):
+            self.name, self.size, self.timeout = name, 1, None
+
+        def get_rank(self):
+            return 0
+
+        def get_size(self):
+            return self.size
+
+        def set_timeout(self, timeout):
+            self.timeout = timeout
+
+        def all_reduce(self, tensor, op, async_op):
+            return Token()
+
+        def split(self, ranks, name, options):
+            sub = Splitting()
+            sub.init("cpu", name, options)
+            sub.size = len(ranks)
+            sub.split_options = options
+            return sub
+
+    import datetime
+
+    fastcomms.register_backend("splitting_py", Splitting)
+    comm = fastcomms.new_comm("splitting_py", "cpu", "parent")
+    comm.set_timeout(datetime.timedelta(milliseconds=1500))
+    assert comm.get_backend_impl().timeout == datetime.timedelta(milliseconds=1500)
+    work = comm.all_reduce(torch.ones(2), fastcomms.ReduceOp.SUM, True)
+    assert not work.is_completed()
+    work.wait()
+    assert work.is_completed()
+    sub = comm.split([0], "child", hints={"a": "b"})
+    assert sub.get_name() == "child" and sub.get_size() == 1 and sub.get_rank() == 0
+    assert sub.get_backend_impl().split_options.hints == {"a": "b"}
+    sub.finalize()
+    comm.finalize()
