@@ -70,6 +70,7 @@ __all__ = [
     "P2POp",
     "P2POpType",
     "BatchP2POptions",
+    "Timeout",
     "RemovableHandle",
     "register_backend",
     "TorchCommBackend",
@@ -1473,3 +1474,12 @@ def new_comm(
 from ._fake import FakeBackend as _FakeBackend  # noqa: E402
 
 register_backend("fake", _FakeBackend)
+
+
+class Timeout(datetime.timedelta):
+    """torchcomms' Timeout: a ``datetime.timedelta`` (fastcomms takes any timedelta where a
+    timeout goes)."""
+
+
+# as after `import torchcomms`: its hooks and objcol modules are attributes of the package
+from . import hooks, objcol  # noqa: E402,F401

@@ -33,6 +33,7 @@ __all__ = [
     "reduce_scatter_tensor_autograd",
     "all_to_all_single",
     "all_to_all_single_autograd",
+    "is_torch_compile_supported",
     "is_torch_compile_supported_and_enabled",
 ]
 
@@ -108,6 +109,12 @@ def all_to_all_single_autograd(tensor, output_split_sizes, input_split_sizes, co
     return _funcol.all_to_all_single_autograd(
         tensor, output_split_sizes, input_split_sizes, _group(comm)
     )
+
+
+def is_torch_compile_supported(min_version=None, _current_version=None) -> bool:
+    """torchcomms' check for compiling the communicator's own methods: False in fastcomms (see
+    ``is_torch_compile_supported_and_enabled``)."""
+    return False
 
 
 def is_torch_compile_supported_and_enabled(min_version=None, _current_version=None) -> bool:

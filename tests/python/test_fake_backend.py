@@ -58,3 +58,21 @@ def test_fake_backend_ops_hooks_and_copies():
     dup = copy.deepcopy(holder)
     assert dup["comm"] is comm and dup["t"] is not holder["t"]
     comm.finalize()
+
+
+def test_package_surface_as_torchcomms():
+    """What `import torchcomms` gives besides the classes: Timeout (a timedelta), the hooks and
+    objcol modules as attributes, and functional's compile checks."""
+    import datetime
+
+    import fastcomms
+
+    t = fastcomms.Timeout(seconds=3)
+    assert isinstance(t, datetime.timedelta) and t == datetime.timedelta(seconds=3)
+    comm = fastcomms.new_comm("fake", "cpu", "timeout_test", timeout=t)
+    assert comm.get_options().timeout == datetime.timedelta(seconds=3)
+    comm.finalize()
+    assert fastcomms.hooks.FlightRecorderHook and fastcomms.objcol.all_gather_object
+    import fastcomms.functional
+
+    assert fastcomms.functional.is_torch_compile_supported() is False
