@@ -659,14 +659,7 @@ class TorchComm(_OpaqueBase):
         self._post_hooks: dict[int, object] = {}
         self._observers: dict[int, object] = {}
         self._hook_ids = itertools.count()
-        # what reconfigure() rebuilds from (new_comm fills it in)
-        self._reconf: dict = {
-            "backend": c.backend(),
-            "name": c.name(),
-            "store": self._options.store,
-            "hints": dict(self._options.hints),
-            "uuids": set(),
-        }
+        self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -820,8 +813,8 @@ class TorchComm(_OpaqueBase):
                 uuid.timeout,
                 uuid.hints,
             )
-        r = self._reconf
-        where = f"[{r['name']} reconfigure uuid={uuid}]"
+        backend, name = self.get_backend(), self.get_name()
+        where = f"[{name} reconfigure uuid={uuid}]"
         if not self._options.enable_reconfigure:
             raise _ValueError(
                 f"{where} this communicator was made without enable_reconfigure=True; "
@@ -831,7 +824,7 @@ class TorchComm(_OpaqueBase):
             raise _TypeError(f"{where} uuid must be an int, got {type(uuid).__name__}")
         if uuid < 0:
             raise _ValueError(f"{where} uuid must be non-negative, got {uuid}")
-        if uuid in r["uuids"]:
+        if uuid in self._reconf_uuids:
             raise _ValueError(f"{where} uuid {uuid} was used before on this communicator")
         if isinstance(init_handles, set | frozenset):
             handles = sorted(init_handles)
@@ -852,17 +845,17 @@ class TorchComm(_OpaqueBase):
                 f"{where} this rank's handle {mine!r} is not among init_handles; a rank left "
                 "out of the new configuration does not call reconfigure"
             )
-        prefix = f"fastcomms:{r['backend']}:"
+        prefix = f"fastcomms:{backend}:"
         foreign = [h for h in handles if not h.startswith(prefix)]
         if foreign:
             raise _ValueError(
-                f"{where} init_handles must come from get_init_handle() of {r['backend']!r} "
+                f"{where} init_handles must come from get_init_handle() of {backend!r} "
                 f"communicators, got {foreign}"
             )
         rank, size = handles.index(mine), len(handles)
-        where = f"[rank {rank}/{size} {r['name']} reconfigure uuid={uuid}]"
+        where = f"[rank {rank}/{size} {name} reconfigure uuid={uuid}]"
         td = _ms(timeout, where) if timeout is not None else self._options.timeout
-        store = r["store"]
+        store = self._options.store
         if store is None:
             raise _ValueError(
                 f"{where} the communicator has no store (new_comm(store=...), or MASTER_ADDR "
@@ -872,7 +865,7 @@ class TorchComm(_OpaqueBase):
 
         import torch.distributed as dist
 
-        space = dist.PrefixStore(f"fastcomms/reconfigure/{r['name']}/{uuid}", store)
+        space = dist.PrefixStore(f"fastcomms/reconfigure/{name}/{uuid}", store)
         # Every participant must pass the same handles in the same order: each one publishes a
         # digest of its list under its own handle and compares those of the others.
         digest = hashlib.sha256("\n".join(handles).encode()).hexdigest()
@@ -892,19 +885,14 @@ class TorchComm(_OpaqueBase):
                 f"{where} the ranks with handles {differ} passed other init_handles (another "
                 "set or order) for this uuid"
             )
-        old = self._c
-        if isinstance(old, _Unconfigured):
-            pass
-        else:
-            try:
-                old.finalize()
-            except Exception:  # noqa: BLE001 (a broken configuration: abort it instead)
-                old.abort()
-        merged = dict(r["hints"])
-        merged.update(hints or {})
+        try:  # the configuration before (a no-op before the first)
+            self._c.finalize()
+        except Exception:  # noqa: BLE001 (a broken configuration: abort it instead)
+            self._c.abort()
+        merged = {**self._options.hints, **(hints or {})}
         dev = self._device
         c = _C.Comm(
-            r["backend"],
+            backend,
             rank,
             size,
             dev.type,
@@ -912,12 +900,12 @@ class TorchComm(_OpaqueBase):
             space,
             td,
             self._options.abort_process_on_timeout_or_error,
-            r["name"],
+            name,
             merged,
         )
         c.set_timeout(self._options.timeout)  # the reconfigure timeout was for the rendezvous
         self._c = c
-        r["uuids"].add(uuid)
+        self._reconf_uuids.add(uuid)
         return _DoneWork()
 
     # -- hooks ---------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ class FlightRecorderHook:
         self._max, self._isolated = int(max_entries), bool(isolated)
         self._rings: dict[str, collections.deque] = {}
         self._open: dict[int, dict] = {}  # op_id -> entry, until the op is issued
-        self._works: dict[int, weakref.ref] = {}  # op_id -> its async work, weakly
+        # op_id -> (its work, weakly; its entry), for async ops not yet known to be complete
+        self._works: dict[int, tuple[weakref.ref, dict]] = {}
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._comms: dict[str, dict] = {}  # name -> pg_id, rank, ranks, backend, counters
@@ -178,17 +179,16 @@ class FlightRecorderHook:
 
         def observe(event, op_id, payload):
             if event == "issued":
-                if payload is not None:
-                    with self._lock:
-                        self._works[op_id] = weakref.ref(payload)
+                with self._lock:
+                    entry = self._open.get(op_id)  # (the post-hook has not run yet)
+                    if payload is not None and entry is not None and entry["async_op"]:
+                        self._works[op_id] = (weakref.ref(payload), entry)
                         if len(self._works) > 2 * self._max * max(1, len(self._rings)):
                             self._prune_works()
                 return
-            if event == "waited" and payload.status().name == "COMPLETED":
+            if event == "waited":
                 with self._lock:
-                    for entry in self._ring(name):
-                        if entry["op_id"] == op_id and not entry["retired"]:
-                            entry["state"], entry["retired"] = "completed", True
+                    self._settle(op_id)
                 return
             if event == "timeout":
                 self.dump_file(info["rank"])
@@ -211,22 +211,25 @@ class FlightRecorderHook:
 
     def _prune_works(self) -> None:
         """Forgets the works of entries the rings no longer hold (the lock is held)."""
-        live = {e["op_id"] for ring in self._rings.values() for e in ring}
-        self._works = {k: w for k, w in self._works.items() if k in live}
+        live = {id(e) for ring in self._rings.values() for e in ring}
+        self._works = {k: w for k, w in self._works.items() if id(w[1]) in live}
 
-    def _settle(self, entry: dict) -> None:
-        """An async op's state from its work, if the work is still alive (the lock is held)."""
-        ref = self._works.get(entry["op_id"])
+    def _settle(self, op_id: int) -> None:
+        """An async op's entry completed once its work reads complete; a failed op stays
+        started, and a dropped work leaves its entry as it was (the lock is held)."""
+        ref, entry = self._works.get(op_id, (None, None))
         work = ref() if ref is not None else None
-        if work is not None and not entry["retired"] and work.status().name == "COMPLETED":
-            entry["state"], entry["retired"] = "completed", True  # (a failed op stays started)
+        if work is None:
+            self._works.pop(op_id, None)
+        elif work.status().name == "COMPLETED":
+            entry["state"], entry["retired"] = "completed", True
+            del self._works[op_id]
 
     def _entries(self, include_completed: bool) -> list[dict]:
         with self._lock:
             self._prune_works()
-            for ring in self._rings.values():
-                for e in ring:
-                    self._settle(e)
+            for op_id in list(self._works):
+                self._settle(op_id)
             entries = [
                 {k: v for k, v in e.items() if k != "async_op"}
                 for ring in self._rings.values()

@@ -30,7 +30,7 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 // A Work made in Python lives as long as its Python object: this holder keeps that object (as
 // torch's own Python process groups do) and forwards to it.
-class __attribute__((visibility("hidden"))) HeldWork final : public c10d::Work {
+class HeldWork final : public c10d::Work {
  public:
   explicit HeldWork(py::object py_work)
       : work_(py_work.cast<WorkPtr>()), py_work_(std::move(py_work)) {}
@@ -52,7 +52,7 @@ class __attribute__((visibility("hidden"))) HeldWork final : public c10d::Work {
   py::object py_work_;
 };
 
-class __attribute__((visibility("hidden"))) ForwardingBackend final : public c10d::Backend {
+class ForwardingBackend final : public c10d::Backend {
  public:
   ForwardingBackend(int rank, int size, py::object impl)
       : c10d::Backend(rank, size), impl_(std::move(impl)) {}

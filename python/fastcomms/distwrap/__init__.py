@@ -464,33 +464,27 @@ def _src(g, src, group_src, what):
     return g.group_rank(src)
 
 
+@_or_torch
 def all_gather_object(object_list, obj, group=None):
-    if _torch_mode:
-        return _td.all_gather_object(object_list, obj, group)
     _objcol.all_gather_object(_group(group).comm, object_list, obj)
 
 
+@_or_torch
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
-    if _torch_mode:
-        return _td.broadcast_object_list(object_list, src, group, device, group_src)
     g = _group(group)
     _objcol.broadcast_object_list(g.comm, object_list, _src(g, src, group_src, "broadcast"))
 
 
+@_or_torch
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
-    if _torch_mode:
-        return _td.gather_object(obj, object_gather_list, dst, group, group_dst)
     g = _group(group)
     _objcol.gather_object(g.comm, obj, _src(g, dst, group_dst, "gather_object"), object_gather_list)
 
 
+@_or_torch
 def scatter_object_list(
     scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
 ):
-    if _torch_mode:
-        return _td.scatter_object_list(
-            scatter_object_output_list, scatter_object_input_list, src, group, group_src
-        )
     g = _group(group)
     _objcol.scatter_object_list(
         g.comm,
