@@ -128,7 +128,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] || [ "${SKIP_BENCH:-0}" != 1 ]; then
   t0=$SECONDS
   if cmake -S . -B "$BUILD" -DFASTCOMMS_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" \
        >"$LOGS/configure-python.log" 2>&1 &&
-     cmake --build "$BUILD" -j "$(nproc)" --target _C >"$LOGS/build-python.log" 2>&1; then
+     cmake --build "$BUILD" -j "$(nproc)" --target _C _c10d >"$LOGS/build-python.log" 2>&1; then
     result[build]="${result[build]}; extension ok ($((SECONDS - t0)) s)"
   else
     result[build]="${result[build]}; extension FAILED (build-python.log)"
@@ -220,7 +220,7 @@ fi
 if [ -n "${COMPAT_FILES:-}" ] && [ -f .compat/run.sh ] && have_ext && enough; then
   t0=$SECONDS
   for be in ${COMPAT_BACKENDS:-nccl nvlink}; do
-    printf '%s\n' $COMPAT_FILES | timeout "$(cap 300)" xargs -P "${COMPAT_PAR:-3}" -I{} \
+    printf '%s\n' ${COMPAT_FILES//.py/} | timeout "$(cap 300)" xargs -P "${COMPAT_PAR:-3}" -I{} \
       env PY=python3 FC_PYTHONPATH="$BUILD_ABS/python:$PWD/python" TO=150 \
       bash .compat/run.sh "$be" auto {}
   done >"$LOGS/compat.log" 2>&1

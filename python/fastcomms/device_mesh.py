@@ -245,7 +245,13 @@ class _CommOps:
 def _process_group(ops: _CommOps) -> dist.ProcessGroup:
     """A plain torch ProcessGroup whose backend, for the communicator's device type, forwards to
     ``ops`` (NOTE [c10d backend over python])."""
-    from . import _c10d
+    try:
+        from . import _c10d
+    except ImportError as e:
+        raise ImportError(
+            "fastcomms process groups need the extension module fastcomms._c10d, which this "
+            "installation lacks (build it with scripts/build.sh, or the CMake target _c10d)"
+        ) from e
 
     comm = ops.comm
     pg = dist.ProcessGroup(dist.HashStore(), comm.get_rank(), comm.get_size())
@@ -260,7 +266,10 @@ def _ops_of(group) -> _CommOps | None:
     """The ops object behind a process group made here (None for any other group)."""
     if not isinstance(group, dist.ProcessGroup):
         return None
-    from . import _c10d
+    try:
+        from . import _c10d
+    except ImportError:
+        return None  # without the module no process group can forward to a communicator
 
     for device in getattr(group, "_device_types", ()):
         try:
