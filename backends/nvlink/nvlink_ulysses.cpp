@@ -11,6 +11,7 @@
 #include "backends/nvlink/records.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
+#include "fastcomms/cuda/memops.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
@@ -41,6 +42,7 @@ const std::pair<const char*, const char*> kKnobs[] = {
     {"flagged_max_bytes", "FASTCOMMS_FLAGGED_MAX_BYTES"},
     {"fused_max_bytes", "FASTCOMMS_FUSED_MAX_BYTES"},
     {"fused_blocks", "FASTCOMMS_FUSED_BLOCKS"},
+    {"barrier", "FASTCOMMS_BARRIER"},
 };
 }  // namespace
 
@@ -86,6 +88,12 @@ void NvlinkTuning::set(const std::string& name, const std::string& value) {
     flagged_max_bytes = parse_int(name, value, 0, int64_t{1} << 30) / 8 * 8;
   } else if (name == "fused_max_bytes") {
     fused_max_bytes = parse_int(name, value, 0, kMaxBytes);
+  } else if (name == "barrier") {
+    FASTCOMMS_CHECK(value == "auto" || value == "kernel" || value == "memop", kInvalidArgument,
+                    "nvlink tuning: barrier must be auto, kernel or memop, got '", value, "'");
+    barrier = value == "kernel"  ? BarrierKind::kKernel
+              : value == "memop" ? BarrierKind::kMemop
+                                 : BarrierKind::kAuto;
   } else if (name == "fused_blocks") {
     fused_blocks = static_cast<int>(parse_int(name, value, 0, 1 << 20));
   } else {
@@ -180,6 +188,24 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     flagged_max_ = flagged_cap_;
   }
   set_fused_max_blocks(opt_.tuning.fused_blocks);
+  if (opt_.size > 1) {
+    // NOTE [memop barrier]: every rank says whether its device runs stream memory operations;
+    // the copy-engine path uses them only when all do, so ranks never mix barrier kinds.
+    std::string no_memops;
+    const bool mine = cuda::memops_supported(opt_.device, &no_memops);
+    opt_.store->set_string(detail::cat(opt_.name, "/memops/", opt_.rank), mine ? "1" : "0");
+    bool all_memops = mine;
+    for (int q = 0; q < opt_.size; ++q)
+      all_memops = all_memops && opt_.store->get_string(detail::cat(opt_.name, "/memops/", q),
+                                                        opt_.timeout) == "1";
+    FASTCOMMS_CHECK(
+        opt_.tuning.barrier != BarrierKind::kMemop || all_memops, kUnsupported, prefix(),
+        "FASTCOMMS_BARRIER=memop, but ",
+        mine ? std::string("a peer's device does not run stream memory operations") : no_memops);
+    memops_ok_ = all_memops;
+    memops_ = exchange(static_cast<int64_t>(2 * sizeof(uint64_t) * opt_.size), "memops");
+    FASTCOMMS_CUDA_CHECK(cudaMemset(memops_.local(), 0, memops_.bytes));
+  }
   FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
   // Every pad must be zeroed before any peer signals into it.
   opt_.store->set_string(detail::cat(opt_.name, "/pads_zeroed/", opt_.rank), "1");
@@ -190,7 +216,8 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
 NvlinkUlysses::~NvlinkUlysses() {
   // Local work only: let this device finish what was enqueued before unmapping.
   (void)cudaSetDevice(opt_.device);
-  (void)cudaDeviceSynchronize();
+  (void)cudaDeviceSynchronize();  // the watchdog still releases a wait that times out meanwhile
+  watch_.reset();
 }
 
 NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& tag, bool vmm) {
@@ -350,6 +377,7 @@ void NvlinkUlysses::check_errors() {
   const int e = *static_cast<volatile int*>(error_.get());
   if (e == cuda::kBarrierOk) return;
   *static_cast<volatile int*>(error_.get()) = 0;
+  ++memop_generation_;  // NOTE [memop watchdog]: late tokens of the failed call match no wait
   {
     cuda::DeviceGuard guard(opt_.device);
     FASTCOMMS_CUDA_CHECK(cudaMemset(skip_.get(), 0, sizeof(int)));  // later calls run again
@@ -357,8 +385,9 @@ void NvlinkUlysses::check_errors() {
   throw Error(e == cuda::kBarrierTimeout ? ErrorCode::kTimeout : ErrorCode::kInvalidArgument,
               prefix() + (e == cuda::kBarrierTimeout
                               ? "a peer did not reach the device barrier within the timeout"
-                              : "ranks disagree on the call (a peer's geometry key differs); "
-                                "the transfer was skipped"));
+                              : "ranks disagree on the call (a peer's geometry key differs, or "
+                                "a peer gave up on it); the transfer was skipped or its result "
+                                "is void"));
 }
 
 uint64_t NvlinkUlysses::device_epoch() const {
@@ -370,7 +399,7 @@ uint64_t NvlinkUlysses::device_epoch() const {
 }
 
 int64_t NvlinkUlysses::memory_bytes() const {
-  int64_t total = pads_.bytes + window_.bytes + flagged_.bytes;
+  int64_t total = pads_.bytes + window_.bytes + flagged_.bytes + memops_.bytes;
   for (const auto& w : user_windows_) total += w->bytes;
   return total;
 }
@@ -499,8 +528,27 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
     return;
   }
+  // NOTE [memop barrier]: the copy-engine path without any kernel, outside graph capture.
+  const bool memop = engine == TransferEngine::kCopyEngine && memop_barriers(stream);
+  MemopWatch::Ticket ticket;
+  if (memop) {
+    if (!watch_) {
+      std::vector<uint64_t*> peers(opt_.size);
+      for (int q = 0; q < opt_.size; ++q) peers[q] = static_cast<uint64_t*>(memops_.ptrs[q]);
+      watch_ = std::make_unique<MemopWatch>(
+          opt_.device, opt_.rank, opt_.size, static_cast<uint64_t*>(memops_.local()),
+          std::move(peers), static_cast<volatile int*>(error_.get()), opt_.timeout);
+    }
+    ticket = watch_->take();
+    ticket.generation = memop_generation_;
+    ticket.tokens[0] = memop_token(b.key, kSlotEntry);
+    ticket.tokens[1] = memop_token(b.key, kSlotExit);
+    FASTCOMMS_CUDA_CHECK(cudaEventRecord(ticket.start, stream));
+    if (!faults_.skip_entry_barrier) memop_barrier(kSlotEntry, ticket.tokens[0], stream);
+    FASTCOMMS_CUDA_CHECK(cudaEventRecord(ticket.mid, stream));
+  }
   b.slot = kSlotEntry;
-  if (!faults_.skip_entry_barrier) cuda::barrier_async(b, stream);
+  if (!faults_.skip_entry_barrier && !memop) cuda::barrier_async(b, stream);
   // NOTE [copy-engine path]: the remote blocks go to the copy engines as pitched 2D/3D copies
   // (one per peer and block, every batch element in one 3D copy) on one side stream, forked
   // from the caller's stream after the entry barrier and joined back before the exit barrier;
@@ -538,9 +586,41 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
   if (!ce_jobs.empty() && !faults_.skip_ce_join) {
     for (size_t k = 0; k < ce_streams_.size(); ++k) ce_join_[k].wait_on(stream);
   }
+  if (memop) {
+    memop_barrier(kSlotExit, ticket.tokens[1], stream);
+    FASTCOMMS_CUDA_CHECK(cudaEventRecord(ticket.end, stream));
+    watch_->submit(ticket);
+    return;
+  }
   b.slot = kSlotExit;
   b.advance = true;
   cuda::barrier_async(b, stream);
+}
+
+bool NvlinkUlysses::memop_barriers(cudaStream_t stream) const {
+  if (!memops_ok_ || opt_.tuning.barrier == BarrierKind::kKernel) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+uint64_t NvlinkUlysses::memop_token(uint64_t key, int slot) const {
+  // NOTE [memop watchdog]: the generation in the top 24 bits (never 0), a mix of the key and the
+  // slot below.
+  uint64_t h = key ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(slot + 1));
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return ((memop_generation_ + 1) << 40) | (h & ((uint64_t{1} << 40) - 1));
+}
+
+void NvlinkUlysses::memop_barrier(int slot, uint64_t token, cudaStream_t stream) {
+  std::vector<uint64_t*> remote(opt_.size), local(opt_.size);
+  for (int q = 0; q < opt_.size; ++q) {
+    remote[q] = static_cast<uint64_t*>(memops_.ptrs[q]) + slot * opt_.size + opt_.rank;
+    local[q] = static_cast<uint64_t*>(memops_.local()) + slot * opt_.size + q;
+  }
+  cuda::memop_barrier_async(remote, local, opt_.rank, token, stream);
 }
 
 void NvlinkUlysses::copy_engine_remote(const std::vector<cuda::CopyJob>& remote,

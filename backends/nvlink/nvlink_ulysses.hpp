@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends/nvlink/fd_channel.hpp"
+#include "backends/nvlink/memop_watch.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/tensor.hpp"
 #include "fastcomms/cuda/barrier.hpp"
@@ -47,6 +48,12 @@ enum class CopyOutEngine {
   kSM,          ///< The SM copy kernel.
 };
 
+/// What the copy-engine path's barriers run on (NOTE [memop barrier]).
+enum class BarrierKind {
+  kAuto,    ///< Stream memory operations where the device runs them, else kernels.
+  kKernel,  ///< The epoch-barrier kernel (one block; it needs an SM to start).
+  kMemop,   ///< Stream memory operations (no SM); a construction error where unsupported.
+};
 /// Every tuning knob of the engine, in one place. Each knob has a name (the `tune` knob of the
 /// transport and of UlyssesGroup._tune) and an environment variable (README's run-time settings,
 /// read once per process by from_env(); a malformed value throws there, not on a call path).
@@ -82,6 +89,10 @@ struct NvlinkTuning {
   /// fused_blocks | FASTCOMMS_FUSED_BLOCKS: grid cap of the fused and flagged kernels (0: one
   /// block per SM).
   int fused_blocks = 0;
+  /// barrier | FASTCOMMS_BARRIER = auto|kernel|memop: what the copy-engine path's entry and exit
+  /// barriers run on (NOTE [memop barrier]); outside a CUDA graph capture only (a captured call
+  /// takes the kernel barrier, whose replays carry their own timeout).
+  BarrierKind barrier = BarrierKind::kAuto;
 
   /// Sets knob `name` from its text form; throws kInvalidArgument naming the knob, the value
   /// and what is accepted.
@@ -184,6 +195,11 @@ class NvlinkUlysses {
   /// capacity allocated at construction). Host state only: safe between calls on every rank
   /// alike, since every knob that changes the path is decided on the agreed geometry.
   void tune(const std::string& knob, const std::string& value);
+  /// What copy-engine calls outside a graph capture synchronise with: "memop" or "kernel"
+  /// (NOTE [memop barrier]).
+  const char* ce_barrier() const {
+    return memops_ok_ && opt_.tuning.barrier != BarrierKind::kKernel ? "memop" : "kernel";
+  }
   /// This group's setup.
   const NvlinkUlyssesOptions& options() const { return opt_; }
 
@@ -210,6 +226,11 @@ class NvlinkUlysses {
   bool flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const;
   const Window& destination(const TensorView& out, const plan::UlyssesPlan& p, cudaStream_t stream);
   cuda::BarrierArgs barrier_args(uint64_t key) const;
+  // Whether this copy-engine call takes the memop barriers (NOTE [memop barrier]).
+  bool memop_barriers(cudaStream_t stream) const;
+  // The token of slot `slot` of a call keyed `key` in this generation.
+  uint64_t memop_token(uint64_t key, int slot) const;
+  void memop_barrier(int slot, uint64_t token, cudaStream_t stream);
   void transfer(std::vector<cuda::CopyJob> remote, const cuda::CopyJob& own, cuda::BarrierArgs b,
                 TransferEngine engine, int64_t max_chunk, cudaStream_t stream);
   // The remote copies of the copy-engine share on the side streams, forked from and joined back
@@ -244,6 +265,12 @@ class NvlinkUlysses {
   std::vector<cuda::Stream> ce_streams_;
   cuda::Event ce_fork_;
   std::vector<cuda::Event> ce_join_;
+  // NOTE [memop barrier]: [2 stages][size senders] u64 slots, mapped into every peer; usable
+  // when every rank's device runs memops (agreed at construction).
+  Window memops_;
+  bool memops_ok_ = false;
+  uint64_t memop_generation_ = 0;      // bumped when an error is reported (NOTE [memop watchdog])
+  std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;
   int fused_max_blocks_ = 0;
   uint64_t epoch_ = 0;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "backends/nvlink/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/nvml.hpp"
@@ -405,6 +406,109 @@ int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint6
   return bad;
 }
 
+// memop_faults: the copy-engine path's SM-free barriers (NOTE [memop barrier]) under faults, on
+// a group with a 1 s timeout. (1) rank 0 runs other head splits: every rank must be told "ranks
+// disagree" within 0.9 s (the watchdog reads the differing token; the timeout alone would come
+// later and say otherwise); (2) a correct call after it is bit-exact (a new generation on every
+// rank); (3) the last rank arrives 2.5 s late: the others must be told of the timeout, their
+// streams done, and the late rank must fail on the poison left for it instead of passing on
+// stale tokens; (4) a correct call is bit-exact again. Returns the failures on this rank.
+int memop_faults(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  NvlinkUlyssesOptions o = group_options(rank, P, device, store, "memop-faults");
+  o.timeout = std::chrono::seconds(1);
+  NvlinkUlysses group(o);
+  if (std::string(group.ce_barrier()) != "memop") {
+    std::printf("memop_faults rank %d: the copy-engine path uses %s barriers here\n", rank,
+                group.ce_barrier());
+    return 1;
+  }
+  cuda::Stream stream;
+  const Device dev{DeviceType::kCUDA, device};
+  const int64_t s_local = 64, d = 64, heads = 2 * P;
+  // Zero copy into one buffer of the same size on every rank, so that ranks that disagree on
+  // the geometry never disagree on growing the group window.
+  const size_t cap = static_cast<size_t>(4 * s_local * heads * d * 2);
+  void* zc = group.empty_output(static_cast<int64_t>(cap));
+  int failures = 0;
+  // One call; `bad_splits` makes rank 0 believe in other head splits. Returns the error text
+  // (empty when none) and the seconds until the stream was done; checks the data when clean.
+  auto call = [&](bool bad_splits, int round, double* secs) -> std::string {
+    std::vector<int64_t> seq(P, s_local), hs(P, 2);
+    if (bad_splits && rank == 0) hs[0] = 3, hs[P - 1] = 1;
+    plan::RankBuffers in(P);
+    std::mt19937_64 drng(seed + 77 * round);
+    const size_t in_bytes = static_cast<size_t>(s_local * heads * d * 2);
+    for (int r = 0; r < P; ++r) {
+      in[r].resize(in_bytes);
+      for (auto& byte : in[r]) byte = static_cast<std::byte>(drng());
+    }
+    cuda::DeviceBuffer x(in_bytes);
+    FASTCOMMS_CUDA_CHECK(cudaMemcpy(x.get(), in[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    UlyssesArgs args;
+    args.seq_splits = seq;
+    args.head_splits = hs;
+    TensorView xv = TensorView::contiguous(x.get(), DType::kBFloat16, {1, s_local, heads, d}, dev);
+    const auto os = group.output_shape(xv, args);
+    const size_t out_bytes = static_cast<size_t>(os[0] * os[1] * os[2] * os[3] * 2);
+    FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(zc, 0xA5, out_bytes, stream.get()));
+    const auto t0 = std::chrono::steady_clock::now();
+    group.all_to_all_4d(
+        xv, TensorView::contiguous(zc, DType::kBFloat16, {os[0], os[1], os[2], os[3]}, dev), args,
+        stream.get(), TransferEngine::kCopyEngine);
+    std::vector<std::byte> got(out_bytes);
+    FASTCOMMS_CUDA_CHECK(
+        cudaMemcpyAsync(got.data(), zc, out_bytes, cudaMemcpyDeviceToHost, stream.get()));
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    *secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    try {
+      group.check_errors();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    if (!bad_splits && got != plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in)[rank])
+      return "MISMATCHING DATA";
+    return "";
+  };
+  auto sync_ranks = [&](const char* tag) {
+    store->set_string(detail::cat("memop_faults/", tag, "/", rank), "1");
+    for (int q = 0; q < P; ++q)
+      store->wait({detail::cat("memop_faults/", tag, "/", q)}, std::chrono::seconds(60));
+  };
+  double secs = 0;
+  std::string e = call(true, 1, &secs);
+  if (e.find("ranks disagree") == std::string::npos || secs > 0.9) {
+    ++failures;
+    std::printf("memop_faults rank %d: mismatch told as '%s' after %.2f s\n", rank, e.c_str(),
+                secs);
+  }
+  sync_ranks("mismatch");
+  e = call(false, 2, &secs);
+  if (!e.empty()) {
+    ++failures;
+    std::printf("memop_faults rank %d: the call after the mismatch: '%s'\n", rank, e.c_str());
+  }
+  sync_ranks("recovered");
+  const bool late = rank == P - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  e = call(false, 3, &secs);
+  const bool told = late ? e.find("ranks disagree") != std::string::npos
+                         : e.find("did not reach") != std::string::npos;
+  if (!told || secs > (late ? 0.9 : 2.0)) {
+    ++failures;
+    std::printf("memop_faults rank %d (%s): told '%s' after %.2f s\n", rank,
+                late ? "late" : "on time", e.c_str(), secs);
+  }
+  sync_ranks("timeout");
+  e = call(false, 4, &secs);
+  if (!e.empty()) {
+    ++failures;
+    std::printf("memop_faults rank %d: the call after the timeout: '%s'\n", rank, e.c_str());
+  }
+  std::printf("memop_faults rank %d: %d failures\n", rank, failures);
+  return failures;
+}
+
 // Runs an adversarial worker on world 2, then its armed control: the worker (returning the calls
 // it saw torn out of `calls`) must pass and the control must tear. Returns 1 on failure.
 int armed_pair(const char* name, int ndev, int calls,
@@ -509,6 +613,15 @@ int main() {
       armed_pair("ce_ordering", ndev, 3, [&](int r, int size, int dev, auto store, bool armed) {
         return ce_ordering(r, size, dev, store, seed + 7, armed);
       });
-  std::printf("%d passed, %d failed\n", 7 - failed_worlds, failed_worlds);
+  // The SM-free barriers under a mismatch and a late rank (worlds 2 and 3).
+  for (int P : {2, 3}) {
+    const int bad =
+        gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          return memop_faults(r, size, dev, store, seed + 555) ? 1 : 0;
+        });
+    std::printf("memop_faults world %d: %s\n", P, bad ? "FAILED" : "passed");
+    failed_worlds += bad != 0;
+  }
+  std::printf("%d passed, %d failed\n", 9 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

@@ -162,10 +162,11 @@ def _overlap_section(g, dev, gen, size):
     a_m = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen) / 64
     rows = []
     lanes = [
-        ("zero-SM (copy engines)", "ce"),
+        ("copy engines, copy-out on SMs", "ce"),
         ("SM engine", "sm"),
         ("auto", "auto"),
         ("zero-SM, lend=True", "ce-lend"),
+        ("zero-SM, lend=True, kernel barriers", "ce-lend-kb"),
     ]
     if fu is not None:
         lanes.append(("fast-ulysses", None))
@@ -183,14 +184,16 @@ def _overlap_section(g, dev, gen, size):
                 setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo))
             elif engine == "fu-lend":
                 setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo, lend=True))
-            elif engine == "ce-lend":
+            elif engine in ("ce-lend", "ce-lend-kb"):
+                # NOTE [memop barrier]: the default barriers of this path, or the kernel ones
+                barrier = "kernel" if engine == "ce-lend-kb" else "auto"
                 setup, call = (
-                    (lambda: g._tune("engine", "ce")),
+                    (lambda b=barrier: (g._tune("engine", "ce"), g._tune("barrier", b))),
                     (lambda: g.all_to_all_4d_async(xo, lend=True)),
                 )
             else:
                 setup, call = (
-                    (lambda e=engine: g._tune("engine", e)),
+                    (lambda e=engine: (g._tune("engine", e), g._tune("barrier", "auto"))),
                     (lambda: g.all_to_all_4d_async(xo)),
                 )
             setup()
@@ -215,6 +218,7 @@ def _overlap_section(g, dev, gen, size):
             what = f"{label}, async (1,{37800 // size},40,128) bf16 vs {chain} GEMMs {n}^3"
             rows.append((what, t, ok))
     g._tune("engine", "auto")
+    g._tune("barrier", "auto")
     if fu is not None:
         fu.destroy()
     return rows
