@@ -72,6 +72,16 @@ bool memops_supported(int device, std::string* why) {
   return true;
 }
 
+bool memops_can_flush(int device) {
+  const Driver& d = driver();
+  if (!d.missing.empty()) return false;
+  CUdevice dev = 0;
+  int can = 0;
+  return d.device_get(&dev, device) == CUDA_SUCCESS &&
+         d.attribute(&can, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, dev) == CUDA_SUCCESS &&
+         can != 0;
+}
+
 void memops_async(const std::vector<MemOp>& ops, cudaStream_t stream) {
   const Driver& d = driver();
   FASTCOMMS_CHECK(d.missing.empty(), kCudaError, "the CUDA driver has no entry point ", d.missing);
@@ -90,7 +100,8 @@ void memops_async(const std::vector<MemOp>& ops, cudaStream_t stream) {
         p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
         p.waitValue.address = reinterpret_cast<CUdeviceptr>(ops[j].address);
         p.waitValue.value64 = ops[j].value;
-        p.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+        p.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ |
+                            (ops[j].kind == MemOp::kWaitEqFlush ? CU_STREAM_WAIT_VALUE_FLUSH : 0);
       }
       params.push_back(p);
     }
@@ -102,7 +113,7 @@ void memops_async(const std::vector<MemOp>& ops, cudaStream_t stream) {
 }
 
 void memop_barrier_async(const std::vector<uint64_t*>& remote, const std::vector<uint64_t*>& local,
-                         int rank, uint64_t token, cudaStream_t stream) {
+                         int rank, uint64_t token, bool flush, cudaStream_t stream) {
   const int size = static_cast<int>(remote.size());
   std::vector<MemOp> ops;
   ops.reserve(3 * static_cast<size_t>(size));
@@ -110,7 +121,8 @@ void memop_barrier_async(const std::vector<uint64_t*>& remote, const std::vector
     const int q = (rank + k) % size;
     ops.push_back({MemOp::kWrite, remote[q], token});
   }
-  for (int k = 1; k < size; ++k) ops.push_back({MemOp::kWaitEq, local[(rank + k) % size], token});
+  const MemOp::Kind wait = flush ? MemOp::kWaitEqFlush : MemOp::kWaitEq;
+  for (int k = 1; k < size; ++k) ops.push_back({wait, local[(rank + k) % size], token});
   for (int k = 1; k < size; ++k) ops.push_back({MemOp::kWrite, local[(rank + k) % size], 0});
   memops_async(ops, stream);
 }

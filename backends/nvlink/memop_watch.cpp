@@ -110,9 +110,12 @@ bool MemopWatch::finished(Ticket& t) {
     error = cuda::kBarrierTimeout;
   } else if (now - t.since > kProbeAfter && now - last_probe_ > kProbeEvery) {
     last_probe_ = now;
-    if (peer_differs(stage, token)) error = cuda::kBarrierMismatch;
+    // Only while the stage still runs after the read: a stage that finished meanwhile may have
+    // let the next call's tokens in.
+    if (peer_differs(stage, token) && !done(stage == 0 ? t.mid : t.end))
+      error = cuda::kBarrierMismatch;
   }
-  if (error == cuda::kBarrierOk) return false;
+  if (error == cuda::kBarrierOk || done(stage == 0 ? t.mid : t.end)) return false;
   *error_ = error;
   doomed_ = std::max(doomed_, t.generation + 1);
   poison_peers(stage, token);

@@ -203,6 +203,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
         "FASTCOMMS_BARRIER=memop, but ",
         mine ? std::string("a peer's device does not run stream memory operations") : no_memops);
     memops_ok_ = all_memops;
+    memops_flush_ = all_memops && cuda::memops_can_flush(opt_.device);
     memops_ = exchange(static_cast<int64_t>(2 * sizeof(uint64_t) * opt_.size), "memops");
     FASTCOMMS_CUDA_CHECK(cudaMemset(memops_.local(), 0, memops_.bytes));
   }
@@ -620,7 +621,7 @@ void NvlinkUlysses::memop_barrier(int slot, uint64_t token, cudaStream_t stream)
     remote[q] = static_cast<uint64_t*>(memops_.ptrs[q]) + slot * opt_.size + opt_.rank;
     local[q] = static_cast<uint64_t*>(memops_.local()) + slot * opt_.size + q;
   }
-  cuda::memop_barrier_async(remote, local, opt_.rank, token, stream);
+  cuda::memop_barrier_async(remote, local, opt_.rank, token, memops_flush_, stream);
 }
 
 void NvlinkUlysses::copy_engine_remote(const std::vector<cuda::CopyJob>& remote,

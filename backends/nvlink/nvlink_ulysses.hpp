@@ -197,6 +197,8 @@ class NvlinkUlysses {
   void tune(const std::string& knob, const std::string& value);
   /// What copy-engine calls outside a graph capture synchronise with: "memop" or "kernel"
   /// (NOTE [memop barrier]).
+  /// Whether the memop waits flush remote writes (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES).
+  bool memops_flush() const { return memops_flush_; }
   const char* ce_barrier() const {
     return memops_ok_ && opt_.tuning.barrier != BarrierKind::kKernel ? "memop" : "kernel";
   }
@@ -269,6 +271,7 @@ class NvlinkUlysses {
   // when every rank's device runs memops (agreed at construction).
   Window memops_;
   bool memops_ok_ = false;
+  bool memops_flush_ = false;          // waits flush remote writes (where the device can)
   uint64_t memop_generation_ = 0;      // bumped when an error is reported (NOTE [memop watchdog])
   std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;

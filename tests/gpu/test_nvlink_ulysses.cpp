@@ -406,6 +406,79 @@ int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint6
   return bad;
 }
 
+// ce_stress: `calls` copy-engine calls on random geometries scaled up to MiB, copying (some
+// misaligned) and zero copy, fresh data and a fresh poison each, with the given barrier kind
+// ("memop" or "kernel"); every output compared with the plan's host reference. Returns the
+// mismatching calls on this rank.
+int ce_stress(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
+              const char* barrier, int calls) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  NvlinkUlysses group(group_options(rank, P, device, store, "ce-stress"));
+  group.tune("barrier", barrier);
+  cuda::Stream stream;
+  const int64_t cap = int64_t{48} << 20;
+  void* user = group.empty_output(cap);
+  std::mt19937_64 rng(seed);  // same sequence on every rank
+  int bad = 0;
+  for (int i = 0; i < calls; ++i) {
+    Geo g = random_geo(P, rng);
+    static const int64_t kScale[] = {1, 8, 32, 96};
+    const int64_t scale = kScale[rng() % 4];
+    for (auto& v : g.seq) v *= scale;
+    g.splits = true;
+    const uint64_t data_seed = rng();
+    const auto poison = static_cast<unsigned char>(rng());
+    plan::RankBuffers inputs(P);
+    std::mt19937_64 drng(data_seed);
+    for (int r = 0; r < P; ++r) {
+      const auto sh = in_shape(g, r);
+      inputs[r].resize(static_cast<size_t>(sh[0] * sh[1] * sh[2] * sh[3] * g.e));
+      for (auto& byte : inputs[r]) byte = static_cast<std::byte>(drng());
+    }
+    const auto want = plan::reference_all_to_all_4d(g.mode, g.b, g.d, g.e, g.seq, g.heads, inputs);
+    int64_t max_out = 0;
+    for (const auto& w : want) max_out = std::max<int64_t>(max_out, static_cast<int64_t>(w.size()));
+    const auto sh = in_shape(g, rank);
+    const Device dev{DeviceType::kCUDA, device};
+    const size_t shift = i % 5 == 4 ? static_cast<size_t>(g.e) : 0;
+    cuda::DeviceBuffer xin(inputs[rank].size() + 16), own(want[rank].size() + 16);
+    auto* x_ptr = static_cast<std::byte*>(xin.get()) + shift;
+    FASTCOMMS_CUDA_CHECK(
+        cudaMemcpy(x_ptr, inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
+    UlyssesArgs args;
+    args.mode = g.mode;
+    args.seq_splits = g.seq;
+    args.head_splits = g.heads;
+    TensorView x = TensorView::contiguous(x_ptr, dtype_for(g.e), {sh[0], sh[1], sh[2], sh[3]}, dev);
+    const auto os = group.output_shape(x, args);
+    const bool zero_copy = i % 2 == 1 && max_out <= cap;  // decided alike on every rank
+    void* out_ptr = zero_copy ? user : static_cast<std::byte*>(own.get()) + shift;
+    const size_t out_bytes = want[rank].size();
+    FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(out_ptr, poison, out_bytes, stream.get()));
+    group.all_to_all_4d(
+        x, TensorView::contiguous(out_ptr, dtype_for(g.e), {os[0], os[1], os[2], os[3]}, dev), args,
+        stream.get(), TransferEngine::kCopyEngine);
+    std::vector<std::byte> got(out_bytes);
+    FASTCOMMS_CUDA_CHECK(
+        cudaMemcpyAsync(got.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost, stream.get()));
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    group.check_errors();
+    if (got != want[rank]) {
+      ++bad;
+      size_t first = 0;
+      while (first < got.size() && got[first] == want[rank][first]) ++first;
+      std::printf(
+          "ce_stress (%s) rank %d: call %d MISMATCH (mode %d b %lld d %lld e %lld scale "
+          "%lld zero_copy %d shift %zu) first differing byte %zu of %zu\n",
+          barrier, rank, i, g.mode, (long long)g.b, (long long)g.d, (long long)g.e,
+          (long long)scale, zero_copy, shift, first, got.size());
+    }
+  }
+  std::printf("ce_stress (%s barriers, flush %d) world %d rank %d: %d of %d calls mismatched\n",
+              barrier, group.memops_flush(), P, rank, bad, calls);
+  return bad;
+}
+
 // memop_faults: the copy-engine path's SM-free barriers (NOTE [memop barrier]) under faults, on
 // a group with a 1 s timeout. (1) rank 0 runs other head splits: every rank must be told "ranks
 // disagree" within 0.9 s (the watchdog reads the differing token; the timeout alone would come
@@ -613,6 +686,17 @@ int main() {
       armed_pair("ce_ordering", ndev, 3, [&](int r, int size, int dev, auto store, bool armed) {
         return ce_ordering(r, size, dev, store, seed + 7, armed);
       });
+  // The copy-engine path under stress with either barrier kind (worlds 2 and 3).
+  for (int P : {2, 3}) {
+    for (const char* kind : {"memop", "kernel"}) {
+      const int bad =
+          gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+            return ce_stress(r, size, dev, store, seed + 313 * P, kind, 100) ? 1 : 0;
+          });
+      std::printf("ce_stress world %d (%s barriers): %s\n", P, kind, bad ? "FAILED" : "passed");
+      failed_worlds += bad != 0;
+    }
+  }
   // The SM-free barriers under a mismatch and a late rank (worlds 2 and 3).
   for (int P : {2, 3}) {
     const int bad =
@@ -622,6 +706,6 @@ int main() {
     std::printf("memop_faults world %d: %s\n", P, bad ? "FAILED" : "passed");
     failed_worlds += bad != 0;
   }
-  std::printf("%d passed, %d failed\n", 9 - failed_worlds, failed_worlds);
+  std::printf("%d passed, %d failed\n", 13 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }

@@ -28,7 +28,7 @@ namespace fastcomms::cuda {
 
 /// One 64-bit stream memory operation.
 struct MemOp {
-  enum Kind { kWrite, kWaitEq } kind = kWrite;
+  enum Kind { kWrite, kWaitEq, kWaitEqFlush } kind = kWrite;  ///< Flush: CU_STREAM_WAIT_VALUE_FLUSH
   uint64_t* address = nullptr;  ///< Device address (this device's memory or a peer's mapping).
   uint64_t value = 0;
 };
@@ -36,12 +36,17 @@ struct MemOp {
 /// Whether `device` runs 64-bit stream memory operations (else `why` says what is missing).
 bool memops_supported(int device, std::string* why = nullptr);
 
+/// Whether waits on `device` can flush remote writes (CU_STREAM_WAIT_VALUE_FLUSH: writes peers
+/// made before the awaited value are visible to the work after the wait).
+bool memops_can_flush(int device);
+
 /// Enqueues `ops` on `stream` in order (batched, as many per batch as the driver takes).
 void memops_async(const std::vector<MemOp>& ops, cudaStream_t stream);
 
 /// Enqueues the barrier of NOTE [memop barrier]: `remote[q]` is peer q's slot [s][rank] (mapped
-/// here; ignored for q == rank), `local[q]` this rank's slot [s][q].
+/// here; ignored for q == rank), `local[q]` this rank's slot [s][q]; `flush`: the waits flush
+/// remote writes (where memops_can_flush).
 void memop_barrier_async(const std::vector<uint64_t*>& remote, const std::vector<uint64_t*>& local,
-                         int rank, uint64_t token, cudaStream_t stream);
+                         int rank, uint64_t token, bool flush, cudaStream_t stream);
 
 }  // namespace fastcomms::cuda
