@@ -571,17 +571,8 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
   }
   const bool own_on_sm = engine != TransferEngine::kCopyEngine || opt_.tuning.own_share_sm;
   if (faults_.skip_transfer) ce_jobs.clear(), sm_jobs.clear();
-  // NOTE [memop barrier]: with memop barriers the remote copies go on the caller's stream
-  // itself, so the fence of the exit token's write (scoped to that stream) covers them, and this
-  // rank's own share takes the side stream instead.
-  const bool own_aside = memop && !own.desc.empty() && !own_on_sm && !faults_.skip_transfer;
-  if (memop) {
-    if (own_aside) copy_engine_remote({own}, stream);
-    for (const auto& j : ce_jobs) cuda::copy_engine_async(j, stream);
-  } else if (!ce_jobs.empty()) {
-    copy_engine_remote(ce_jobs, stream);
-  }
-  if (!own.desc.empty() && !faults_.skip_transfer && !own_aside) {
+  if (!ce_jobs.empty()) copy_engine_remote(ce_jobs, stream);
+  if (!own.desc.empty() && !faults_.skip_transfer) {
     if (own_on_sm)
       sm_jobs.insert(sm_jobs.begin(), own);
     else
@@ -593,7 +584,7 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
   }
   // The exit barrier tells peers their payload has landed, so it waits for the copy engines
   // (a copy is complete once the stream that issued it reaches the join).
-  if ((own_aside || (!memop && !ce_jobs.empty())) && !faults_.skip_ce_join) {
+  if (!ce_jobs.empty() && !faults_.skip_ce_join) {
     for (size_t k = 0; k < ce_streams_.size(); ++k) ce_join_[k].wait_on(stream);
   }
   if (memop) {
@@ -608,8 +599,7 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
 }
 
 bool NvlinkUlysses::memop_barriers(cudaStream_t stream) const {
-  // The test faults exercise the kernel barriers' layout (remote copies on the side stream).
-  if (!memops_ok_ || opt_.tuning.barrier == BarrierKind::kKernel || faults_.any()) return false;
+  if (!memops_ok_ || opt_.tuning.barrier == BarrierKind::kKernel) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   return capture == cudaStreamCaptureStatusNone;
