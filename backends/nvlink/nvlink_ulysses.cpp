@@ -126,6 +126,9 @@ void NvlinkUlysses::tune(const std::string& knob, const std::string& value) {
                   "window_alloc is fixed when the group is made (FASTCOMMS_WINDOW_ALLOC)");
   NvlinkTuning t = opt_.tuning;
   t.set(knob, value);
+  FASTCOMMS_CHECK(t.barrier != BarrierKind::kMemop || memops_ok_, kUnsupported, prefix(),
+                  "barrier=memop, but ",
+                  memops_why_.empty() ? "the group is one rank" : memops_why_);
   if (knob == "flagged_max_bytes") set_flagged_max_bytes(t.flagged_max_bytes);
   if (knob == "fused_blocks") set_fused_max_blocks(t.fused_blocks);
   opt_.tuning = t;
@@ -189,21 +192,37 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   }
   set_fused_max_blocks(opt_.tuning.fused_blocks);
   if (opt_.size > 1) {
-    // NOTE [memop barrier]: every rank says whether its device runs stream memory operations;
-    // the copy-engine path uses them only when all do, so ranks never mix barrier kinds.
+    // NOTE [memop barrier]: every rank says whether its device runs stream memory operations,
+    // and its GPU's PCI bus id: measured (docs/benchmarks.md, "memop barriers"), with two ranks
+    // on one GPU the memop barriers let a rank read its window before a peer's copies had
+    // landed (1-2% of copy-engine calls in worlds 3 and 4 on 2xH200), so they are refused there.
     std::string no_memops;
     const bool mine = cuda::memops_supported(opt_.device, &no_memops);
-    opt_.store->set_string(detail::cat(opt_.name, "/memops/", opt_.rank), mine ? "1" : "0");
+    char bus[32] = {0};
+    FASTCOMMS_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, opt_.device));
+    opt_.store->set_string(detail::cat(opt_.name, "/memops/", opt_.rank),
+                           detail::cat(mine ? "1 " : "0 ", bus));
     bool all_memops = mine;
-    for (int q = 0; q < opt_.size; ++q)
-      all_memops = all_memops && opt_.store->get_string(detail::cat(opt_.name, "/memops/", q),
-                                                        opt_.timeout) == "1";
-    FASTCOMMS_CHECK(
-        opt_.tuning.barrier != BarrierKind::kMemop || all_memops, kUnsupported, prefix(),
-        "FASTCOMMS_BARRIER=memop, but ",
-        mine ? std::string("a peer's device does not run stream memory operations") : no_memops);
-    memops_ok_ = all_memops;
-    memops_flush_ = all_memops && cuda::memops_can_flush(opt_.device);
+    std::vector<std::string> buses;
+    for (int q = 0; q < opt_.size; ++q) {
+      const std::string v =
+          opt_.store->get_string(detail::cat(opt_.name, "/memops/", q), opt_.timeout);
+      all_memops = all_memops && v.rfind("1 ", 0) == 0;
+      buses.push_back(v.size() > 2 ? v.substr(2) : v);
+    }
+    std::sort(buses.begin(), buses.end());
+    const bool shared = std::adjacent_find(buses.begin(), buses.end()) != buses.end();
+    memops_why_ = !mine ? no_memops
+                  : !all_memops
+                      ? std::string("a peer's device does not run stream memory operations")
+                  : shared ? std::string(
+                                 "two ranks of the group share a GPU, where the memop "
+                                 "barriers were measured to let a call read early")
+                           : std::string();
+    memops_ok_ = memops_why_.empty();
+    FASTCOMMS_CHECK(opt_.tuning.barrier != BarrierKind::kMemop || memops_ok_, kUnsupported,
+                    prefix(), "FASTCOMMS_BARRIER=memop, but ", memops_why_);
+    memops_flush_ = memops_ok_ && cuda::memops_can_flush(opt_.device);
     memops_ = exchange(static_cast<int64_t>(2 * sizeof(uint64_t) * opt_.size), "memops");
     FASTCOMMS_CUDA_CHECK(cudaMemset(memops_.local(), 0, memops_.bytes));
   }
@@ -599,7 +618,7 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
 }
 
 bool NvlinkUlysses::memop_barriers(cudaStream_t stream) const {
-  if (!memops_ok_ || opt_.tuning.barrier == BarrierKind::kKernel) return false;
+  if (!memops_ok_ || opt_.tuning.barrier != BarrierKind::kMemop) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FASTCOMMS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   return capture == cudaStreamCaptureStatusNone;

@@ -50,9 +50,10 @@ enum class CopyOutEngine {
 
 /// What the copy-engine path's barriers run on (NOTE [memop barrier]).
 enum class BarrierKind {
-  kAuto,    ///< Stream memory operations where the device runs them, else kernels.
+  kAuto,    ///< The kernel (NOTE [memop barrier]: the memop barriers are not the default).
   kKernel,  ///< The epoch-barrier kernel (one block; it needs an SM to start).
-  kMemop,   ///< Stream memory operations (no SM); a construction error where unsupported.
+  kMemop,   ///< Stream memory operations (no SM; experimental, NOTE [memop barrier]); an error
+            ///< where a device lacks them or two ranks share a GPU.
 };
 /// Every tuning knob of the engine, in one place. Each knob has a name (the `tune` knob of the
 /// transport and of UlyssesGroup._tune) and an environment variable (README's run-time settings,
@@ -90,8 +91,9 @@ struct NvlinkTuning {
   /// block per SM).
   int fused_blocks = 0;
   /// barrier | FASTCOMMS_BARRIER = auto|kernel|memop: what the copy-engine path's entry and exit
-  /// barriers run on (NOTE [memop barrier]); outside a CUDA graph capture only (a captured call
-  /// takes the kernel barrier, whose replays carry their own timeout).
+  /// barriers run on (NOTE [memop barrier]); auto is the kernel; memop (experimental) applies
+  /// outside a CUDA graph capture only (a captured call takes the kernel barrier, whose replays
+  /// carry their own timeout).
   BarrierKind barrier = BarrierKind::kAuto;
 
   /// Sets knob `name` from its text form; throws kInvalidArgument naming the knob, the value
@@ -200,7 +202,7 @@ class NvlinkUlysses {
   /// Whether the memop waits flush remote writes (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES).
   bool memops_flush() const { return memops_flush_; }
   const char* ce_barrier() const {
-    return memops_ok_ && opt_.tuning.barrier != BarrierKind::kKernel ? "memop" : "kernel";
+    return memops_ok_ && opt_.tuning.barrier == BarrierKind::kMemop ? "memop" : "kernel";
   }
   /// This group's setup.
   const NvlinkUlyssesOptions& options() const { return opt_; }
@@ -272,6 +274,7 @@ class NvlinkUlysses {
   Window memops_;
   bool memops_ok_ = false;
   bool memops_flush_ = false;          // waits flush remote writes (where the device can)
+  std::string memops_why_;             // why memops_ok_ is false
   uint64_t memop_generation_ = 0;      // bumped when an error is reported (NOTE [memop watchdog])
   std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;

@@ -491,6 +491,7 @@ int memop_faults(int rank, int P, int device, std::shared_ptr<Store> store, uint
   NvlinkUlyssesOptions o = group_options(rank, P, device, store, "memop-faults");
   o.timeout = std::chrono::seconds(1);
   NvlinkUlysses group(o);
+  group.tune("barrier", "memop");
   if (std::string(group.ce_barrier()) != "memop") {
     std::printf("memop_faults rank %d: the copy-engine path uses %s barriers here\n", rank,
                 group.ce_barrier());
@@ -686,9 +687,11 @@ int main() {
       armed_pair("ce_ordering", ndev, 3, [&](int r, int size, int dev, auto store, bool armed) {
         return ce_ordering(r, size, dev, store, seed + 7, armed);
       });
-  // The copy-engine path under stress with either barrier kind (worlds 2 and 3).
+  // The copy-engine path under stress with either barrier kind: world 2 on two GPUs, world 3
+  // with two ranks on one GPU (kernel barriers only: the group refuses memop barriers there).
   for (int P : {2, 3}) {
     for (const char* kind : {"memop", "kernel"}) {
+      if (P > ndev && std::string(kind) == "memop") continue;
       const int bad =
           gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
             return ce_stress(r, size, dev, store, seed + 313 * P, kind, 100) ? 1 : 0;
@@ -697,8 +700,8 @@ int main() {
       failed_worlds += bad != 0;
     }
   }
-  // The SM-free barriers under a mismatch and a late rank (worlds 2 and 3).
-  for (int P : {2, 3}) {
+  // The SM-free barriers under a mismatch and a late rank (world 2: one rank per GPU).
+  for (int P : {2}) {
     const int bad =
         gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
           return memop_faults(r, size, dev, store, seed + 555) ? 1 : 0;
@@ -706,6 +709,6 @@ int main() {
     std::printf("memop_faults world %d: %s\n", P, bad ? "FAILED" : "passed");
     failed_worlds += bad != 0;
   }
-  std::printf("%d passed, %d failed\n", 13 - failed_worlds, failed_worlds);
+  std::printf("%d passed, %d failed\n", 11 - failed_worlds, failed_worlds);
   return failed_worlds ? 1 : 0;
 }
