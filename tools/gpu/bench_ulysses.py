@@ -185,7 +185,7 @@ def _overlap_section(g, dev, gen, size):
             elif engine == "fu-lend":
                 setup, call = (lambda: None), (lambda: fu.all_to_all_4d_async(xo, lend=True))
             elif engine in ("ce-lend", "ce-lend-memop"):
-                # NOTE [memop barrier]: the default (kernel) barriers, or the experimental memop ones
+                # NOTE [memop barrier]: the default (kernel) barriers, or the experimental ones
                 barrier = "memop" if engine == "ce-lend-memop" else "auto"
                 setup, call = (
                     (lambda b=barrier: (g._tune("engine", "ce"), g._tune("barrier", b))),
