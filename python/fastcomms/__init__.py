@@ -1401,6 +1401,19 @@ def _rank_size() -> tuple[int, int]:
     )
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device without an index becomes cuda:(rank % device count), as torchcomms' CUDA
+    backends resolve it (every rank of a node on its own GPU without a set_device call); where
+    the rank is not known yet, the current device."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    try:
+        rank = _rank_size()[0]
+    except ValueError:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+
+
 def new_comm(
     backend: str,
     device,
@@ -1419,9 +1432,7 @@ def new_comm(
     hints = dict(hints or {})
     if is_high_priority_stream:
         hints.setdefault("nccl.high_priority", "1")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _indexed(torch.device(device))
     if not _C.is_backend_built(backend) and backend not in _python_backends:
         _load_entry_point_backends()
     if enable_reconfigure:

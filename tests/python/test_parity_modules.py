@@ -325,3 +325,22 @@ def test_storeless_communicators_share_the_port(size):
     from conftest import free_port, spawn
 
     spawn(_storeless_worker, size, free_port(), timeout=120)
+
+
+def test_cuda_device_without_index_follows_the_rank(monkeypatch):
+    """torchcomms' CUDA backends resolve `cuda` without an index to cuda:(rank % device count),
+    so every rank of a node takes its own GPU without a set_device call; where no rank is known
+    yet, the current device."""
+    import torch
+    from fastcomms import _indexed
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert _indexed(torch.device("cuda")) == torch.device("cuda", 1)
+    assert _indexed(torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert _indexed(torch.device("cpu")) == torch.device("cpu")
+    for name in ("RANK", "WORLD_SIZE", "TORCHCOMM_RANK", "TORCHCOMM_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert _indexed(torch.device("cuda")) == torch.device("cuda", 2)
