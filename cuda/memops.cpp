@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "detail/driver_entry.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/cuda/runtime.hpp"
 #include "fastcomms/error.hpp"
@@ -25,16 +26,7 @@ const Driver& driver() {
   static const Driver d = [] {
     Driver v;
     auto load = [&v](const char* name, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) !=
-              cudaSuccess ||
-          status != cudaDriverEntryPointSuccess || p == nullptr) {
-        (void)cudaGetLastError();
-        if (v.missing.empty()) v.missing = name;
-        return;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      detail::load_driver_entry(name, fn, v.missing);
     };
     load("cuStreamBatchMemOp", v.batch);
     load("cuDeviceGet", v.device_get);
