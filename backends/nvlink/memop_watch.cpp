@@ -18,11 +18,9 @@ constexpr auto kPoll = std::chrono::microseconds(100);
 
 bool done(cudaEvent_t e) {
   const cudaError_t r = cudaEventQuery(e);
-  if (r == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return r == cudaSuccess;  // a sticky device error: nothing more will complete, stop watching
+  (void)cudaGetLastError();
+  // Not ready: still pending. Any other error is sticky (nothing more completes): stop watching.
+  return r != cudaErrorNotReady;
 }
 }  // namespace
 

@@ -52,6 +52,13 @@ Geo random_geo(int P, std::mt19937_64& rng) {
   return g;
 }
 
+// The index of the first byte where `got` and `want` differ (their size when none does).
+size_t first_difference(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  return i;
+}
+
 DType dtype_for(int64_t e) {
   return e == 1   ? DType::kUInt8
          : e == 2 ? DType::kBFloat16
@@ -188,8 +195,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       group.check_errors();
       if (got != want[rank]) {
         ++failures;
-        size_t first = 0;
-        while (first < got.size() && got[first] == want[rank][first]) ++first;
+        const size_t first = first_difference(got, want[rank]);
         std::fprintf(stderr,
                      "rank %d: geometry %d MISMATCH (mode %d e %lld b %lld d %lld engine %s "
                      "zero_copy %d flagged allowed %d poison %02x) first differing byte %zu of "
@@ -465,8 +471,7 @@ int ce_stress(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     group.check_errors();
     if (got != want[rank]) {
       ++bad;
-      size_t first = 0;
-      while (first < got.size() && got[first] == want[rank][first]) ++first;
+      const size_t first = first_difference(got, want[rank]);
       std::printf(
           "ce_stress (%s) rank %d: call %d MISMATCH (mode %d b %lld d %lld e %lld scale "
           "%lld zero_copy %d shift %zu) first differing byte %zu of %zu\n",
