@@ -20,7 +20,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
+#include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
 #include <gloo/types.h>
 
 #include <csignal>
@@ -29,8 +31,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
@@ -42,6 +47,93 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint8_t kP2PSlotPrefix = 0x40;  // above Gloo's own collective prefixes (0x01..0x08)
+
+// NOTE [gloo I/O thread errors]: Gloo's TCP transport reads on its own I/O thread, and an
+// exception there (a peer sending more bytes than this rank's call posted, which mismatched
+// calls do: "op.preamble.length <= op.nbytes") is not caught by Gloo: the process terminates.
+// The pair below catches every exception of that thread and hands it to Gloo's own error path
+// (the pair closes; the peer's later waits on it fail), then tells the backend, which fails the
+// op in flight at once (Gloo's wait on the buffer being read would only end at its timeout) and
+// every later op: the communicator is broken, as after a dead peer, and its connections are
+// closed so the peers' waits end too. The context and device
+// subclasses exist only to make these pairs. The pair touches none of its base's members and
+// is allocated with slack: Debian's package lacks one header the pair's header includes, and
+// the stand-in (backends/gloo/compat) may give the base another size than the library's (896
+// bytes in 0.0~git20220518); so its hook lives in a table keyed by the pair, not in the pair.
+using IoErrorHook = std::function<void(const std::string& what)>;
+
+class GuardedPair final : public ::gloo::transport::tcp::Pair {
+ public:
+  GuardedPair(::gloo::transport::tcp::Context* context, ::gloo::transport::tcp::Device* device,
+              int rank, std::chrono::milliseconds timeout, IoErrorHook hook)
+      : ::gloo::transport::tcp::Pair(context, device, rank, timeout) {
+    std::lock_guard<std::mutex> lock(hooks_mu());
+    hooks()[this] = std::move(hook);
+  }
+  ~GuardedPair() override {
+    std::lock_guard<std::mutex> lock(hooks_mu());
+    hooks().erase(this);
+  }
+  static void* operator new(size_t n) { return ::operator new(n + kSlack); }
+  static void operator delete(void* p) { ::operator delete(p); }
+
+ protected:
+  void handleReadWrite(int events) override {
+    try {
+      ::gloo::transport::tcp::Pair::handleReadWrite(events);
+    } catch (const std::exception& e) {
+      // Gloo's own error path (the pair's mutex is held here, as Gloo's reads hold it); it
+      // refuses (throws) only when the pair has already failed.
+      try {
+        signalException(std::current_exception());
+      } catch (const std::exception&) {
+      }
+      IoErrorHook hook;
+      {
+        std::lock_guard<std::mutex> lock(hooks_mu());
+        if (auto it = hooks().find(this); it != hooks().end()) hook = it->second;
+      }
+      if (hook) hook(e.what());
+    }
+  }
+
+ private:
+  static constexpr size_t kSlack = 4096;
+  static std::mutex& hooks_mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::unordered_map<const void*, IoErrorHook>& hooks() {
+    static std::unordered_map<const void*, IoErrorHook> h;
+    return h;
+  }
+};
+
+class GuardedContext final : public ::gloo::transport::tcp::Context {
+ public:
+  GuardedContext(std::shared_ptr<::gloo::transport::tcp::Device> device, int rank, int size,
+                 IoErrorHook hook)
+      : ::gloo::transport::tcp::Context(std::move(device), rank, size), hook_(std::move(hook)) {}
+  std::unique_ptr<::gloo::transport::Pair>& createPair(int rank) override {
+    pairs_[rank] = std::make_unique<GuardedPair>(this, device_.get(), rank, getTimeout(), hook_);
+    return pairs_[rank];
+  }
+
+ private:
+  IoErrorHook hook_;
+};
+
+class GuardedDevice final : public ::gloo::transport::tcp::Device {
+ public:
+  GuardedDevice(const ::gloo::transport::tcp::attr& attr, IoErrorHook hook)
+      : ::gloo::transport::tcp::Device(attr), hook_(std::move(hook)) {}
+  std::shared_ptr<::gloo::transport::Context> createContext(int rank, int size) override {
+    return std::make_shared<GuardedContext>(shared_from_this(), rank, size, hook_);
+  }
+
+ private:
+  IoErrorHook hook_;
+};
 
 // Gloo's store interface over ours.
 class StoreAdapter : public ::gloo::rendezvous::Store {
@@ -147,6 +239,18 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   std::exception_ptr translate(const std::string& prefix, std::exception_ptr e) const;
   void all_reduce_now(void* data, int64_t count, DType dt, const ReduceOp& op,
                       std::chrono::milliseconds timeout, uint32_t tag);
+  // NOTE [gloo I/O thread errors]: fails the op in flight and every later op.
+  void on_io_error(const std::string& what);
+  // The error that broke this communicator ("" while it works); mu_ held.
+  void check_not_broken(const std::string& prefix) const;
+
+  // Filled by start(): the I/O thread's hook reaches the impl through it, and never keeps it
+  // alive.
+  struct SelfSlot {
+    std::mutex mu;
+    std::weak_ptr<GlooImpl> self;
+  };
+  std::shared_ptr<SelfSlot> self_slot_ = std::make_shared<SelfSlot>();
 
   int rank_, size_;
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -164,6 +268,7 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   std::vector<::gloo::transport::UnboundBuffer*> live_bufs_;
   std::shared_ptr<AsyncWork> running_;  // the collective the worker is in, if any
   std::string running_prefix_;
+  std::string broken_;        // NOTE [gloo I/O thread errors]
   bool check_calls_ = false;  // NOTE [call fingerprint]
   std::thread collective_thread_, p2p_thread_;
 };
@@ -214,7 +319,19 @@ GlooImpl::GlooImpl(const BackendInit& init)
     attr.hostname = "127.0.0.1";  // loopback by default
   }
   try {
-    device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    // NOTE [gloo I/O thread errors]
+    // The hook runs on Gloo's I/O thread with a pair's mutex held, so the impl's own lock is
+    // taken on a thread of its own (callers hold that lock while posting on pairs).
+    IoErrorHook hook = [slot = self_slot_](const std::string& what) {
+      std::shared_ptr<GlooImpl> impl;
+      {
+        std::lock_guard<std::mutex> lock(slot->mu);
+        impl = slot->self.lock();
+      }
+      if (impl) std::thread([impl, what] { impl->on_io_error(what); }).detach();
+    };
+    device_ = std::make_shared<GuardedDevice>(::gloo::transport::tcp::CreateDeviceAttr(attr),
+                                              std::move(hook));
     context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
     // NOTE [gloo connect wait]: Gloo waits five times the context's timeout for a pair to
     // connect (a peer that published its address and then died is retried that long), so the
@@ -235,6 +352,10 @@ GlooImpl::GlooImpl(const BackendInit& init)
 
 void GlooImpl::start() {
   auto self = shared_from_this();
+  {
+    std::lock_guard<std::mutex> lock(self_slot_->mu);
+    self_slot_->self = self;
+  }
   collective_thread_ = std::thread([self] { self->collective_loop(); });
   p2p_thread_ = std::thread([self] { self->p2p_loop(); });
 }
@@ -245,14 +366,16 @@ void GlooImpl::start() {
 // instead of joining them. Each thread owns a reference to the impl, so the impl (context,
 // buffers) outlives the stuck call and is freed by the last thread to exit.
 void GlooImpl::shutdown() {
+  bool broken = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    broken = !broken_.empty();  // NOTE [gloo I/O thread errors]: like an abort
   }
   cv_.notify_all();
   for (std::thread* t : {&collective_thread_, &p2p_thread_}) {
     if (!t->joinable()) continue;
-    if (aborted_)
+    if (aborted_ || broken)
       t->detach();
     else
       t->join();
@@ -278,6 +401,15 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
     // closure" for later ops on the closed connection.
     const bool timeout =
         what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos;
+    // NOTE [gloo I/O thread errors]: a peer's message longer than this call's buffer.
+    if (what.find("preamble.length") != std::string::npos) {
+      return std::make_exception_ptr(Error(
+          ErrorCode::kBackendError,
+          prefix + "a peer sent more bytes than this call expects (did the ranks call this op " +
+              "with different sizes?); the connection to it is closed and this communicator " +
+              "cannot be used further. FASTCOMMS_CHECK_CALLS=1 compares every call across " +
+              "ranks before data moves and raises a clear mismatch error instead. Gloo: " + what));
+    }
     return std::make_exception_ptr(
         Error(timeout ? ErrorCode::kTimeout : ErrorCode::kBackendError,
               prefix + (timeout ? "timed out: " : "gloo failed: ") + what));
@@ -299,6 +431,7 @@ WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> 
   {
     std::lock_guard<std::mutex> lock(mu_);
     FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
+    check_not_broken(ctx.prefix);
     // Two tags per collective: the call check's exchanges and the op itself.
     tasks_.push_back(Task{std::move(body), work, ctx.timeout, next_tag_, ctx.prefix,
                           ctx.fingerprint, std::move(peer_out), std::move(peer_in), check});
@@ -383,6 +516,11 @@ void GlooImpl::collective_loop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.empty() && task.fingerprint.op >= 0) {  // finalize's marker still drains
+        task.work->fail(
+            translate(task.prefix, std::make_exception_ptr(std::runtime_error(broken_))));
+        continue;
+      }
       running_ = task.work;
       running_prefix_ = task.prefix;
     }
@@ -436,6 +574,7 @@ WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx)
   task.prefix = ctx.prefix;
   std::lock_guard<std::mutex> lock(mu_);
   FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
+  check_not_broken(ctx.prefix);
   try {
     for (const P2POp& op : ops) {
       auto buf = context_->createUnboundBuffer(op.tensor.data, nbytes(op.tensor));
@@ -789,13 +928,48 @@ void GlooImpl::abort() {
   cv_.notify_all();
 }
 
+void GlooImpl::check_not_broken(const std::string& prefix) const {
+  if (!broken_.empty())
+    std::rethrow_exception(translate(prefix, std::make_exception_ptr(std::runtime_error(broken_))));
+}
+
+void GlooImpl::on_io_error(const std::string& what) {
+  std::vector<std::pair<std::shared_ptr<AsyncWork>, std::string>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty() || aborted_) return;
+    broken_ = what;
+    if (running_) failed.emplace_back(running_, running_prefix_);
+    for (auto& t : tasks_)  // not finalize's marker (no fingerprint): finalize still returns
+      if (t.fingerprint.op >= 0) failed.emplace_back(t.work, t.prefix);
+    for (auto& t : p2p_tasks_)
+      if (!t.bufs.empty()) failed.emplace_back(t.work, t.prefix);
+    for (auto* buf : live_bufs_) {  // their waits end now (the works already failed)
+      buf->abortWaitSend();
+      buf->abortWaitRecv();
+    }
+  }
+  for (auto& [work, prefix] : failed)
+    work->fail(translate(prefix, std::make_exception_ptr(std::runtime_error(what))));
+  // As abort() does: the collective in flight waits on a buffer no peer will fill, and would
+  // hold the worker (and finalize) until its timeout; closed connections end it, and tell the
+  // peers at once.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+  }
+  cv_.notify_all();
+}
+
 void GlooImpl::finalize() {
   // Drain both queues: a marker task on each completes after everything issued before it.
   auto coll = std::make_shared<AsyncWork>("finalize", Clock::time_point::max());
   auto p2p = std::make_shared<AsyncWork>("finalize", Clock::time_point::max());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) return;
+    // Nothing more can complete on a broken communicator (every op fails), and the collective
+    // that broke it may hold the worker until its timeout: no drain.
+    if (aborted_ || !broken_.empty()) return;
     tasks_.push_back(Task{[](std::chrono::milliseconds, uint32_t) {}, coll,
                           std::chrono::milliseconds(1), 0, "finalize"});
     P2PTask marker;

@@ -314,6 +314,44 @@ def test_armed_control_unchecked_mismatch_goes_unnoticed(world):
     world(mismatched_calls, 2, hints={"gloo.check_calls": "0"})
 
 
+def _unchecked_size_mismatch(comm, rank, size):
+    """Issue 16 defect 4 with the call check off (the default): a peer that sends more bytes than
+    this rank's call posted made Gloo's I/O thread abort the process ("op.preamble.length <=
+    op.nbytes", exit by SIGABRT). Now every rank survives: the rank that got the longer message
+    raises at once (not at the timeout), the communicator is broken, so every rank's next call
+    raises too, well within the timeout, and finalize() returns (NOTE [gloo I/O thread
+    errors])."""
+    case = comm.get_options().hints["test.case"]
+    n = 1000 if rank == 0 else 999
+    call = {
+        "shorter broadcast": lambda: comm.broadcast(torch.ones(n), 0, False),
+        "all_gather size": lambda: comm.all_gather_single(
+            torch.empty(n * size), torch.ones(n), False
+        ),
+        "Ulysses heads": lambda: UlyssesGroup(comm).all_to_all_4d(
+            torch.ones(1, 2, 4 if rank == 0 else 6, 4)
+        ),
+    }[case]
+    t0 = time.monotonic()
+    raised = []
+    for fn in (call, lambda: comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)):
+        try:
+            fn()
+        except RuntimeError as e:
+            raised.append(str(e))
+    took = time.monotonic() - t0
+    assert raised, f"rank {rank}: neither the mismatched call nor the next one raised"
+    assert took < 15, f"rank {rank}: the errors took {took:.1f} s (timeout 60 s)"
+    assert raised[0].startswith(f"[rank {rank}/"), raised
+    if rank == 1 and case != "Ulysses heads":  # rank 1 posted 999 elements and got 1000
+        assert "more bytes than this call expects" in raised[0], raised
+
+
+@pytest.mark.parametrize("case", ["shorter broadcast", "all_gather size", "Ulysses heads"])
+def test_unchecked_size_mismatch_raises_and_no_process_dies(world, case):
+    world(_unchecked_size_mismatch, 2, hints={"gloo.check_calls": "0", "test.case": case})
+
+
 def _reuse_worker(rank, size, path, errq):
     """One name, one store, several incarnations: each new communicator after finalize() meets
     its peers, not the keys the previous one left."""
