@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/ipc/ipc_window.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/cuda/check.hpp"
@@ -125,6 +126,26 @@ class NcclBackend : public Backend {
     for (int i = 0; i < static_cast<int>(OpKind::kCount); ++i) c.ops |= uint64_t{1} << i;
     c.cuda_tensors = true;
     return c;
+  }
+
+  // NOTE [nccl windows]: NCCL 2.28 registers windows (ncclCommWindowRegister) but has no host
+  // API to put or signal into them (ncclPutSignal and ncclWaitSignal came with 2.29), so the
+  // nccl backend's windows are the CUDA IPC windows the nvlink backend has (backends/ipc):
+  // every rank on one host, which the window checks at creation (a clear error otherwise).
+  // Puts move on the copy engines, outside NCCL's stream and kernels.
+  bool supports_window() const override { return true; }
+  std::shared_ptr<Window> new_window(const OpContext&) override {
+    FASTCOMMS_CHECK(options_.store != nullptr, kUnsupported, "[rank ", rank_, "/", size_, " ",
+                    options_.name, " new_window] ", "windows need the store");
+    IpcWindowOptions o;
+    o.rank = rank_;
+    o.size = size_;
+    o.device = device_;
+    o.store = std::make_shared<PrefixStore>("win", options_.store);
+    o.name = detail::cat(options_.name, "/", windows_++);  // every rank counts alike
+    o.timeout = options_.timeout;
+    o.backend = "nccl";
+    return std::make_shared<IpcWindow>(std::move(o));
   }
 
   WorkPtr send(const TensorView& t, int dst, const OpContext& c) override {
@@ -324,6 +345,7 @@ class NcclBackend : public Backend {
   std::atomic<bool> aborted_{false};
   bool stop_ = false;
   std::thread watchdog_;
+  int windows_ = 0;  // windows made so far (their store namespace)
 };
 
 NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)

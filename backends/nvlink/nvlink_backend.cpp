@@ -19,8 +19,8 @@
 
 #include <atomic>
 
+#include "backends/ipc/ipc_window.hpp"
 #include "backends/nvlink/nvlink_transport.hpp"
-#include "backends/nvlink/nvlink_window.hpp"
 #include "fastcomms/core/backend.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/store.hpp"
@@ -65,14 +65,15 @@ class NvlinkBackend final : public Backend {
   std::shared_ptr<UlyssesTransport> ulysses_transport() override { return p2p_; }
   bool supports_window() const override { return true; }
   std::shared_ptr<Window> new_window(const OpContext&) override {
-    NvlinkWindowOptions o;
+    IpcWindowOptions o;
     o.rank = window_init_.rank;
     o.size = window_init_.size;
     o.device = window_init_.device.index;
     o.store = window_init_.store;
     o.name = detail::cat(window_init_.name, "/", windows_++);  // every rank counts alike
     o.timeout = window_init_.timeout;
-    return std::make_shared<NvlinkWindow>(std::move(o));
+    o.backend = "nvlink";
+    return std::make_shared<IpcWindow>(std::move(o));
   }
 
   std::string name() const override { return "nvlink"; }

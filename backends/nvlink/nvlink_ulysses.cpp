@@ -8,7 +8,7 @@
 
 #include <unistd.h>
 
-#include "backends/nvlink/records.hpp"
+#include "backends/ipc/records.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/cuda/memops.hpp"
@@ -157,7 +157,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   for (int q = 0; q < opt_.size; ++q) {
     fd_addresses_[q] =
         opt_.store->get_string(detail::cat(opt_.name, "/fdchannel/", q), opt_.timeout);
-    nvlink_records::check_fd_address(fd_addresses_[q], q, prefix());  // NOTE [nvlink records]
+    ipc_records::check_fd_address(fd_addresses_[q], q, prefix());  // NOTE [ipc records]
     all = all && fd_addresses_[q] != "-";
   }
   FASTCOMMS_CHECK(alloc != "vmm" || all || opt_.size == 1, kUnsupported, prefix(),
@@ -259,12 +259,12 @@ NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& 
     FASTCOMMS_CUDA_CHECK(cudaIpcGetMemHandle(&handle, w.ipc_local.get()));
   }
   const int64_t kind = vmm ? 1 : 0;
-  nvlink_records::WindowRecord mine;  // NOTE [nvlink records]
-  static_assert(sizeof handle == nvlink_records::kHandleBytes);
+  ipc_records::WindowRecord mine;  // NOTE [ipc records]
+  static_assert(sizeof handle == ipc_records::kHandleBytes);
   std::memcpy(mine.handle.data(), &handle, sizeof handle);
   mine.bytes = bytes;
   mine.kind = kind;
-  opt_.store->set(base + std::to_string(opt_.rank), nvlink_records::encode(mine));
+  opt_.store->set(base + std::to_string(opt_.rank), ipc_records::encode(mine));
   w.maps.resize(opt_.size);
   w.imports.resize(opt_.size);
   w.ptrs.resize(opt_.size);
@@ -292,13 +292,13 @@ NvlinkUlysses::Window NvlinkUlysses::exchange(int64_t bytes, const std::string& 
       throw Error(e.code(), detail::cat(prefix(), "rank ", q, " did not publish its ", tag,
                                         " window: ", e.what()));
     }
-    const auto rec = nvlink_records::decode_window(v, bytes, kind, q, prefix(), tag);
+    const auto rec = ipc_records::decode_window(v, bytes, kind, q, prefix(), tag);
     cudaIpcMemHandle_t peer;
     std::memcpy(&peer, rec.handle.data(), sizeof peer);
     if (vmm) {
       const FdChannel::Received r = fds_->receive(generation, q, opt_.timeout);
       try {
-        nvlink_records::check_import_size(r.bytes, bytes, q, prefix());
+        ipc_records::check_import_size(r.bytes, bytes, q, prefix());
       } catch (...) {
         ::close(r.fd);
         throw;

@@ -77,6 +77,7 @@ __all__ = [
     "is_backend_built",
     "built_backends",
     "nvlink_matrix",
+    "get_mem_allocator",
     "AbortedError",
     "BackendError",
     "UnsupportedError",
@@ -553,6 +554,34 @@ def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
     NVML cannot answer (no NVML, no CUDA layer); never a guess."""
     matrix, _why = _C.nvlink_matrix([int(d) for d in devices])
     return matrix
+
+
+_window_allocators: dict[str, object] = {}
+
+
+def get_mem_allocator(backend: str):
+    """The CUDA allocator for window memory of ``backend`` (torchcomms' ``get_mem_allocator``):
+    one per backend per process, for ``torch.cuda.MemPool(allocator)``. On the CUDA backends
+    ("nccl", "nvlink") every block it gives is a ``cudaMalloc`` of its own, which CUDA IPC can
+    share with the peers whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory
+    allocator]); any other ``cudaMalloc`` memory registers too. Other backends have no window
+    memory of their own: ``UnsupportedError``."""
+    import glob
+
+    if backend not in ("nccl", "nvlink") or not _C.is_backend_built(backend):
+        raise UnsupportedError(
+            f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
+            f"backends nccl and nvlink have one; built here: {', '.join(built_backends())})"
+        )
+    if backend not in _window_allocators:
+        libs = [lib for d in __path__ for lib in glob.glob(os.path.join(d, "libfastcomms.so"))]
+        if not libs:
+            raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
+            libs[0], "fastcomms_window_alloc", "fastcomms_window_free"
+        )
+        _window_allocators[backend] = pluggable.allocator()
+    return _window_allocators[backend]
 
 
 def is_backend_built(name: str) -> bool:
@@ -1183,6 +1212,15 @@ class TorchComm(_OpaqueBase):
             issue,
             post_of=_ht.SplitPostHookArgs,
         )
+
+    def get_mem_allocator(self):
+        """The allocator for this backend's window memory (``get_mem_allocator(backend)``)."""
+        return get_mem_allocator(self.get_backend())
+
+    @property
+    def mem_allocator(self):
+        """Alias of ``get_mem_allocator()`` (torchcomms keeps it for older code)."""
+        return self.get_mem_allocator()
 
     def new_window(self, tensor=None) -> TorchCommWindow:
         return self._run(

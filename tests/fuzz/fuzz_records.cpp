@@ -1,5 +1,5 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-// libFuzzer target over NOTE [nvlink records]: any bytes a peer (or anyone who can write the
+// libFuzzer target over NOTE [ipc records]: any bytes a peer (or anyone who can write the
 // store) hands the NVLink engine, as a window record, a registration record, a descriptor size
 // or an fd-channel address, must end in a record this rank can use safely or a fastcomms::Error:
 // never a crash, undefined behaviour (ASan and UBSan are on), or a record that passes while it
@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "backends/nvlink/records.hpp"
+#include "backends/ipc/records.hpp"
 #include "fastcomms/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fastcomms;
-  using namespace fastcomms::nvlink_records;
+  using namespace fastcomms::ipc_records;
   const std::vector<uint8_t> v(data, data + size);
   int64_t want = 0, mapped = 0;
   if (size >= 16) {

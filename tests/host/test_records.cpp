@@ -1,15 +1,15 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-// NOTE [nvlink records]: the records the NVLink engine and windows exchange round-trip, and a
+// NOTE [ipc records]: the records the NVLink engine and windows exchange round-trip, and a
 // peer's record that disagrees or points outside what it registered is refused naming the peer.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <string>
 
-#include "backends/nvlink/records.hpp"
+#include "backends/ipc/records.hpp"
 #include "fastcomms/error.hpp"
 
-namespace fastcomms::nvlink_records {
+namespace fastcomms::ipc_records {
 namespace {
 
 std::string message_of(const std::function<void()>& f) {
@@ -90,4 +90,4 @@ TEST(NvlinkRecords, ImportSizesAndAddresses) {
 }
 
 }  // namespace
-}  // namespace fastcomms::nvlink_records
+}  // namespace fastcomms::ipc_records

@@ -160,6 +160,8 @@ def hooks_split_and_errors(comm, rank, size):
         comm.all_reduce(torch.zeros(4, 4).t(), ReduceOp.SUM, False)
     with pytest.raises(fastcomms.UnsupportedError, match="backend .gloo. has no windows"):
         comm.new_window()
+    with pytest.raises(fastcomms.UnsupportedError, match="backend 'gloo' has no window memory"):
+        comm.get_mem_allocator()
     assert comm.get_backend() == "gloo" and "gloo" in fastcomms.built_backends()
     assert comm.get_options().timeout == datetime.timedelta(seconds=60)
 

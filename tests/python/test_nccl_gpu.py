@@ -114,10 +114,12 @@ def test_backend_matches_torch_distributed_nccl(backend):
     spawn(_worker, 2, backend, timeout=200)
 
 
-def _window_worker(rank, size, path, errq):
-    """Windows on the nvlink backend: puts land where they should, a signal orders the sender's
-    put before the receiver's read, and an armed control whose signal is not ordered after its
-    put (the put held back 50 ms behind a sleep) reads poison, on every run."""
+def _window_worker(rank, size, path, errq, backend):
+    """Windows on the nvlink and nccl backends: puts land where they should, a signal orders the
+    sender's put before the receiver's read, and an armed control whose signal is not ordered
+    after its put (the put held back 50 ms behind a sleep) reads poison, on every run. On nccl
+    the window's tensor comes from the backend's allocator in a MemPool, as torchcomms' tests
+    make it; on nvlink from PyTorch's caching allocator."""
     _hang_guard()
     try:
         import fastcomms
@@ -127,14 +129,19 @@ def _window_worker(rank, size, path, errq):
         torch.cuda.set_device(dev)
         store = init_rank(rank, size, path)
         comm = fastcomms.new_comm(
-            "nvlink",
+            backend,
             dev,
             store=dist.PrefixStore("fc", store),
             name="w",
             timeout=datetime.timedelta(seconds=60),
         )
         n, peer = 8192, 1 - rank
-        buf = torch.full((size * n,), -1.0, device=dev)  # poison
+        if backend == "nccl":
+            pool = torch.cuda.MemPool(comm.get_mem_allocator())
+            with torch.cuda.use_mem_pool(pool):
+                buf = torch.full((size * n,), -1.0, device=dev)  # poison
+        else:
+            buf = torch.full((size * n,), -1.0, device=dev)  # poison
         win = comm.new_window(buf)
         assert win.get_size() == buf.numel() * 4 and win.dtype == torch.float32
 
@@ -216,8 +223,44 @@ def _window_worker(rank, size, path, errq):
         raise
 
 
-def test_nvlink_windows():
-    spawn(_window_worker, 2, timeout=200)
+@pytest.mark.parametrize("backend", ["nvlink", "nccl"])
+def test_windows(backend):
+    spawn(_window_worker, 2, backend, timeout=200)
+
+
+def _window_host_worker(rank, size, path, errq):
+    """NOTE [windows need one host]: rank 1 moves into a UTS namespace of its own with another
+    host name, as a rank on a second host would look; new_window must then raise
+    UnsupportedError on both ranks, naming the hosts, and hang on neither."""
+    _hang_guard()
+    try:
+        import os
+        import socket
+
+        import fastcomms
+
+        dev, comm = gpu_rank(rank, size, path, "nccl", "h")
+        if rank == 1:
+            os.unshare(os.CLONE_NEWUTS)
+            socket.sethostname("fastcomms-another-host")
+        with pytest.raises(fastcomms.UnsupportedError, match="needs every rank on one host"):
+            comm.new_window()
+        comm.finalize()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_nccl_windows_refuse_ranks_on_other_hosts():
+    import subprocess
+    import sys
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os; os.unshare(os.CLONE_NEWUTS)"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a UTS namespace here: {probe.stderr.decode()[-200:]}")
+    spawn(_window_host_worker, 2, timeout=120)
 
 
 def _reconfigure_worker(rank, size, path, errq, backend):

@@ -497,7 +497,7 @@ def scatter_object_list(
 # -- torchcomms' distwrap extensions --------------------------------------------------------------
 def new_window(group=None, backend=None):
     """A window (``TorchCommWindow``) of the group's communicator (torchcomms' distwrap
-    extension; needs a backend with windows, today nvlink)."""
+    extension; needs a backend with windows: nvlink, or nccl with every rank on one host)."""
     if _torch_mode:
         raise RuntimeError("fastcomms.distwrap new_window: needs use_torchcomms=True")
     return _group(group).comm.new_window()
@@ -511,8 +511,10 @@ def reduce_scatter_quantized(output, input, op, seed, group=None, async_op=False
 
 
 def get_mem_allocator(group=None, device=None):
-    """torchcomms' NCCLX memory-pool allocator: not in fastcomms."""
-    raise UnsupportedError("fastcomms.distwrap get_mem_allocator: an NCCLX feature (memory pools)")
+    """The window-memory allocator of the group's backend (``fastcomms.get_mem_allocator``)."""
+    if _torch_mode:
+        raise RuntimeError("fastcomms.distwrap get_mem_allocator: needs use_torchcomms=True")
+    return _group(group).comm.get_mem_allocator()
 
 
 def register_mem_pool(group=None, device=None, pool=None):

@@ -1,13 +1,13 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-// NOTE [nvlink records] (records.hpp).
-#include "backends/nvlink/records.hpp"
+// NOTE [ipc records] (records.hpp).
+#include "backends/ipc/records.hpp"
 
 #include <cstring>
 #include <tuple>
 
 #include "fastcomms/error.hpp"
 
-namespace fastcomms::nvlink_records {
+namespace fastcomms::ipc_records {
 namespace {
 
 // Both records share one wire form: the handle, then two int64 fields.
@@ -94,4 +94,4 @@ void check_fd_address(const std::string& a, int peer, const std::string& where) 
                   " and 32 hex digits)");
 }
 
-}  // namespace fastcomms::nvlink_records
+}  // namespace fastcomms::ipc_records

@@ -2,7 +2,7 @@
 #pragma once
 
 /// @file
-/// NOTE [nvlink records]: what the NVLink engine and its windows read from the store and from
+/// NOTE [ipc records]: what the NVLink engine and its windows read from the store and from
 /// peers, encoded and validated in one place, with no CUDA, so the fuzzer (tests/fuzz/
 /// fuzz_records.cpp) reaches every decoder. A peer's bytes are never used before they pass:
 /// the length, the sizes agreeing with this rank's call, offsets inside what was registered,
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace fastcomms::nvlink_records {
+namespace fastcomms::ipc_records {
 
 /// Bytes of a cudaIpcMemHandle_t (checked against CUDA's type where CUDA is included).
 inline constexpr size_t kHandleBytes = 64;
@@ -54,4 +54,4 @@ void check_import_size(int64_t announced, int64_t needed, int peer, const std::s
 /// "fastcomms-fd-" and 32 lowercase hex digits.
 void check_fd_address(const std::string& a, int peer, const std::string& where);
 
-}  // namespace fastcomms::nvlink_records
+}  // namespace fastcomms::ipc_records

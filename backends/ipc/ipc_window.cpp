@@ -1,14 +1,17 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-// Windows over NVLink: registered buffers mapped into every peer through CUDA IPC, puts on the
-// copy engines, signals on a pad per rank (backends/nvlink/nvlink_window.hpp).
-#include "backends/nvlink/nvlink_window.hpp"
+// Windows over CUDA IPC: registered buffers mapped into every peer, puts on the copy engines,
+// signals on a pad per rank (backends/ipc/ipc_window.hpp).
+#include "backends/ipc/ipc_window.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
 
-#include "backends/nvlink/records.hpp"
+#include "backends/ipc/records.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/cuda/signal.hpp"
@@ -52,15 +55,46 @@ std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle) 
   return m;
 }
 
-static_assert(sizeof(cudaIpcMemHandle_t) == nvlink_records::kHandleBytes);
+static_assert(sizeof(cudaIpcMemHandle_t) == ipc_records::kHandleBytes);
+
+// This machine, as ranks compare it: the host name and the kernel's boot id (two containers may
+// share a host name; a boot id names one running kernel, so one set of GPUs).
+std::string host_identity() {
+  char name[256] = {};
+  (void)gethostname(name, sizeof name - 1);
+  std::string boot;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char b[64] = {};
+    if (std::fgets(b, sizeof b, f)) boot = b;
+    std::fclose(f);
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  }
+  return detail::cat(name, " (boot ", boot.empty() ? "unknown" : boot, ")");
+}
 
 }  // namespace
 
-NvlinkWindow::NvlinkWindow(NvlinkWindowOptions options) : opt_(std::move(options)) {
+IpcWindow::IpcWindow(IpcWindowOptions options) : opt_(std::move(options)) {
   FASTCOMMS_CHECK(opt_.store != nullptr, kInvalidArgument, prefix("new_window"),
                   "a store is required");
   FASTCOMMS_CHECK(opt_.size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.size, kInvalidArgument,
                   prefix("new_window"), "rank ", opt_.rank, " is not in a group of ", opt_.size);
+  // NOTE [windows need one host]: every rank publishes its host and reads every other's before
+  // any IPC handle moves, so on a job across hosts every rank raises the same error here.
+  {
+    const std::string mine = host_identity();
+    opt_.store->set_string(detail::cat(opt_.name, "/host/", opt_.rank), mine);
+    for (int q = 0; q < opt_.size; ++q) {
+      if (q == opt_.rank) continue;
+      const std::string theirs =
+          opt_.store->get_string(detail::cat(opt_.name, "/host/", q), opt_.timeout);
+      FASTCOMMS_CHECK(theirs == mine, kUnsupported, prefix("new_window"), "windows on the ",
+                      opt_.backend,
+                      " backend map peers' memory through CUDA IPC, which needs every rank on "
+                      "one host: rank ",
+                      q, " runs on ", theirs, ", this rank on ", mine);
+    }
+  }
   cuda::DeviceGuard guard(opt_.device);
   const size_t pad_bytes = sizeof(uint64_t) * static_cast<size_t>(opt_.size);
   pad_ = cuda::DeviceBuffer(pad_bytes);
@@ -96,21 +130,21 @@ NvlinkWindow::NvlinkWindow(NvlinkWindowOptions options) : opt_(std::move(options
   ptrs_.assign(opt_.size, nullptr);
 }
 
-NvlinkWindow::~NvlinkWindow() {
+IpcWindow::~IpcWindow() {
   (void)cudaSetDevice(opt_.device);
   (void)cudaDeviceSynchronize();  // this rank's puts and signals are done before unmapping
 }
 
-std::string NvlinkWindow::prefix(const char* op) const {
+std::string IpcWindow::prefix(const char* op) const {
   return detail::cat("[rank ", opt_.rank, "/", opt_.size, " ", opt_.name, " ", op, "] ");
 }
 
-void NvlinkWindow::check_peer(const char* op, const char* what, int q) const {
+void IpcWindow::check_peer(const char* op, const char* what, int q) const {
   FASTCOMMS_CHECK(q >= 0 && q < opt_.size, kInvalidArgument, prefix(op), what, " must be in [0, ",
                   opt_.size, "), got ", q);
 }
 
-void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
+void IpcWindow::register_buffer(void* ptr, int64_t bytes) {
   const std::string where = prefix("tensor_register");
   FASTCOMMS_CHECK(!registered(), kInvalidArgument, where,
                   "a buffer is already registered; call tensor_deregister() first");
@@ -132,13 +166,13 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
                   "CUDA IPC cannot export this buffer (", cudaGetErrorString(rc),
                   "); register memory from cudaMalloc (with PyTorch: not from expandable "
                   "segments, PYTORCH_CUDA_ALLOC_CONF)");
-  // NOTE [nvlink records]
-  nvlink_records::BufferRecord mine;
+  // NOTE [ipc records]
+  ipc_records::BufferRecord mine;
   std::memcpy(mine.handle.data(), &handle, sizeof handle);
   mine.offset = offset;
   mine.bytes = bytes;
   const std::string key = detail::cat(opt_.name, "/buf/", generation_, "/");
-  opt_.store->set(key + std::to_string(opt_.rank), nvlink_records::encode(mine));
+  opt_.store->set(key + std::to_string(opt_.rank), ipc_records::encode(mine));
   std::vector<std::shared_ptr<cuda::IpcMapping>> maps(opt_.size);
   std::vector<void*> ptrs(opt_.size, nullptr);
   for (int q = 0; q < opt_.size; ++q) {
@@ -146,7 +180,7 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
       ptrs[q] = ptr;
       continue;
     }
-    const auto peer = nvlink_records::decode_buffer(
+    const auto peer = ipc_records::decode_buffer(
         opt_.store->get(key + std::to_string(q), opt_.timeout), bytes, q, where);
     cudaIpcMemHandle_t peer_handle;
     std::memcpy(&peer_handle, peer.handle.data(), sizeof peer_handle);
@@ -158,7 +192,7 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
       mapped = static_cast<int64_t>(allocation_of(maps[q]->get(), where).second);
     } catch (const Error&) {
     }
-    if (mapped >= 0) nvlink_records::check_inside(peer, mapped, q, where);
+    if (mapped >= 0) ipc_records::check_inside(peer, mapped, q, where);
     ptrs[q] = static_cast<char*>(maps[q]->get()) + peer.offset;
   }
   ++generation_;
@@ -168,7 +202,7 @@ void NvlinkWindow::register_buffer(void* ptr, int64_t bytes) {
   bytes_ = bytes;
 }
 
-void NvlinkWindow::deregister() {
+void IpcWindow::deregister() {
   if (!registered()) return;
   cuda::DeviceGuard guard(opt_.device);
   // Every rank's puts into every buffer are done before any rank lets its buffer go.
@@ -183,14 +217,14 @@ void NvlinkWindow::deregister() {
   bytes_ = 0;
 }
 
-void* NvlinkWindow::remote(int q) const {
+void* IpcWindow::remote(int q) const {
   check_peer("map_remote_tensor", "rank", q);
   FASTCOMMS_CHECK(registered(), kInvalidArgument, prefix("map_remote_tensor"),
                   "no buffer is registered");
   return ptrs_[q];
 }
 
-void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset, void* s) {
+void IpcWindow::put(const void* src, int64_t bytes, int dst, int64_t offset, void* s) {
   cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("put", "dst_rank", dst);
   FASTCOMMS_CHECK(registered(), kInvalidArgument, prefix("put"), "no buffer is registered");
@@ -205,7 +239,7 @@ void NvlinkWindow::put(const void* src, int64_t bytes, int dst, int64_t offset, 
                                        stream));
 }
 
-void NvlinkWindow::signal(int peer, void* s) {
+void IpcWindow::signal(int peer, void* s) {
   cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("signal", "peer_rank", peer);
   check_errors();
@@ -213,7 +247,7 @@ void NvlinkWindow::signal(int peer, void* s) {
   cuda::signal_async(peer_pads_[peer] + opt_.rank, ++sent_[peer], stream);
 }
 
-void NvlinkWindow::wait_signal(int peer, std::chrono::milliseconds timeout, void* s) {
+void IpcWindow::wait_signal(int peer, std::chrono::milliseconds timeout, void* s) {
   cudaStream_t stream = static_cast<cudaStream_t>(s);
   check_peer("wait_signal", "peer_rank", peer);
   check_errors();
@@ -226,7 +260,7 @@ void NvlinkWindow::wait_signal(int peer, std::chrono::milliseconds timeout, void
                           stream);
 }
 
-void NvlinkWindow::check_errors() {
+void IpcWindow::check_errors() {
   const int e = *static_cast<volatile int*>(error_.get());
   if (e == cuda::kBarrierOk) return;
   *static_cast<volatile int*>(error_.get()) = 0;

@@ -2,8 +2,10 @@
 #pragma once
 
 /// @file
-/// One-sided windows over NVLink (torchcomms' TorchCommWindow): a buffer registered by every rank
-/// of a group and mapped into every peer through CUDA IPC, with a signal pad beside it. `put`
+/// One-sided windows over CUDA IPC (torchcomms' TorchCommWindow), what the nvlink and nccl
+/// backends hand out: a buffer registered by every rank of a group on one host and mapped into
+/// every peer through CUDA IPC (over NVLink where the GPUs have it, else PCIe), with a signal pad
+/// beside it. `put`
 /// copies into a peer's buffer (copy engine), `signal`/`wait_signal` order a sender's puts before
 /// a receiver's later work (NOTE [window signal ordering] in fastcomms/cuda/signal.hpp),
 /// `remote` gives a peer's buffer as a pointer kernels can use. Setup needs only the store.
@@ -23,23 +25,26 @@
 namespace fastcomms {
 
 /// Setup of a window group.
-struct NvlinkWindowOptions {
+struct IpcWindowOptions {
   int rank = 0;
   int size = 1;
   int device = 0;                              ///< This rank's CUDA ordinal.
   std::shared_ptr<Store> store;                ///< Rendezvous (IPC handles travel through it).
   std::string name = "window";                 ///< Key namespace in the store.
   std::chrono::milliseconds timeout{600'000};  ///< Store waits and device signal waits.
+  std::string backend = "nvlink";              ///< Named in errors.
 };
 
 /// A window: one registered buffer per rank, mapped into every peer.
-class NvlinkWindow final : public Window {
+class IpcWindow final : public Window {
  public:
-  /// Collective: allocates and exchanges the signal pads.
-  explicit NvlinkWindow(NvlinkWindowOptions options);
-  ~NvlinkWindow() override;
-  NvlinkWindow(const NvlinkWindow&) = delete;
-  NvlinkWindow& operator=(const NvlinkWindow&) = delete;
+  /// Collective: checks that every rank runs on this host (CUDA IPC maps nothing across hosts;
+  /// otherwise every rank raises kUnsupported naming the hosts), then allocates and exchanges
+  /// the signal pads.
+  explicit IpcWindow(IpcWindowOptions options);
+  ~IpcWindow() override;
+  IpcWindow(const IpcWindow&) = delete;
+  IpcWindow& operator=(const IpcWindow&) = delete;
 
   /// Collective: registers `bytes` at `ptr` (device memory of this rank's device, any offset
   /// inside a cudaMalloc'd allocation) as this rank's buffer. Every rank registers the same size.
@@ -66,7 +71,7 @@ class NvlinkWindow final : public Window {
   std::string prefix(const char* op) const;
   void check_peer(const char* op, const char* what, int q) const;
 
-  NvlinkWindowOptions opt_;
+  IpcWindowOptions opt_;
   std::chrono::milliseconds last_wait_timeout_ = opt_.timeout;  // the latest wait's limit
   cuda::DeviceBuffer pad_;  // size slots: [q] = signals received from q
   std::vector<std::shared_ptr<cuda::IpcMapping>> pad_maps_;
