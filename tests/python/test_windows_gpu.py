@@ -1,0 +1,78 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""GPU tier, one GPU: windows of a world of one on the nccl and nvlink backends (the two-rank
+cases are in test_nccl_gpu.py). A put into this rank's own window and a signal to itself, the
+window tensor from the backend's allocator in a torch.cuda.MemPool (as torchcomms' tests make
+it) and from PyTorch's caching allocator; poisoned first, so an unwritten byte shows. Skipped
+(saying why) without a CUDA device."""
+
+import datetime
+import os
+import traceback
+
+import pytest
+import torch
+from conftest import _hang_guard, spawn
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh)",
+)
+
+
+def _one_rank_windows(rank, size, path, errq, backend, pooled):
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+        comm = fastcomms.new_comm(
+            backend,
+            dev,
+            "w1",
+            store=dist.FileStore(path, 1),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        n = 4096 + int(torch.randint(0, 512, ()).item())  # a fresh size every run
+        if pooled:
+            alloc = comm.get_mem_allocator()
+            assert alloc is fastcomms.get_mem_allocator(backend)  # one per backend per process
+            pool = torch.cuda.MemPool(alloc)
+            with torch.cuda.use_mem_pool(pool):
+                buf = torch.full((2 * n,), -7.0, device=dev)  # poison
+        else:
+            buf = torch.full((2 * n,), -7.0, device=dev)
+        win = comm.new_window(buf)
+        assert win.get_size() == buf.numel() * 4
+        for round_ in range(3):
+            src = torch.randn(n, device=dev)
+            win.put(src, 0, n, False)
+            win.signal(0, False)
+            win.wait_signal(0, False)
+            got = buf[n:].clone()
+            torch.cuda.synchronize()
+            win.check_errors()
+            assert torch.equal(got, src), f"round {round_}: the put did not land"
+            assert torch.equal(buf[:n], torch.full((n,), -7.0, device=dev)), "wrote outside"
+        assert torch.equal(win.map_remote_tensor(0), buf)
+        with pytest.raises(ValueError, match="do not fit the window"):
+            win.put(src, 0, n + 1, False)
+        torch.cuda.synchronize()
+        win.tensor_deregister()
+        comm.finalize()
+        print(f"[{backend} pooled={pooled}] world-1 window: 3 puts landed, nothing outside")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_world_one_windows(backend, pooled):
+    import fastcomms
+
+    if not fastcomms.is_backend_built(backend):
+        pytest.skip(f"this build has no {backend} backend")
+    spawn(_one_rank_windows, 1, backend, pooled, timeout=120)
