@@ -15,7 +15,7 @@ bash scripts/check_version.sh
 
 bash scripts/build.sh
 
-step "fuzz: plan (${FUZZ_SECONDS:-20} s), calls and nvlink records (${FUZZ_CALLS_SECONDS:-10} s each)"
+step "fuzz: plan (${FUZZ_SECONDS:-20} s), calls and ipc records (${FUZZ_CALLS_SECONDS:-10} s each)"
 fuzz_build="$FASTCOMMS_BUILD-fuzz"
 if [ ! -f "$fuzz_build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DFASTCOMMS_CUDA=OFF \

@@ -332,9 +332,9 @@ class TorchCommWindowAttr:
 
 
 class TorchCommWindow:
-    """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink): every
-    rank registers a CUDA tensor of the same size (collective), peers' tensors are mapped here
-    through CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a
+    """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink, and
+    nccl with every rank on one host): every rank registers a CUDA tensor of the same size
+    (collective), peers' tensors are mapped here through CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a
     peer's puts before this rank's later work; all are enqueued on the caller's current stream
     (their TorchWork is complete at once: the stream orders them). Not for CUDA graph capture.
     ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
@@ -464,8 +464,9 @@ class TorchCommWindow:
 
     # -- attributes ------------------------------------------------------------------------------
     def get_attr(self, peer_rank) -> TorchCommWindowAttr:
-        """How ``peer_rank``'s buffer is reached: UNIFIED (this backend maps every peer's buffer
-        into this device over NVLink, so ``map_remote_tensor`` gives loads and stores)."""
+        """How ``peer_rank``'s buffer is reached: UNIFIED (the window maps every peer's buffer
+        into this device through CUDA IPC with peer access, over NVLink where the GPUs have it,
+        so ``map_remote_tensor`` gives loads and stores)."""
         self._peer("get_attr", "peer_rank", peer_rank)
         attr = TorchCommWindowAttr()
         attr.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED

@@ -22,30 +22,34 @@ TIMEOUT_S = 4.0
 MARGIN_S = 6.0  # detection may need up to one timeout; the rest is slack for a loaded machine
 
 
-def _op(comm, family, rank, size):
+def _op(comm, family, rank, size, dev="cpu"):
     import fastcomms
 
-    t = torch.full((1024,), float(rank + 1))
+    t = torch.full((1024,), float(rank + 1), device=dev)
     if family == "all_reduce":
         comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
     elif family == "broadcast":
         comm.broadcast(t, size - 1, False)
     elif family == "all_gather_single":
-        comm.all_gather_single(torch.empty(1024 * size), t, False)
+        comm.all_gather_single(torch.empty(1024 * size, device=dev), t, False)
     elif family == "all_to_all_single":
-        comm.all_to_all_single(torch.empty(1024 * size), torch.ones(1024 * size), False)
+        comm.all_to_all_single(
+            torch.empty(1024 * size, device=dev), torch.ones(1024 * size, device=dev), False
+        )
     elif family == "barrier":
         comm.barrier(False)
     elif family == "send_recv":  # a ring: everyone sends right, receives from the left
         b = comm.batch_op_create()
         b.send(t, (rank + 1) % size)
-        b.recv(torch.empty(1024), (rank - 1) % size)
+        b.recv(torch.empty(1024, device=dev), (rank - 1) % size)
         b.issue(False)
     else:
         raise AssertionError(family)
+    if dev != "cpu":  # a CUDA op is enqueued; its failure shows at the next call or this sync
+        torch.cuda.current_stream().synchronize()
 
 
-def _rank(rank, size, path, q, scenario, family, victim):
+def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
     import fastcomms
     import torch.distributed as dist
 
@@ -53,26 +57,29 @@ def _rank(rank, size, path, q, scenario, family, victim):
         os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
         store = dist.FileStore(os.path.join(path, "store"), size)
         timeout = datetime.timedelta(seconds=TIMEOUT_S)
-        comm = fastcomms.new_comm("gloo", "cpu", "faults", store=store, timeout=timeout)
-        _op(comm, "all_reduce", rank, size)  # a healthy op first: every connection is up
+        dev = "cpu" if backend == "gloo" else torch.device("cuda", rank)
+        if dev != "cpu":
+            torch.cuda.set_device(dev)
+        comm = fastcomms.new_comm(backend, dev, "faults", store=store, timeout=timeout)
+        _op(comm, "all_reduce", rank, size, dev)  # a healthy op first: every connection is up
         if rank == victim:
             if scenario == "kill_before":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif scenario == "stop_during":
                 threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()
                 time.sleep(0.1)  # inside the op when the signal lands, or just before it
-                _op(comm, family, rank, size)
+                _op(comm, family, rank, size, dev)
             elif scenario == "kill_during":
                 threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 for _ in range(10**6):  # keep issuing until the signal lands mid-op
-                    _op(comm, family, rank, size)
+                    _op(comm, family, rank, size, dev)
             time.sleep(60)  # a stopped victim never gets here before the parent kills it
             return
         t0 = time.monotonic()
         err = None
         try:
             for _ in range(10**6):  # the victim dies while we are in one of these
-                _op(comm, family, rank, size)
+                _op(comm, family, rank, size, dev)
                 if time.monotonic() - t0 > 3 * TIMEOUT_S + MARGIN_S:
                     break
         except Exception as e:  # noqa: BLE001 - any error counts; which one is reported
@@ -89,10 +96,11 @@ def _rank(rank, size, path, q, scenario, family, victim):
         me = survivors.index(rank)
         os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(me), str(len(survivors))
         store2 = dist.FileStore(os.path.join(path, "after"), len(survivors))
-        after = fastcomms.new_comm("gloo", "cpu", "after", store=store2, timeout=timeout)
-        t = torch.full((5,), float(me + 1))
+        after = fastcomms.new_comm(backend, dev, "after", store=store2, timeout=timeout)
+        t = torch.full((5,), float(me + 1), device=dev)
         after.all_reduce(t, fastcomms.ReduceOp.SUM, False)
-        ok_after = torch.equal(t, torch.full((5,), float(sum(range(1, len(survivors) + 1)))))
+        want = torch.full((5,), float(sum(range(1, len(survivors) + 1))), device=dev)
+        ok_after = torch.equal(t, want)
         after.finalize()
         q.put((rank, type(err).__name__ if err else None, str(err)[:300], took, fin, ok_after))
     except BaseException:
@@ -100,12 +108,12 @@ def _rank(rank, size, path, q, scenario, family, victim):
         raise
 
 
-def _run(scenario, family, size=3, victim=2):
+def _run(scenario, family, size=3, victim=2, backend="gloo"):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_rank, args=(r, size, d, q, scenario, family, victim))
+            ctx.Process(target=_rank, args=(r, size, d, q, scenario, family, victim, backend))
             for r in range(size)
         ]
         for p in procs:
@@ -165,6 +173,26 @@ def test_peer_stopped_during_an_op(family):
         assert took <= TIMEOUT_S + MARGIN_S, (rank, took, msg)
         assert fin <= TIMEOUT_S + MARGIN_S, (rank, fin)
         assert ok_after, rank
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs 2 CUDA devices (the GPU tier runs in scripts/gpu.sh)",
+)
+@pytest.mark.parametrize("family", ["all_reduce", "all_to_all_single", "send_recv"])
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_gpu_peer_killed_during_an_op(backend, family):
+    """The same on the GPU backends, world 2 (one rank per GPU): rank 1 is killed while it issues
+    ops; rank 0 must raise within the timeout plus the margin (the nccl watchdog aborts the
+    communicator, ncclCommAbort ends its kernels), finalize() must return, and a fresh
+    communicator on rank 0's GPU must then reduce correctly."""
+    res = _run("kill_during", family, size=2, victim=1, backend=backend)
+    assert sorted(res) == [0], res
+    err, msg, took, fin, ok_after = res[0]
+    assert err not in (None, "HARNESS"), (err, msg)
+    assert took <= TIMEOUT_S + MARGIN_S, (took, msg)
+    assert fin <= TIMEOUT_S + MARGIN_S, fin
+    assert ok_after
 
 
 def _abort_rank(rank, size, path, q):
