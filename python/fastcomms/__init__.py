@@ -334,8 +334,9 @@ class TorchCommWindowAttr:
 class TorchCommWindow:
     """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink, and
     nccl with every rank on one host): every rank registers a CUDA tensor of the same size
-    (collective), peers' tensors are mapped here through CUDA IPC. ``put`` copies into a peer's tensor, ``signal``/``wait_signal`` order a
-    peer's puts before this rank's later work; all are enqueued on the caller's current stream
+    (collective), peers' tensors are mapped here through CUDA IPC. ``put`` copies into a peer's
+    tensor, ``signal``/``wait_signal`` order a peer's puts before this rank's later work; all are
+    enqueued on the caller's current stream
     (their TorchWork is complete at once: the stream orders them). Not for CUDA graph capture.
     ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
     leaves a TimeoutError for ``check_errors`` and the next window call)."""
