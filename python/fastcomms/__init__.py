@@ -1522,3 +1522,19 @@ class Timeout(datetime.timedelta):
 
 # as after `import torchcomms`: its hooks and objcol modules are attributes of the package
 from . import hooks, objcol  # noqa: E402,F401
+
+
+def _register_with_torch() -> None:
+    """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py): only once
+    torch.distributed is whole; torch may import this package while it imports itself."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or not hasattr(c10d, "Backend"):
+        return
+    from .device_mesh import _register_torch_backends
+
+    _register_torch_backends()
+
+
+_register_with_torch()

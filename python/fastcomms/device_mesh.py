@@ -437,3 +437,67 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
     dm._dim_group_names = [mesh_dim_name]
     root._flatten_mapping[mesh_dim_name] = dm
     return dm
+
+
+# NOTE [nvlink as a torch.distributed backend]: torch.distributed knows "gloo" and "nccl", not
+# "nvlink". `import fastcomms` registers that name with torch (Backend.register_backend, CUDA
+# only; torch's default backends are left as they were), so `init_process_group("nvlink")` and
+# `new_group(backend="nvlink")` make process groups over fastcomms nvlink communicators, with or
+# without torch's torchcomms switch (with it, torch calls fastcomms._comms.new_comm itself and
+# needs only the name). The group owns its communicator: torch's shutdown finalizes it. Where
+# torch imports fastcomms while torch.distributed is itself being imported (a `torchcomms` alias
+# found by torch's switch), torch's registry does not exist yet and the name stays unregistered.
+class _OwnedCommOps(_CommOps):
+    """The ops of a process group torch made through the registered backend name: the group owns
+    its communicator."""
+
+    def shutdown(self):
+        try:
+            self._comm.finalize()
+        except Exception:  # noqa: BLE001 - an aborted or finalized communicator is done already
+            pass
+
+
+def _make_torch_backend(backend: str):
+    """torch's extended backend creator for `backend` (NOTE [nvlink as a torch.distributed
+    backend])."""
+
+    def create(opts, _backend_options=None):
+        from . import _rank_size_override, new_comm
+
+        # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later
+        # group of some ranks: the device this process already runs on.
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.is_initialized()
+            else torch.device("cuda")
+        )
+        token = _rank_size_override.set((int(opts.group_rank), int(opts.group_size)))
+        try:
+            comm = new_comm(
+                backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout
+            )
+        finally:
+            _rank_size_override.reset(token)
+        from . import _c10d
+
+        return _c10d.make_backend(comm.get_rank(), comm.get_size(), _OwnedCommOps(comm))
+
+    return create
+
+
+def _register_torch_backends() -> bool:
+    """Registers "nvlink" with torch.distributed where this build has it; True when the name is
+    known to torch afterwards."""
+    from . import _C
+
+    if not _C.is_backend_built("nvlink"):
+        return False
+    backend = getattr(dist, "Backend", None)
+    if backend is None or not hasattr(backend, "register_backend"):
+        return False  # torch.distributed is still being imported
+    if "nvlink" not in backend.backend_list:
+        backend.register_backend(
+            "nvlink", _make_torch_backend("nvlink"), extended_api=True, devices=["cuda"]
+        )
+    return True

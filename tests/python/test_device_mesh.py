@@ -3,6 +3,7 @@
 functional collectives, DeviceMesh, DDP and FSDP2 on them give what torch's own gloo groups give,
 bit for bit, on random data (CPU, gloo)."""
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -342,3 +343,22 @@ def compiled_step_in_cuda_graph(comm, rank, size):
         torch.testing.assert_close(static_out, want, rtol=1e-5, atol=1e-5)
     del graph
     torch.cuda.synchronize()
+
+
+def test_nvlink_is_a_torch_backend_name():
+    """NOTE [nvlink as a torch.distributed backend]: `import fastcomms` registers "nvlink" with
+    torch.distributed where the build has it, for CUDA only, and leaves torch's defaults alone
+    (the GPU tier runs a process group over it: test_one_gpu.py)."""
+    import fastcomms
+    import torch.distributed as dist
+
+    if not fastcomms.is_backend_built("nvlink"):
+        pytest.skip("this build has no nvlink backend (no CUDA)")
+    assert "nvlink" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["nvlink"] == ["cuda"]
+    assert dist.Backend.default_device_backend_map["cuda"] == "nccl"
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
+    from fastcomms.device_mesh import _register_torch_backends
+
+    assert _register_torch_backends()  # idempotent
+    assert dist.Backend.backend_list.count("nvlink") == 1

@@ -1,6 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""GPU tier, one GPU: windows of a world of one on the nccl and nvlink backends (the two-rank
-cases are in test_nccl_gpu.py). A put into this rank's own window and a signal to itself, the
+"""GPU tier, one GPU (the two-rank cases are in test_nccl_gpu.py and test_device_mesh_gpu.py):
+torch.distributed over the registered "nvlink" backend name, and windows of a world of one on
+the nccl and nvlink backends. A put into this rank's own window and a signal to itself, the
 window tensor from the backend's allocator in a torch.cuda.MemPool (as torchcomms' tests make
 it) and from PyTorch's caching allocator; poisoned first, so an unwritten byte shows. Skipped
 (saying why) without a CUDA device."""
@@ -76,3 +77,50 @@ def test_world_one_windows(backend, pooled):
     if not fastcomms.is_backend_built(backend):
         pytest.skip(f"this build has no {backend} backend")
     spawn(_one_rank_windows, 1, backend, pooled, timeout=120)
+
+
+def _torch_nvlink_backend(rank, size, path, errq):
+    """NOTE [nvlink as a torch.distributed backend]: init_process_group("nvlink") and
+    new_group(backend="nvlink") run torch.distributed's collectives on fastcomms nvlink
+    communicators; destroy_process_group finalizes them."""
+    _hang_guard()
+    try:
+        import fastcomms  # noqa: F401  (registers the name)
+        import torch.distributed as dist
+
+        torch.cuda.set_device(0)
+        dist.init_process_group("nvlink", store=dist.FileStore(path, 1), rank=0, world_size=1)
+        from fastcomms.device_mesh import comm_of
+
+        comm = comm_of(dist.group.WORLD)
+        assert comm is not None and comm.get_backend() == "nvlink", comm
+        x = torch.randn(1000, device="cuda")
+        y = x.clone()
+        dist.all_reduce(y)
+        assert torch.equal(x, y)
+        out = torch.full((2000,), -7.0, device="cuda")
+        dist.all_gather_into_tensor(out[:1000], x)
+        assert torch.equal(out[:1000], x) and torch.equal(
+            out[1000:], torch.full((1000,), -7.0, device="cuda")
+        )
+        sub = dist.new_group([0], backend="nvlink")
+        z = x.clone()
+        dist.all_reduce(z, group=sub)
+        torch.cuda.synchronize()
+        assert torch.equal(z, x)
+        dist.destroy_process_group()
+        print(
+            "[nvlink] torch.distributed over the registered name: all_reduce, all_gather, "
+            "new_group ok"
+        )
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_torch_distributed_over_the_nvlink_name():
+    import fastcomms
+
+    if not fastcomms.is_backend_built("nvlink"):
+        pytest.skip("this build has no nvlink backend")
+    spawn(_torch_nvlink_backend, 1, timeout=120)
