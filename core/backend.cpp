@@ -117,6 +117,14 @@ WorkPtr Backend::gather(const std::vector<TensorView>&, const TensorView&, int,
                         const OpContext& c) {
   unsupported(*this, c);
 }
+void Backend::register_memory(void*, int64_t, const std::string& where) {
+  throw Error(ErrorCode::kUnsupported,
+              where + "tensor_register is not implemented by backend '" + name() + "'");
+}
+void Backend::deregister_memory(void*, const std::string& where) {
+  throw Error(ErrorCode::kUnsupported,
+              where + "tensor_deregister is not implemented by backend '" + name() + "'");
+}
 std::shared_ptr<Window> Backend::new_window(const OpContext& c) {
   throw Error(ErrorCode::kUnsupported, c.prefix + "backend '" + name() + "' has no windows");
 }

@@ -139,12 +139,32 @@ void Communicator::finalize() {
     keys->release(rank_, size_, std::min(options_.timeout, std::chrono::milliseconds(10'000)));
 }
 
+void Communicator::tensor_register(const TensorView& t) {
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", name(), " tensor_register] ");
+  FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
+  FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
+  FASTCOMMS_CHECK(t.device == device_, kInvalidArgument, where, "the tensor must be on ",
+                  device_.str(), " (the communicator's device), got ", t.device.str());
+  FASTCOMMS_CHECK(t.data != nullptr && t.nbytes() > 0, kInvalidArgument, where,
+                  "needs a non-empty tensor");
+  backend_->register_memory(t.data, t.nbytes(), where);
+}
+
+void Communicator::tensor_deregister(const TensorView& t) {
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", name(), " tensor_deregister] ");
+  FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
+  FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
+  backend_->deregister_memory(t.data, where);
+}
+
 std::shared_ptr<Window> Communicator::new_window() {
   const std::string where = detail::cat("[rank ", rank_, "/", size_, " ", name(), " new_window] ");
   FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
   FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
   FASTCOMMS_CHECK(backend_->supports_window(), kUnsupported, where, "backend '", backend_->name(),
-                  "' has no windows (the nvlink backend has them)");
+                  "' has no windows (the nvlink and nccl backends have them)");
   OpContext ctx;
   ctx.op_id = next_op_id_.fetch_add(1);
   ctx.timeout = options_.timeout;

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -134,6 +135,34 @@ class NcclBackend : public Backend {
   // every rank on one host, which the window checks at creation (a clear error otherwise).
   // Puts move on the copy engines, outside NCCL's stream and kernels.
   bool supports_window() const override { return true; }
+
+  // NOTE [nccl memory registration]: TorchComm.tensor_register on nccl is NCCL's user buffer
+  // registration (ncclCommRegister), which lets NCCL's kernels use the buffer in place where its
+  // algorithms can; registrations left at finalize or destruction are dropped before the
+  // communicator goes.
+  void register_memory(void* ptr, int64_t bytes, const std::string& where) override {
+    FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
+    std::lock_guard<std::mutex> lock(mu_);
+    FASTCOMMS_CHECK(!registered_.count(ptr), kInvalidArgument, where,
+                    "this tensor's memory is registered already; call tensor_deregister first");
+    cuda::DeviceGuard guard(device_);
+    void* handle = nullptr;
+    FASTCOMMS_NCCL_CHECK(where, ncclCommRegister(comm_, ptr, static_cast<size_t>(bytes), &handle));
+    registered_[ptr] = handle;
+  }
+  void deregister_memory(void* ptr, const std::string& where) override {
+    void* handle = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = registered_.find(ptr);
+      FASTCOMMS_CHECK(it != registered_.end(), kInvalidArgument, where,
+                      "this tensor's memory is not registered with the communicator");
+      handle = it->second;
+      registered_.erase(it);
+    }
+    cuda::DeviceGuard guard(device_);
+    FASTCOMMS_NCCL_CHECK(where, ncclCommDeregister(comm_, handle));
+  }
   std::shared_ptr<Window> new_window(const OpContext&) override {
     FASTCOMMS_CHECK(options_.store != nullptr, kUnsupported, "[rank ", rank_, "/", size_, " ",
                     options_.name, " new_window] ", "windows need the store");
@@ -345,7 +374,9 @@ class NcclBackend : public Backend {
   std::atomic<bool> aborted_{false};
   bool stop_ = false;
   std::thread watchdog_;
-  int windows_ = 0;  // windows made so far (their store namespace)
+  int windows_ = 0;                    // windows made so far (their store namespace)
+  std::map<void*, void*> registered_;  // NOTE [nccl memory registration]: pointer -> handle
+  void drop_registrations();
 };
 
 NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
@@ -386,6 +417,15 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
+void NcclBackend::drop_registrations() {
+  std::map<void*, void*> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(registered_);
+  }
+  for (auto& [ptr, handle] : left) (void)ncclCommDeregister(comm_, handle);
+}
+
 NcclBackend::~NcclBackend() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -395,6 +435,7 @@ NcclBackend::~NcclBackend() {
   if (watchdog_.joinable()) watchdog_.join();
   if (comm_) {
     (void)cudaSetDevice(device_);
+    if (!aborted_) drop_registrations();
     if (aborted_)
       (void)ncclCommAbort(comm_);
     else
@@ -521,6 +562,7 @@ void NcclBackend::finalize() {
   if (aborted_) return;
   cuda::DeviceGuard guard(device_);
   FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  drop_registrations();  // NOTE [nccl memory registration]
 }
 
 const StaticBackendRegistration kRegistration("nccl", [](const BackendInit& init) {

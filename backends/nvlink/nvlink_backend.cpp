@@ -64,6 +64,14 @@ class NvlinkBackend final : public Backend {
   // engine all_to_all_single uses (and its async lane), so no second set of windows exists.
   std::shared_ptr<UlyssesTransport> ulysses_transport() override { return p2p_; }
   bool supports_window() const override { return true; }
+  // NOTE [nccl memory registration]: with the inner NCCL communicator, which every op but the
+  // peer-to-peer all-to-all runs on.
+  void register_memory(void* ptr, int64_t bytes, const std::string& where) override {
+    inner_->register_memory(ptr, bytes, where);
+  }
+  void deregister_memory(void* ptr, const std::string& where) override {
+    inner_->deregister_memory(ptr, where);
+  }
   std::shared_ptr<Window> new_window(const OpContext&) override {
     IpcWindowOptions o;
     o.rank = window_init_.rank;

@@ -1215,6 +1215,22 @@ class TorchComm(_OpaqueBase):
             post_of=_ht.SplitPostHookArgs,
         )
 
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        """Registers ``tensor``'s memory with the backend, so later ops on it can move without
+        staging (torchcomms' ``TorchComm.tensor_register``; on nccl and nvlink NCCL's
+        ``ncclCommRegister``, NOTE [nccl memory registration]). Local, not collective; call
+        ``tensor_deregister(tensor)`` before freeing it (finalize drops what is left). The gloo
+        backend has none: ``UnsupportedError``, as torchcomms' gloo raises."""
+        if not isinstance(tensor, torch.Tensor):
+            raise _TypeError(f"[{self.get_name()}] tensor_register: needs a tensor")
+        self._c.tensor_register(tensor)
+
+    def tensor_deregister(self, tensor: torch.Tensor) -> None:
+        """Drops the registration ``tensor_register(tensor)`` made."""
+        if not isinstance(tensor, torch.Tensor):
+            raise _TypeError(f"[{self.get_name()}] tensor_deregister: needs a tensor")
+        self._c.tensor_deregister(tensor)
+
     def get_mem_allocator(self):
         """The allocator for this backend's window memory (``get_mem_allocator(backend)``)."""
         return get_mem_allocator(self.get_backend())

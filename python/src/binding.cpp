@@ -727,6 +727,18 @@ PYBIND11_MODULE(_C, m) {
              }));
              return py::cpp_function([h] { h->remove(); });
            })
+      .def("tensor_register",
+           [](PyComm& c, at::Tensor t) {
+             const TensorView v = view(t);
+             py::gil_scoped_release release;
+             c.comm->tensor_register(v);
+           })
+      .def("tensor_deregister",
+           [](PyComm& c, at::Tensor t) {
+             const TensorView v = view(t);
+             py::gil_scoped_release release;
+             c.comm->tensor_deregister(v);
+           })
       .def("new_window",
            [](PyComm& c) {
              std::shared_ptr<Window> w;

@@ -162,6 +162,8 @@ def hooks_split_and_errors(comm, rank, size):
         comm.new_window()
     with pytest.raises(fastcomms.UnsupportedError, match="backend 'gloo' has no window memory"):
         comm.get_mem_allocator()
+    with pytest.raises(RuntimeError, match="tensor_register is not implemented by backend 'gloo'"):
+        comm.tensor_register(torch.zeros(4))
     assert comm.get_backend() == "gloo" and "gloo" in fastcomms.built_backends()
     assert comm.get_options().timeout == datetime.timedelta(seconds=60)
 

@@ -152,6 +152,13 @@ class Backend {
   /// over the parent, as ncclCommSplit is); `init` is null on a rank that is not in `ranks`, which
   /// then gets null back. Members pass the same `ranks`.
   virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init);
+  /// Registers `bytes` at `ptr` (this rank's memory on the backend's device) with the transport,
+  /// so later ops on it move without staging (torchcomms' TorchComm::tensor_register; NCCL's
+  /// ncclCommRegister). Local, not collective. Default: throws kUnsupported. `where` starts
+  /// messages.
+  virtual void register_memory(void* ptr, int64_t bytes, const std::string& where);
+  /// Drops the registration of `ptr` (throws kInvalidArgument where there is none).
+  virtual void deregister_memory(void* ptr, const std::string& where);
   /// Whether new_window() works.
   virtual bool supports_window() const { return false; }
   /// Collective: a window of this backend (default: throws kUnsupported).

@@ -89,6 +89,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void abort();
   /// Orderly, collective shutdown; later ops raise.
   void finalize();
+  /// Registers a tensor's memory with the backend (local; see Backend::register_memory).
+  void tensor_register(const TensorView& t);
+  /// Drops a registration made by tensor_register.
+  void tensor_deregister(const TensorView& t);
   /// Collective: a window of the backend (kUnsupported when it has none).
   std::shared_ptr<Window> new_window();
   /// The Ulysses transport the backend lends, or null (see Backend::ulysses_transport).
