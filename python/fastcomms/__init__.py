@@ -1541,16 +1541,43 @@ from . import hooks, objcol  # noqa: E402,F401
 
 
 def _register_with_torch() -> None:
-    """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py): only once
-    torch.distributed is whole; torch may import this package while it imports itself."""
+    """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py). torch may import
+    this package while it imports torch.distributed (torch's torchcomms switch finding a
+    `torchcomms` alias): its backend registry does not exist yet, so the name is registered at
+    the first import after it does (a finder that loads nothing, inert afterwards)."""
+    import importlib.abc
     import sys
 
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is None or not hasattr(c10d, "Backend"):
-        return
-    from .device_mesh import _register_torch_backends
+    def registered() -> bool:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        registry = getattr(c10d, "Backend", None)
+        if registry is None or not hasattr(registry, "register_backend"):
+            return False
+        if _C.is_backend_built("nvlink") and "nvlink" not in registry.backend_list:
+            registry.register_backend(
+                "nvlink", _nvlink_for_torch, extended_api=True, devices=["cuda"]
+            )
+        return True
 
-    _register_torch_backends()
+    if registered() or "torch.distributed.distributed_c10d" not in sys.modules:
+        return
+
+    class _WhenTorchDistributedIsWhole(importlib.abc.MetaPathFinder):
+        done = False
+
+        def find_spec(self, name, path=None, target=None):
+            if not self.done:
+                self.done = registered()
+            return None  # loads nothing; stays in place (removing it mid-import skips a finder)
+
+    sys.meta_path.insert(0, _WhenTorchDistributedIsWhole())
+
+
+def _nvlink_for_torch(opts, backend_options=None):
+    """torch's creator for the "nvlink" backend name (device_mesh._make_torch_backend)."""
+    from .device_mesh import _make_torch_backend
+
+    return _make_torch_backend("nvlink")(opts, backend_options)
 
 
 _register_with_torch()

@@ -446,7 +446,8 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
 # without torch's torchcomms switch (with it, torch calls fastcomms._comms.new_comm itself and
 # needs only the name). The group owns its communicator: torch's shutdown finalizes it. Where
 # torch imports fastcomms while torch.distributed is itself being imported (a `torchcomms` alias
-# found by torch's switch), torch's registry does not exist yet and the name stays unregistered.
+# found by torch's switch), torch's registry does not exist yet: the name is registered at the
+# first import after it does (fastcomms/__init__.py, _register_with_torch).
 class _OwnedCommOps(_CommOps):
     """The ops of a process group torch made through the registered backend name: the group owns
     its communicator."""
@@ -487,17 +488,14 @@ def _make_torch_backend(backend: str):
 
 
 def _register_torch_backends() -> bool:
-    """Registers "nvlink" with torch.distributed where this build has it; True when the name is
-    known to torch afterwards."""
-    from . import _C
+    """Registers "nvlink" with torch.distributed where this build has it (what `import fastcomms`
+    does); True when the name is known to torch afterwards."""
+    from . import _C, _nvlink_for_torch
 
     if not _C.is_backend_built("nvlink"):
         return False
-    backend = getattr(dist, "Backend", None)
-    if backend is None or not hasattr(backend, "register_backend"):
-        return False  # torch.distributed is still being imported
-    if "nvlink" not in backend.backend_list:
-        backend.register_backend(
-            "nvlink", _make_torch_backend("nvlink"), extended_api=True, devices=["cuda"]
+    if "nvlink" not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            "nvlink", _nvlink_for_torch, extended_api=True, devices=["cuda"]
         )
     return True

@@ -3,6 +3,8 @@
 functional collectives, DeviceMesh, DDP and FSDP2 on them give what torch's own gloo groups give,
 bit for bit, on random data (CPU, gloo)."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -362,3 +364,33 @@ def test_nvlink_is_a_torch_backend_name():
 
     assert _register_torch_backends()  # idempotent
     assert dist.Backend.backend_list.count("nvlink") == 1
+
+
+def test_nvlink_name_registered_when_torch_imports_fastcomms(tmp_path):
+    """The same where torch imports fastcomms while it imports torch.distributed (README's
+    `torchcomms` alias, found by torch's torchcomms switch): the name is registered once the
+    registry exists."""
+    import subprocess
+    import sys
+
+    import fastcomms
+
+    if not fastcomms.is_backend_built("nvlink"):
+        pytest.skip("this build has no nvlink backend (no CUDA)")
+    alias = tmp_path / "torchcomms"
+    alias.mkdir()
+    (alias / "__init__.py").write_text(
+        "import sys\nimport fastcomms\nimport fastcomms._comms\n"
+        "sys.modules['torchcomms._comms'] = fastcomms._comms\nfrom fastcomms import *\n"
+    )
+    code = (
+        "import sys, torch\n"
+        "assert 'fastcomms' in sys.modules, 'torch did not import the alias'\n"
+        "import torch.distributed as dist\n"
+        "assert 'nvlink' in dist.Backend.backend_list\n"
+        "assert dist.Backend.backend_list.count('nvlink') == 1\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
