@@ -468,7 +468,7 @@ void GlooImpl::check_call(const Task& task) {
   ::gloo::allgather(o);
   const auto fp = [&](int r) {
     CallFingerprint f;
-    std::memcpy(&f, all.data() + n * r, sizeof f);
+    std::memcpy(static_cast<void*>(&f), all.data() + n * r, sizeof f);  // trivially copyable
     return f;
   };
   for (int q = 0; q < size_; ++q) {
