@@ -715,6 +715,30 @@ int main() {
       failed_worlds += bad != 0;
     }
   }
+  // NOTE [memop barrier]: with two ranks on one GPU the group refuses memop barriers, on every
+  // rank and saying why, and the kernel barriers still work in the same group.
+  {
+    const int P = ndev + 1;  // one GPU holds two ranks
+    const int bad =
+        gpu_test::run_ranks(P, ndev, [&](int r, int size, int dev, std::shared_ptr<Store> store) {
+          FASTCOMMS_CUDA_CHECK(cudaSetDevice(dev));
+          NvlinkUlysses group(group_options(r, size, dev, store, "memop-refused"));
+          try {
+            group.tune("barrier", "memop");
+            std::printf("memop refusal rank %d: ACCEPTED on a shared GPU\n", r);
+            return 1;
+          } catch (const Error& e) {
+            const bool says = e.code() == ErrorCode::kUnsupported &&
+                              std::string(e.what()).find("barrier=memop") != std::string::npos;
+            if (!says) std::printf("memop refusal rank %d: wrong error: %s\n", r, e.what());
+            if (!says) return 1;
+          }
+          group.tune("barrier", "kernel");
+          return 0;
+        });
+    std::printf("memop refusal world %d (%d GPUs): %s\n", P, ndev, bad ? "FAILED" : "passed");
+    failed_worlds += bad != 0;
+  }
   // The SM-free barriers under a mismatch and a late rank (world 2: one rank per GPU).
   for (int P : {2}) {
     if (P > ndev) {
@@ -729,7 +753,7 @@ int main() {
     std::printf("memop_faults world %d: %s\n", P, bad ? "FAILED" : "passed");
     failed_worlds += bad != 0;
   }
-  std::printf("%d passed, %d failed, %d skipped\n", 12 - failed_worlds - skipped, failed_worlds,
+  std::printf("%d passed, %d failed, %d skipped\n", 13 - failed_worlds - skipped, failed_worlds,
               skipped);
   return failed_worlds ? 1 : 0;
 }
