@@ -92,6 +92,24 @@ CUdevice driver_device(int device) {
 
 }  // namespace
 
+std::pair<char*, size_t> allocation_of(const void* ptr, const std::string& where) {
+  static const auto get_range = [] {
+    decltype(&::cuMemGetAddressRange) fn = nullptr;
+    std::string missing;
+    detail::load_driver_entry("cuMemGetAddressRange", fn, missing);
+    return fn;
+  }();
+  FASTCOMMS_CHECK(get_range != nullptr, kCudaError, where,
+                  "the driver does not provide cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult rc = get_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  FASTCOMMS_CHECK(rc == CUDA_SUCCESS, kInvalidArgument, where, "the buffer at ", ptr,
+                  " is not device memory of this process (cuMemGetAddressRange error ",
+                  static_cast<int>(rc), ")");
+  return {reinterpret_cast<char*>(base), size};
+}
+
 bool vmm_supported(int device, std::string* why) {
   try {
     const Driver& d = driver();

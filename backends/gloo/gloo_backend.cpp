@@ -55,11 +55,11 @@ constexpr uint8_t kP2PSlotPrefix = 0x40;  // above Gloo's own collective prefixe
 // (the pair closes; the peer's later waits on it fail), then tells the backend, which fails the
 // op in flight at once (Gloo's wait on the buffer being read would only end at its timeout) and
 // every later op: the communicator is broken, as after a dead peer, and its connections are
-// closed so the peers' waits end too. The context and device
-// subclasses exist only to make these pairs. The pair touches none of its base's members and
-// is allocated with slack: Debian's package lacks one header the pair's header includes, and
-// the stand-in (backends/gloo/compat) may give the base another size than the library's (896
-// bytes in 0.0~git20220518); so its hook lives in a table keyed by the pair, not in the pair.
+// closed so the peers' waits end too. The context and device subclasses exist only to make
+// these pairs. The pair touches none of its base's members and is allocated with slack:
+// Debian's package lacks one header the pair's header includes, and the stand-in
+// (backends/gloo/compat) could give the base another size than the library's (896 bytes in
+// 0.0~git20220518, as ours); so its hook lives in a table keyed by the pair, not in the pair.
 using IoErrorHook = std::function<void(const std::string& what)>;
 
 class GuardedPair final : public ::gloo::transport::tcp::Pair {
@@ -241,8 +241,12 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
                       std::chrono::milliseconds timeout, uint32_t tag);
   // NOTE [gloo I/O thread errors]: fails the op in flight and every later op.
   void on_io_error(const std::string& what);
-  // The error that broke this communicator ("" while it works); mu_ held.
+  // Throws the error that broke this communicator, if one did; mu_ held.
   void check_not_broken(const std::string& prefix) const;
+  // That error for an op's message prefix.
+  std::exception_ptr broken_error(const std::string& prefix, const std::string& what) const {
+    return translate(prefix, std::make_exception_ptr(std::runtime_error(what)));
+  }
 
   // Filled by start(): the I/O thread's hook reaches the impl through it, and never keeps it
   // alive.
@@ -517,8 +521,7 @@ void GlooImpl::collective_loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!broken_.empty() && task.fingerprint.op >= 0) {  // finalize's marker still drains
-        task.work->fail(
-            translate(task.prefix, std::make_exception_ptr(std::runtime_error(broken_))));
+        task.work->fail(broken_error(task.prefix, broken_));
         continue;
       }
       running_ = task.work;
@@ -929,8 +932,7 @@ void GlooImpl::abort() {
 }
 
 void GlooImpl::check_not_broken(const std::string& prefix) const {
-  if (!broken_.empty())
-    std::rethrow_exception(translate(prefix, std::make_exception_ptr(std::runtime_error(broken_))));
+  if (!broken_.empty()) std::rethrow_exception(broken_error(prefix, broken_));
 }
 
 void GlooImpl::on_io_error(const std::string& what) {
@@ -949,8 +951,7 @@ void GlooImpl::on_io_error(const std::string& what) {
       buf->abortWaitRecv();
     }
   }
-  for (auto& [work, prefix] : failed)
-    work->fail(translate(prefix, std::make_exception_ptr(std::runtime_error(what))));
+  for (auto& [work, prefix] : failed) work->fail(broken_error(prefix, what));
   // As abort() does: the collective in flight waits on a buffer no peer will fill, and would
   // hold the worker (and finalize) until its timeout; closed connections end it, and tell the
   // peers at once.

@@ -15,32 +15,11 @@
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/cuda/signal.hpp"
+#include "fastcomms/cuda/vmm.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
 namespace {
-
-// The allocation holding `ptr` (base, size), from the driver through the runtime's entry-point
-// query, so the library never links libcuda. CUresult cuMemGetAddressRange(CUdeviceptr* base,
-// size_t* size, CUdeviceptr ptr), CUdeviceptr being an unsigned 64-bit integer.
-std::pair<char*, size_t> allocation_of(void* ptr, const std::string& where) {
-  using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);
-  static Fn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    (void)cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
-                                           &q);
-    return q == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(f) : nullptr;
-  }();
-  FASTCOMMS_CHECK(fn != nullptr, kCudaError, where,
-                  "the driver does not provide cuMemGetAddressRange");
-  unsigned long long base = 0;
-  size_t size = 0;
-  const int rc = fn(&base, &size, reinterpret_cast<unsigned long long>(ptr));
-  FASTCOMMS_CHECK(rc == 0, kInvalidArgument, where, "the buffer at ", ptr,
-                  " is not device memory of this process (cuMemGetAddressRange error ", rc, ")");
-  return {reinterpret_cast<char*>(base), size};
-}
 
 // One mapping per peer allocation per process: several windows may register tensors of one
 // allocation (a caching allocator's segment), and an allocation is opened once.
@@ -156,7 +135,7 @@ void IpcWindow::register_buffer(void* ptr, int64_t bytes) {
   FASTCOMMS_CHECK(attr.type == cudaMemoryTypeDevice && attr.device == opt_.device, kInvalidArgument,
                   where, "the buffer must be device memory of cuda:", opt_.device,
                   " (the communicator's device)");
-  const auto [base, size] = allocation_of(ptr, where);
+  const auto [base, size] = cuda::allocation_of(ptr, where);
   const int64_t offset = static_cast<char*>(ptr) - base;
   FASTCOMMS_CHECK(offset + bytes <= static_cast<int64_t>(size), kInvalidArgument, where,
                   "the buffer runs past its allocation");
@@ -189,7 +168,7 @@ void IpcWindow::register_buffer(void* ptr, int64_t bytes) {
     // (Where the driver cannot size an imported mapping, the record's own checks stand.)
     int64_t mapped = -1;
     try {
-      mapped = static_cast<int64_t>(allocation_of(maps[q]->get(), where).second);
+      mapped = static_cast<int64_t>(cuda::allocation_of(maps[q]->get(), where).second);
     } catch (const Error&) {
     }
     if (mapped >= 0) ipc_records::check_inside(peer, mapped, q, where);

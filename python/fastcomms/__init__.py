@@ -32,14 +32,22 @@ __path__ = extend_path(__path__, __name__)  # the built extension may live in a 
 # libfastcomms.so is therefore loaded first, by itself, with RTLD_DEEPBIND: it and the libraries
 # it brings (libgloo) resolve their own symbols before anything global, so the two Gloo builds
 # never mix (mixing them crashed as soon as two ranks connected). The extension then reuses it.
-def _load_core() -> None:
-    import ctypes
+def _core_library() -> str | None:
+    """The path of libfastcomms.so beside the package (None where the extension links it some
+    other way)."""
     import glob
 
     for d in __path__:
         for lib in glob.glob(os.path.join(d, "libfastcomms.so")):
-            ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
-            return
+            return lib
+    return None
+
+
+def _load_core() -> None:
+    import ctypes
+
+    if lib := _core_library():
+        ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
 
 
 _load_core()
@@ -568,19 +576,17 @@ def get_mem_allocator(backend: str):
     share with the peers whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory
     allocator]); any other ``cudaMalloc`` memory registers too. Other backends have no window
     memory of their own: ``UnsupportedError``."""
-    import glob
-
     if backend not in ("nccl", "nvlink") or not _C.is_backend_built(backend):
         raise UnsupportedError(
             f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
             f"backends nccl and nvlink have one; built here: {', '.join(built_backends())})"
         )
     if backend not in _window_allocators:
-        libs = [lib for d in __path__ for lib in glob.glob(os.path.join(d, "libfastcomms.so"))]
-        if not libs:
+        lib = _core_library()
+        if lib is None:
             raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            libs[0], "fastcomms_window_alloc", "fastcomms_window_free"
+            lib, "fastcomms_window_alloc", "fastcomms_window_free"
         )
         _window_allocators[backend] = pluggable.allocator()
     return _window_allocators[backend]
@@ -1221,14 +1227,10 @@ class TorchComm(_OpaqueBase):
         ``ncclCommRegister``, NOTE [nccl memory registration]). Local, not collective; call
         ``tensor_deregister(tensor)`` before freeing it (finalize drops what is left). The gloo
         backend has none: ``UnsupportedError``, as torchcomms' gloo raises."""
-        if not isinstance(tensor, torch.Tensor):
-            raise _TypeError(f"[{self.get_name()}] tensor_register: needs a tensor")
         self._c.tensor_register(tensor)
 
     def tensor_deregister(self, tensor: torch.Tensor) -> None:
         """Drops the registration ``tensor_register(tensor)`` made."""
-        if not isinstance(tensor, torch.Tensor):
-            raise _TypeError(f"[{self.get_name()}] tensor_deregister: needs a tensor")
         self._c.tensor_deregister(tensor)
 
     def get_mem_allocator(self):
@@ -1540,26 +1542,35 @@ class Timeout(datetime.timedelta):
 from . import hooks, objcol  # noqa: E402,F401
 
 
+def _register_nvlink_name() -> bool:
+    """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py): registers "nvlink"
+    with torch.distributed where this build has it; False while torch's registry does not exist
+    yet (torch.distributed is still being imported)."""
+    import sys
+
+    registry = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "Backend", None)
+    if registry is None or not hasattr(registry, "register_backend"):
+        return False
+    if _C.is_backend_built("nvlink") and "nvlink" not in registry.backend_list:
+        registry.register_backend("nvlink", _nvlink_for_torch, extended_api=True, devices=["cuda"])
+    return True
+
+
+def _nvlink_for_torch(opts, backend_options=None):
+    """torch's extended creator for the "nvlink" backend name."""
+    from .device_mesh import _create_for_torch
+
+    return _create_for_torch("nvlink", opts)
+
+
 def _register_with_torch() -> None:
-    """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py). torch may import
-    this package while it imports torch.distributed (torch's torchcomms switch finding a
-    `torchcomms` alias): its backend registry does not exist yet, so the name is registered at
-    the first import after it does (a finder that loads nothing, inert afterwards)."""
+    """torch may import this package while it imports torch.distributed (torch's torchcomms
+    switch finding a `torchcomms` alias): then the name is registered at the first import after
+    torch's registry exists, by a finder that loads nothing and is inert afterwards."""
     import importlib.abc
     import sys
 
-    def registered() -> bool:
-        c10d = sys.modules.get("torch.distributed.distributed_c10d")
-        registry = getattr(c10d, "Backend", None)
-        if registry is None or not hasattr(registry, "register_backend"):
-            return False
-        if _C.is_backend_built("nvlink") and "nvlink" not in registry.backend_list:
-            registry.register_backend(
-                "nvlink", _nvlink_for_torch, extended_api=True, devices=["cuda"]
-            )
-        return True
-
-    if registered() or "torch.distributed.distributed_c10d" not in sys.modules:
+    if _register_nvlink_name() or "torch.distributed.distributed_c10d" not in sys.modules:
         return
 
     class _WhenTorchDistributedIsWhole(importlib.abc.MetaPathFinder):
@@ -1567,17 +1578,10 @@ def _register_with_torch() -> None:
 
         def find_spec(self, name, path=None, target=None):
             if not self.done:
-                self.done = registered()
+                self.done = _register_nvlink_name()
             return None  # loads nothing; stays in place (removing it mid-import skips a finder)
 
     sys.meta_path.insert(0, _WhenTorchDistributedIsWhole())
-
-
-def _nvlink_for_torch(opts, backend_options=None):
-    """torch's creator for the "nvlink" backend name (device_mesh._make_torch_backend)."""
-    from .device_mesh import _make_torch_backend
-
-    return _make_torch_backend("nvlink")(opts, backend_options)
 
 
 _register_with_torch()

@@ -450,52 +450,27 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
 # first import after it does (fastcomms/__init__.py, _register_with_torch).
 class _OwnedCommOps(_CommOps):
     """The ops of a process group torch made through the registered backend name: the group owns
-    its communicator."""
+    its communicator, and torch's shutdown finalizes it (a no-op once finalized or aborted)."""
 
     def shutdown(self):
-        try:
-            self._comm.finalize()
-        except Exception:  # noqa: BLE001 - an aborted or finalized communicator is done already
-            pass
+        self._comm.finalize()
 
 
-def _make_torch_backend(backend: str):
-    """torch's extended backend creator for `backend` (NOTE [nvlink as a torch.distributed
-    backend])."""
+def _create_for_torch(backend: str, opts):
+    """The c10d backend torch asks the registered name `backend` for (its extended creator
+    arguments `opts`; NOTE [nvlink as a torch.distributed backend])."""
+    from . import _c10d, _rank_size_override, new_comm
 
-    def create(opts, _backend_options=None):
-        from . import _rank_size_override, new_comm
-
-        # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later
-        # group of some ranks: the device this process already runs on.
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if dist.is_initialized()
-            else torch.device("cuda")
-        )
-        token = _rank_size_override.set((int(opts.group_rank), int(opts.group_size)))
-        try:
-            comm = new_comm(
-                backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout
-            )
-        finally:
-            _rank_size_override.reset(token)
-        from . import _c10d
-
-        return _c10d.make_backend(comm.get_rank(), comm.get_size(), _OwnedCommOps(comm))
-
-    return create
-
-
-def _register_torch_backends() -> bool:
-    """Registers "nvlink" with torch.distributed where this build has it (what `import fastcomms`
-    does); True when the name is known to torch afterwards."""
-    from . import _C, _nvlink_for_torch
-
-    if not _C.is_backend_built("nvlink"):
-        return False
-    if "nvlink" not in dist.Backend.backend_list:
-        dist.Backend.register_backend(
-            "nvlink", _nvlink_for_torch, extended_api=True, devices=["cuda"]
-        )
-    return True
+    # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later group
+    # of some ranks: the device this process already runs on.
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.is_initialized()
+        else torch.device("cuda")
+    )
+    token = _rank_size_override.set((int(opts.group_rank), int(opts.group_size)))
+    try:
+        comm = new_comm(backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout)
+    finally:
+        _rank_size_override.reset(token)
+    return _c10d.make_backend(comm.get_rank(), comm.get_size(), _OwnedCommOps(comm))

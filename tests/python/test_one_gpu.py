@@ -20,22 +20,26 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _one_rank_comm(backend, name, path):
+    """(device, communicator) of a world of one on cuda:0."""
+    import fastcomms
+    import torch.distributed as dist
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    store = dist.FileStore(path, 1)
+    return dev, fastcomms.new_comm(
+        backend, dev, name, store=store, timeout=datetime.timedelta(seconds=60)
+    )
+
+
 def _one_rank_windows(rank, size, path, errq, backend, pooled):
     _hang_guard()
     try:
         import fastcomms
-        import torch.distributed as dist
 
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
-        dev = torch.device("cuda", 0)
-        torch.cuda.set_device(dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "w1",
-            store=dist.FileStore(path, 1),
-            timeout=datetime.timedelta(seconds=60),
-        )
+        dev, comm = _one_rank_comm(backend, "w1", path)
         n = 4096 + int(torch.randint(0, 512, ()).item())  # a fresh size every run
         if pooled:
             alloc = comm.get_mem_allocator()
@@ -133,18 +137,8 @@ def _registered_tensors(rank, size, path, errq, backend):
     _hang_guard()
     try:
         import fastcomms
-        import torch.distributed as dist
 
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
-        dev = torch.device("cuda", 0)
-        torch.cuda.set_device(dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "reg",
-            store=dist.FileStore(path, 1),
-            timeout=datetime.timedelta(seconds=60),
-        )
+        dev, comm = _one_rank_comm(backend, "reg", path)
         x = torch.randn(1 << 20, device=dev)
         want = x.clone()
         comm.tensor_register(x)

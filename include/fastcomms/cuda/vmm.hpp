@@ -17,6 +17,11 @@
 
 namespace fastcomms::cuda {
 
+/// The allocation that holds `ptr` (cuMemGetAddressRange): its base and size. Throws
+/// kInvalidArgument (prefixed by `where`) when `ptr` is not device memory of this process, and
+/// kCudaError when the driver lacks the entry point.
+std::pair<char*, size_t> allocation_of(const void* ptr, const std::string& where);
+
 /// True when `device` supports virtual memory management with POSIX file-descriptor handles;
 /// otherwise false and `why` says why.
 bool vmm_supported(int device, std::string* why);
