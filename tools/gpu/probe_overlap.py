@@ -12,6 +12,10 @@ stream beside the GEMM chain on the default stream:
 
   ce    cudaMemcpyAsync device to device (the copy engines; torch copy_ of contiguous bytes)
   sm    the same bytes through an elementwise kernel (SMs)
+  plain, stream   (with --kernels: built here by torch's cpp_extension) a 16-byte-vector SM copy
+        with ordinary loads and stores, and the same with streaming cache hints (__ldcs /
+        __stcs: read once, evict first) that keep the copied bytes from displacing the GEMMs'
+        operands in L2
 
 Per variant: gemm alone, side alone and both (interleaved rounds, medians); hidden =
 (gemm + side - both) / side; the GEMM chain's own time inside "both". Then sustained phases of
@@ -19,6 +23,7 @@ about a second each (GEMMs alone, GEMMs with copies beside, copies alone) while 
 samples SM clock and power (read-only), to tell a memory-contention slowdown from a clock one.
 
 Usage: python3 tools/gpu/probe_overlap.py [--gemms 4 16] [--mib 92 185 369] [--rounds 9]
+       [--kernels] [--no-phases]
 """
 
 import argparse
@@ -35,10 +40,48 @@ def _chain(a, b, n):
         torch.mm(a, b)
 
 
+_KERNELS = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+template <bool kStream>
+__global__ void copy16(const uint4* __restrict__ s, uint4* __restrict__ d, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    if constexpr (kStream) __stcs(d + i, __ldcs(s + i)); else d[i] = s[i];
+  }
+}
+void copy(torch::Tensor s, torch::Tensor d, bool streaming) {
+  int64_t n = s.numel() / 16;
+  auto st = c10::cuda::getCurrentCUDAStream();
+  int blocks = 132 * 4;
+  if (streaming)
+    copy16<true><<<blocks, 512, 0, st>>>((const uint4*)s.data_ptr(), (uint4*)d.data_ptr(), n);
+  else
+    copy16<false><<<blocks, 512, 0, st>>>((const uint4*)s.data_ptr(), (uint4*)d.data_ptr(), n);
+}
+"""
+_ext = None
+
+
+def _build_kernels():
+    global _ext
+    from torch.utils.cpp_extension import load_inline
+
+    _ext = load_inline(
+        "probe_overlap_kernels",
+        cpp_sources="void copy(torch::Tensor s, torch::Tensor d, bool streaming);",
+        cuda_sources=_KERNELS,
+        functions=["copy"],
+        extra_cuda_cflags=["-O3"],
+    )
+
+
 def _side_fn(kind, src, dst, n_bytes):
     s, d = src[:n_bytes], dst[:n_bytes]
     if kind == "ce":
         return lambda: d.copy_(s, non_blocking=True)
+    if kind in ("plain", "stream"):
+        return lambda: _ext.copy(s, d, kind == "stream")
     s64, d64 = s.view(torch.int64), d.view(torch.int64)
     return lambda: torch.bitwise_not(s64, out=d64)  # an SM kernel over the same bytes
 
@@ -134,14 +177,20 @@ def main():
     ap.add_argument("--mib", type=float, nargs="+", default=[92.3, 184.6, 369.2])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--phase-s", type=float, default=1.5)
+    ap.add_argument("--kernels", action="store_true", help="add the plain and streaming copies")
+    ap.add_argument("--no-phases", action="store_true", help="skip the sustained phases")
     args = ap.parse_args()
+    kinds = ("ce", "sm")
+    if args.kernels:
+        _build_kernels()
+        kinds += ("plain", "stream")
 
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     print(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
-    top = int(max(args.mib) * (1 << 20)) // 8 * 8
+    top = int(max(args.mib) * (1 << 20)) // 16 * 16
     src = torch.randint(0, 255, (top,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     side_stream = torch.cuda.Stream(device=dev, priority=-1)
@@ -161,8 +210,8 @@ def main():
     print(" | ".join(hdr))
     for n_gemm in args.gemms:
         fns = {
-            (k, m): _side_fn(k, src, dst, int(m * (1 << 20)) // 8 * 8)
-            for k in ("ce", "sm")
+            (k, m): _side_fn(k, src, dst, int(m * (1 << 20)) // 16 * 16)
+            for k in kinds
             for m in args.mib
         }
         for fn in fns.values():  # warm-up
@@ -178,9 +227,11 @@ def main():
             vals = " | ".join(f"{med[c]:.1f}" for c in cols)
             print(f"{n_gemm} | {kind} | {mib:.1f} | {vals} | {hidden:.1f}")
 
+    if args.no_phases:
+        return
     # sustained phases with clock and power samples
     sampler = _Sampler(props.uuid if str(props.uuid).startswith("GPU-") else f"GPU-{props.uuid}")
-    n_copy = int(184.6 * (1 << 20)) // 8 * 8
+    n_copy = int(184.6 * (1 << 20)) // 16 * 16
     ce = _side_fn("ce", src, dst, n_copy)
 
     def phase(name, gemms, copies):
