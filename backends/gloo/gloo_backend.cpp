@@ -25,6 +25,8 @@
 #include <gloo/transport/tcp/pair.h>
 #include <gloo/types.h>
 
+#include <netinet/in.h>
+
 #include <csignal>
 
 #include <algorithm>
@@ -62,20 +64,34 @@ constexpr uint8_t kP2PSlotPrefix = 0x40;  // above Gloo's own collective prefixe
 // 0.0~git20220518, as ours); so its hook lives in a table keyed by the pair, not in the pair.
 using IoErrorHook = std::function<void(const std::string& what)>;
 
+// What the backend gives each of its pairs: the I/O error hook above and, for tests only, a delay
+// before the listening side of a pair waits for its connection (NOTE [gloo connect barrier]).
+struct PairOptions {
+  IoErrorHook hook;
+  std::chrono::milliseconds listener_delay{0};
+};
+
 class GuardedPair final : public ::gloo::transport::tcp::Pair {
  public:
   GuardedPair(::gloo::transport::tcp::Context* context, ::gloo::transport::tcp::Device* device,
-              int rank, std::chrono::milliseconds timeout, IoErrorHook hook)
+              int rank, std::chrono::milliseconds timeout, PairOptions options)
       : ::gloo::transport::tcp::Pair(context, device, rank, timeout) {
-    std::lock_guard<std::mutex> lock(hooks_mu());
-    hooks()[this] = std::move(hook);
+    std::lock_guard<std::mutex> lock(table_mu());
+    table()[this] = std::move(options);
   }
   ~GuardedPair() override {
-    std::lock_guard<std::mutex> lock(hooks_mu());
-    hooks().erase(this);
+    std::lock_guard<std::mutex> lock(table_mu());
+    table().erase(this);
   }
   static void* operator new(size_t n) { return ::operator new(n + kSlack); }
   static void operator delete(void* p) { ::operator delete(p); }
+
+  void connect(const std::vector<char>& bytes) override {
+    const auto delay = options().listener_delay;
+    if (delay.count() > 0 && listens(address(), ::gloo::transport::tcp::Address(bytes)))
+      std::this_thread::sleep_for(delay);
+    ::gloo::transport::tcp::Pair::connect(bytes);
+  }
 
  protected:
   void handleReadWrite(int events) override {
@@ -88,51 +104,73 @@ class GuardedPair final : public ::gloo::transport::tcp::Pair {
         signalException(std::current_exception());
       } catch (const std::exception&) {
       }
-      IoErrorHook hook;
-      {
-        std::lock_guard<std::mutex> lock(hooks_mu());
-        if (auto it = hooks().find(this); it != hooks().end()) hook = it->second;
-      }
-      if (hook) hook(e.what());
+      if (auto hook = options().hook) hook(e.what());
     }
   }
 
  private:
   static constexpr size_t kSlack = 4096;
-  static std::mutex& hooks_mu() {
+  PairOptions options() const {
+    std::lock_guard<std::mutex> lock(table_mu());
+    auto it = table().find(this);
+    return it != table().end() ? it->second : PairOptions{};
+  }
+  // Gloo's rule for which side of a pair listens: the one with the smaller address (IP, then
+  // port as stored); the other connects.
+  static bool listens(const ::gloo::transport::tcp::Address& self,
+                      const ::gloo::transport::tcp::Address& peer) {
+    const sockaddr_storage& a = self.getSockaddr();
+    const sockaddr_storage& b = peer.getSockaddr();
+    if (a.ss_family != b.ss_family) return false;
+    int rv = 0;
+    if (a.ss_family == AF_INET) {
+      const auto* x = reinterpret_cast<const sockaddr_in*>(&a);
+      const auto* y = reinterpret_cast<const sockaddr_in*>(&b);
+      rv = std::memcmp(&x->sin_addr, &y->sin_addr, sizeof(in_addr));
+      if (rv == 0) rv = x->sin_port - y->sin_port;
+    } else if (a.ss_family == AF_INET6) {
+      const auto* x = reinterpret_cast<const sockaddr_in6*>(&a);
+      const auto* y = reinterpret_cast<const sockaddr_in6*>(&b);
+      rv = std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(in6_addr));
+      if (rv == 0) rv = x->sin6_port - y->sin6_port;
+    }
+    return rv < 0;
+  }
+  static std::mutex& table_mu() {
     static std::mutex mu;
     return mu;
   }
-  static std::unordered_map<const void*, IoErrorHook>& hooks() {
-    static std::unordered_map<const void*, IoErrorHook> h;
-    return h;
+  static std::unordered_map<const void*, PairOptions>& table() {
+    static std::unordered_map<const void*, PairOptions> t;
+    return t;
   }
 };
 
 class GuardedContext final : public ::gloo::transport::tcp::Context {
  public:
   GuardedContext(std::shared_ptr<::gloo::transport::tcp::Device> device, int rank, int size,
-                 IoErrorHook hook)
-      : ::gloo::transport::tcp::Context(std::move(device), rank, size), hook_(std::move(hook)) {}
+                 PairOptions options)
+      : ::gloo::transport::tcp::Context(std::move(device), rank, size),
+        options_(std::move(options)) {}
   std::unique_ptr<::gloo::transport::Pair>& createPair(int rank) override {
-    pairs_[rank] = std::make_unique<GuardedPair>(this, device_.get(), rank, getTimeout(), hook_);
+    pairs_[rank] = std::make_unique<GuardedPair>(this, device_.get(), rank, getTimeout(), options_);
     return pairs_[rank];
   }
 
  private:
-  IoErrorHook hook_;
+  PairOptions options_;
 };
 
 class GuardedDevice final : public ::gloo::transport::tcp::Device {
  public:
-  GuardedDevice(const ::gloo::transport::tcp::attr& attr, IoErrorHook hook)
-      : ::gloo::transport::tcp::Device(attr), hook_(std::move(hook)) {}
+  GuardedDevice(const ::gloo::transport::tcp::attr& attr, PairOptions options)
+      : ::gloo::transport::tcp::Device(attr), options_(std::move(options)) {}
   std::shared_ptr<::gloo::transport::Context> createContext(int rank, int size) override {
-    return std::make_shared<GuardedContext>(shared_from_this(), rank, size, hook_);
+    return std::make_shared<GuardedContext>(shared_from_this(), rank, size, options_);
   }
 
  private:
-  IoErrorHook hook_;
+  PairOptions options_;
 };
 
 // Gloo's store interface over ours.
@@ -156,6 +194,71 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   std::shared_ptr<fastcomms::Store> store_;
   std::chrono::milliseconds timeout_;
 };
+
+// NOTE [gloo connect barrier]: Gloo's rendezvous returns on a rank as soon as its own side of
+// every pair is connected. The connecting side of a pair is done when its TCP connect completes,
+// which the kernel finishes from the listen backlog before the listening rank has taken the
+// connection. A rank that returned and finalized at once (after a call that failed its own
+// checks, say) closed the connection before the listening rank looked at it, and that rank's
+// new_comm then failed with "Connection closed by peer" (seen under load: tools/probe_inputs.py,
+// 1 run of 8 beside a parallel ctest). So no rank leaves new_comm before every rank has its
+// whole mesh: each marks itself connected in the communicator's key space (released at
+// finalize like every key there) and waits for every mark, within what is left of the timeout.
+// Test-only hints reproduce the race: gloo.debug_listener_delay_ms delays the listening side of
+// every pair before it waits for its connection; gloo.debug_no_connect_barrier=1 leaves the
+// barrier out (the armed control of the test).
+struct DebugConnect {
+  std::chrono::milliseconds listener_delay{0};
+  bool no_connect_barrier = false;
+};
+
+DebugConnect debug_connect(const Hints& hints, const std::string& where) {
+  DebugConnect d;
+  if (auto it = hints.find("gloo.debug_listener_delay_ms"); it != hints.end()) {
+    const std::string& v = it->second;
+    const bool digits = !v.empty() && v.size() <= 7 && std::all_of(v.begin(), v.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    FASTCOMMS_CHECK(digits, kInvalidArgument, where,
+                    "hint gloo.debug_listener_delay_ms must be a count of milliseconds "
+                    "(0 to 9999999), got '",
+                    v, "'");
+    d.listener_delay = std::chrono::milliseconds(std::stoll(v));
+  }
+  if (auto it = hints.find("gloo.debug_no_connect_barrier"); it != hints.end()) {
+    FASTCOMMS_CHECK(it->second == "0" || it->second == "1", kInvalidArgument, where,
+                    "hint gloo.debug_no_connect_barrier must be 0 or 1, got '", it->second, "'");
+    d.no_connect_barrier = it->second == "1";
+  }
+  return d;
+}
+
+void connect_barrier(Store& store, int rank, int size, Clock::time_point start,
+                     std::chrono::milliseconds timeout, const std::string& where) {
+  const auto key = [](int r) { return detail::cat("gloo/connected/", r); };
+  store.set(key(rank), {1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(r));
+  const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  try {
+    store.wait(keys, std::max(std::chrono::milliseconds(1), timeout - spent));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      bool there = false;
+      try {
+        there = store.check({key(r)});
+      } catch (const Error&) {
+      }
+      if (!there) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw Error(ErrorCode::kTimeout,
+                detail::cat(where, "rendezvous: rank(s) ", missing,
+                            " did not finish connecting to their peers within the timeout (",
+                            timeout.count(), " ms): a rank died or is stuck"));
+  }
+}
 
 // A byte view of a tensor.
 uint8_t* bytes(const TensorView& t) { return static_cast<uint8_t*>(t.data); }
@@ -309,8 +412,10 @@ GlooImpl::GlooImpl(const BackendInit& init)
     return true;
   }();
   (void)sigpipe_ignored;
+  const auto start = Clock::now();
   const std::string where =
       detail::cat("[rank ", rank_, "/", size_, " ", init.options.name, " new_comm] gloo: ");
+  const DebugConnect debug = debug_connect(init.options.hints, where);
   FASTCOMMS_CHECK(init.device.type == DeviceType::kCPU, kInvalidArgument, where,
                   "the gloo backend serves CPU tensors, got device ", init.device.str());
   ::gloo::transport::tcp::attr attr;
@@ -334,8 +439,9 @@ GlooImpl::GlooImpl(const BackendInit& init)
       }
       if (impl) std::thread([impl, what] { impl->on_io_error(what); }).detach();
     };
+    PairOptions pair_options{std::move(hook), debug.listener_delay};
     device_ = std::make_shared<GuardedDevice>(::gloo::transport::tcp::CreateDeviceAttr(attr),
-                                              std::move(hook));
+                                              std::move(pair_options));
     context_ = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
     // NOTE [gloo connect wait]: Gloo waits five times the context's timeout for a pair to
     // connect (a peer that published its address and then died is retried that long), so the
@@ -345,6 +451,8 @@ GlooImpl::GlooImpl(const BackendInit& init)
     StoreAdapter store(init.options.store, init.options.timeout);
     context_->connectFullMesh(store, device_);
     context_->setTimeout(init.options.timeout);
+    if (!debug.no_connect_barrier)
+      connect_barrier(*init.options.store, rank_, size_, start, init.options.timeout, where);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -449,6 +449,73 @@ def test_store_keys_released_at_finalize(tmp_path, keep):
         assert len(set(counts)) == 1 and counts[0] <= 2, counts
 
 
+def _finalize_at_once_worker(rank, size, path, errq, hints, out_dir):
+    """NOTE [gloo connect barrier]: every rank makes a communicator and finalizes it at once; the
+    listening side of every pair is held back (a test-only hint) so that, without the barrier,
+    the connecting side has finalized and closed the connection before the listener looks at
+    it. Each rank writes what new_comm did (ok, or the error) to a file of its own."""
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
+    store = dist.FileStore(path, size)
+    outcome = "ok"
+    try:
+        c = fastcomms.new_comm(
+            "gloo", "cpu", "early", store=store, timeout=dt.timedelta(seconds=20), hints=hints
+        )
+        c.finalize()
+        del c
+    except Exception as e:  # noqa: BLE001 - the outcome is the result
+        outcome = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out_dir, str(rank)), "w") as f:
+        f.write(outcome)
+
+
+@pytest.mark.parametrize(
+    "size, barrier", [(2, True), (3, True), (2, False)], ids=["2", "3", "armed_control_2"]
+)
+def test_a_rank_that_finalizes_at_once_fails_no_peer_rendezvous(tmp_path, size, barrier):
+    """Found by the input probe under load: a rank that left new_comm and finalized at once
+    closed its connections before a slower peer had taken them, and the peer's new_comm failed
+    ("Connection closed by peer"). With the connect barrier every rank's new_comm succeeds. The
+    armed control (barrier off, same delay) must fail on the listening rank every run; it runs at
+    world 2, where one rank listens and the other returns at once. At world 3 each pair's roles
+    follow its ports, and when every rank listens on one pair all of them wait alike and the race
+    does not open, so there the test checks only that the barrier lets every rank through."""
+    from conftest import spawn
+
+    hints = {"gloo.debug_listener_delay_ms": "400"}
+    if not barrier:
+        hints["gloo.debug_no_connect_barrier"] = "1"
+    spawn(_finalize_at_once_worker, size, hints, str(tmp_path))
+    outcomes = [open(tmp_path / str(r)).read() for r in range(size)]
+    if barrier:
+        assert outcomes == ["ok"] * size, outcomes
+    else:
+        assert any("Connection closed by peer" in o for o in outcomes), outcomes
+
+
+def test_connect_debug_hints_are_checked(world):
+    world(_bad_debug_hint, 1)
+
+
+def _bad_debug_hint(comm, rank, size):
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    for k, v in [("gloo.debug_listener_delay_ms", "-1"), ("gloo.debug_no_connect_barrier", "2")]:
+        with pytest.raises(ValueError, match=f"{k}.*got '{v}'"):
+            fastcomms.new_comm(
+                "gloo", "cpu", "h", store=store, timeout=dt.timedelta(5), hints={k: v}
+            )
+
+
 def _ulysses_mismatch(comm, rank, size):
     """Found by the input probe: ranks whose Ulysses calls differ in heads send chunks of other
     sizes; Gloo's I/O thread aborted the process on the unexpected size before the chunk headers
