@@ -487,7 +487,7 @@ def test_a_rank_that_finalizes_at_once_fails_no_peer_rendezvous(tmp_path, size, 
     does not open, so there the test checks only that the barrier lets every rank through."""
     from conftest import spawn
 
-    hints = {"gloo.debug_listener_delay_ms": "400"}
+    hints = {"gloo.debug_listener_delay_ms": "2000"}  # room for a loaded machine
     if not barrier:
         hints["gloo.debug_no_connect_barrier"] = "1"
     spawn(_finalize_at_once_worker, size, hints, str(tmp_path))
