@@ -27,6 +27,7 @@ import queue
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -149,6 +150,53 @@ def _timed(fn, iters=ITERS, warmup=WARMUP):
         b.record()
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)  # µs
+
+
+HOST_SHAPES = [(1, 16, 40, 128), (1, 64, 40, 128)]
+
+
+def _host_per_call(fn, iters=200, rounds=7):
+    """Median µs of host time per call over rounds of back-to-back calls (no synchronization
+    inside a round: the GPU runs behind, as in a training step)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t) * 1e6 / iters)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _host_section(g, dev, gen, size):
+    """Host cost per call: rows of (label, {variant: µs}, every output bit-exact)."""
+    from fastcomms.ulysses import all_to_all_4d as functional_a2a
+
+    rows = []
+    for geometry in HOST_SHAPES:
+        b, s, h, d = geometry
+        x = torch.randn((b, s, h, d), generator=gen, device=dev, dtype=torch.bfloat16)
+        want = _base(x, 0, size)
+        zo = g.empty_output(x)
+        calls = {
+            "zero": lambda x=x, zo=zo: g.all_to_all_4d(x, out=zo),
+            "copy": lambda x=x: g.all_to_all_4d(x),
+            "async": lambda x=x: g.all_to_all_4d_async(x),
+            "functional": lambda x=x: functional_a2a(x, g),
+            "BASE": lambda x=x: _base(x, 0, size),
+            "torch add": lambda x=x: torch.add(x, 1),
+        }
+        zo.view(torch.uint8).fill_(0xA5)
+        ok = _same(calls["zero"](), want) and _same(zo, want)
+        ok = ok and _same(calls["copy"](), want) and _same(calls["async"]().wait(), want)
+        ok = ok and _same(calls["functional"](), want)
+        t = {k: _host_per_call(fn) for k, fn in calls.items()}
+        mib = x.numel() * x.element_size() / 2**20
+        rows.append((f"host per call {geometry} {mib:.2f} MiB", t, ok))
+    return rows
 
 
 def _overlap_section(g, dev, gen, size):
@@ -390,6 +438,8 @@ def _rank(rank, size, path, q, only, shared=False):
         sections.append(("padding", _padding_section(g, ref, dev, gen, rank, size)))
     if "overlap" in only:
         sections.append(("overlap", _overlap_section(g, dev, gen, size)))
+    if "host" in only:
+        sections.append(("host", _host_section(g, dev, gen, size)))
     if "gqa" in only:
         sections.append(("gqa", _gqa_section(g, dev, gen, rank, size, shared)))
         sections.append(("kv heads", _uneven_heads_section(g, dev, gen, rank, size, shared)))
@@ -435,7 +485,7 @@ def _print_anchor(rows_by_rank):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--only", default="anchor,padding,overlap,gqa")
+    ap.add_argument("--only", default="anchor,padding,overlap,gqa,host")
     ap.add_argument(
         "--share",
         action="store_true",
