@@ -26,6 +26,7 @@ import tempfile
 import uuid
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from . import _C, TorchComm, _OpaqueBase
 
@@ -238,6 +239,7 @@ class UlyssesGroup(_OpaqueBase):
         self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
+        self._shapes = {}  # NOTE [host cost per call]: output shapes by call geometry
         if isinstance(group, TorchComm):
             self._rank, self._size = group.get_rank(), group.get_size()
             self.device = self._resolve_device(device, group.get_device())
@@ -295,6 +297,15 @@ class UlyssesGroup(_OpaqueBase):
         return (t if t is not None else _TorchTransport(pg, self._rank, self._size)), kind, why
 
     # -- the raw exchange (no autograd) ---------------------------------------------------------
+    # NOTE [host cost per call]: at small shapes a call is bound by its host time, which one H200
+    # machine measured (tools/gpu/bench_ulysses.py --only host, world 1) at 16 µs for zero copy
+    # but 44 µs copying and 100 µs async. Where it went (tools/gpu/profile_host.py): the
+    # autograd.Function wrapping a call that needed no gradient, an output shape recomputed by
+    # the extension on every call, and the async path's Python stream juggling (current stream,
+    # wait_stream, two record_stream, a stream context). So a call without autograd skips the
+    # Function (no grad mode or no input requiring grad, and no forward-mode dual level), output
+    # shapes are remembered per geometry, and the async CUDA call orders the side stream, records
+    # the tensors' use, runs and registers its completion in one call of the extension.
     def _live(self):
         if self._t is None:
             raise ValueError(
@@ -321,8 +332,23 @@ class UlyssesGroup(_OpaqueBase):
         return shape
 
     def _xshape(self, t, x, mode, seq, heads, kv=1):
-        """The exchange's output shape (virtual heads in mode 1 with kv replicas)."""
-        return tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads, kv))
+        """The exchange's output shape (virtual heads in mode 1 with kv replicas), remembered per
+        geometry (every transport of a group answers alike: the shape rules are the plan's)."""
+        key = (
+            tuple(x.shape),
+            x.element_size(),
+            mode,
+            None if seq is None else tuple(seq),
+            None if heads is None else tuple(heads),
+            kv,
+        )
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads, kv))
+            if len(self._shapes) > 256:  # bounded: shapes rarely vary that much
+                self._shapes.clear()
+            self._shapes[key] = shape
+        return shape
 
     def _shape(self, t, x, mode, seq, heads, kv=1):
         return self._reduced(self._xshape(t, x, mode, seq, heads, kv), mode, kv)
@@ -419,6 +445,9 @@ class UlyssesGroup(_OpaqueBase):
                     "x requires grad under grad mode"
                 )
             return self._exchange(x, mode, seq, heads, out, kv)
+        if not (torch.is_grad_enabled() and x.requires_grad) and _forward_ad._current_level < 0:
+            # NOTE [host cost per call]: no graph to record, so no autograd.Function
+            return self._exchange(x, mode, seq, heads, None, kv)
         return _AllToAll4d.apply(x, self, mode, seq, heads, kv)
 
     def all_to_all_4d_async(
@@ -499,6 +528,11 @@ class UlyssesGroup(_OpaqueBase):
             out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
             out = torch.empty(self._reduced(shape, mode, kv), dtype=x.dtype, device=x.device)
+        if not summed and AsyncCollectiveTensor is not None and hasattr(lane, "all_to_all_4d_on"):
+            # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
+            # the completion work (NOTE [async result waits]) in one call of the extension
+            lane.all_to_all_4d_on(x, out, self._astream.cuda_stream, mode, seq, heads, kv)
+            return AsyncCollectiveTensor(out)
         s = self._astream
         s.wait_stream(torch.cuda.current_stream(x.device))
         x.record_stream(s)

@@ -257,6 +257,61 @@ struct PyWindow {
   Device device;
 };
 
+#ifdef FASTCOMMS_WITH_CUDA
+// NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
+// an async Ulysses call, recording an event on the comm stream after the call.
+// blockCurrentStream() makes the calling thread's current stream wait for it (no host block);
+// wait() does too, after waiting for the event on the host, so it is right from whichever
+// thread torch calls it. A Python Work subclass cannot override blockCurrentStream, whose
+// default calls wait() on another thread, so this one is C++.
+class StreamEventWork final : public c10d::Work {
+ public:
+  StreamEventWork(cudaEvent_t ev, c10::DeviceIndex device) : ev_(ev), device_(device) {}
+  ~StreamEventWork() override { (void)cudaEventDestroy(ev_); }
+  bool wait(std::chrono::milliseconds) override {
+    if (PyGILState_Check()) {  // the host wait must not hold the interpreter
+      py::gil_scoped_release release;
+      C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+    } else {
+      C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+    }
+    order();
+    return true;
+  }
+  void blockCurrentStream() override { order(); }
+  bool isCompleted() override { return cudaEventQuery(ev_) == cudaSuccess; }
+
+ private:
+  void order() {
+    c10::cuda::CUDAGuard guard(device_);
+    C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), ev_, 0));
+  }
+  cudaEvent_t ev_;
+  c10::DeviceIndex device_;
+};
+
+void register_stream_completion(const at::Tensor& t, cudaStream_t stream) {
+  FASTCOMMS_CHECK(t.is_cuda(), kInvalidArgument, "_register_stream_completion: a CUDA tensor");
+  c10::cuda::CUDAGuard guard(t.device().index());
+  cudaEvent_t ev = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  const cudaError_t rec = cudaEventRecord(ev, stream);
+  if (rec != cudaSuccess) (void)cudaEventDestroy(ev);
+  C10_CUDA_CHECK(rec);
+  c10d::register_work(t, c10::make_intrusive<StreamEventWork>(ev, t.device().index()));
+}
+
+// `side` starts after the work the caller's current stream holds so far.
+void order_after_current(c10::DeviceIndex device, cudaStream_t side) {
+  cudaEvent_t ev = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t rc = cudaEventRecord(ev, c10::cuda::getCurrentCUDAStream(device).stream());
+  if (rc == cudaSuccess) rc = cudaStreamWaitEvent(side, ev, 0);
+  (void)cudaEventDestroy(ev);  // released once the wait is done with it
+  C10_CUDA_CHECK(rc);
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -348,40 +403,7 @@ PYBIND11_MODULE(_C, m) {
   // thread torch calls it. A Python Work subclass cannot override blockCurrentStream, whose
   // default calls wait() on another thread, so this one is C++.
   m.def("_register_stream_completion", [](const at::Tensor& t, uintptr_t stream) {
-    class StreamEventWork final : public c10d::Work {
-     public:
-      StreamEventWork(cudaEvent_t ev, c10::DeviceIndex device) : ev_(ev), device_(device) {}
-      ~StreamEventWork() override { (void)cudaEventDestroy(ev_); }
-      bool wait(std::chrono::milliseconds) override {
-        if (PyGILState_Check()) {  // the host wait must not hold the interpreter
-          py::gil_scoped_release release;
-          C10_CUDA_CHECK(cudaEventSynchronize(ev_));
-        } else {
-          C10_CUDA_CHECK(cudaEventSynchronize(ev_));
-        }
-        order();
-        return true;
-      }
-      void blockCurrentStream() override { order(); }
-      bool isCompleted() override { return cudaEventQuery(ev_) == cudaSuccess; }
-
-     private:
-      void order() {
-        c10::cuda::CUDAGuard guard(device_);
-        C10_CUDA_CHECK(
-            cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), ev_, 0));
-      }
-      cudaEvent_t ev_;
-      c10::DeviceIndex device_;
-    };
-    FASTCOMMS_CHECK(t.is_cuda(), kInvalidArgument, "_register_stream_completion: a CUDA tensor");
-    c10::cuda::CUDAGuard guard(t.device().index());
-    cudaEvent_t ev = nullptr;
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    const cudaError_t rec = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
-    if (rec != cudaSuccess) (void)cudaEventDestroy(ev);
-    C10_CUDA_CHECK(rec);
-    c10d::register_work(t, c10::make_intrusive<StreamEventWork>(ev, t.device().index()));
+    register_stream_completion(t, reinterpret_cast<cudaStream_t>(stream));
   });
 #endif
   m.attr("__version__") = FASTCOMMS_VERSION;  // the VERSION file, through CMake
@@ -461,6 +483,42 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("out"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
           py::arg("async_op"), py::arg("kv_replicas") = 1)
+#ifdef FASTCOMMS_WITH_CUDA
+      // NOTE [host cost per call]: an async CUDA call in one step: `side` waits for the caller's
+      // current stream, x and out are recorded as used there (the caching allocator keeps them
+      // until it is done), the call runs on `side`, and its completion is registered with
+      // torch's work registry for out (NOTE [async result waits]).
+      .def(
+          "all_to_all_4d_on",
+          [](const PyTransport& t, at::Tensor x, at::Tensor out, uintptr_t side, int mode,
+             std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+             int64_t kv_replicas) {
+            UlyssesTransport& tr = t.get();
+            FASTCOMMS_CHECK(x.is_cuda() && out.is_cuda() && x.device() == out.device(),
+                            kInvalidArgument,
+                            "all_to_all_4d_async: the async CUDA call needs x and out on one "
+                            "CUDA device, got ",
+                            x.device().str(), " and ", out.device().str());
+            const TensorView xv = view(x), ov = view(out);
+            const c10::DeviceIndex dev = x.device().index();
+            c10::cuda::CUDAGuard guard(dev);
+            const auto stream = reinterpret_cast<cudaStream_t>(side);
+            order_after_current(dev, stream);
+            const c10::Stream s = c10::cuda::getStreamFromExternal(stream, dev).unwrap();
+            x.record_stream(s);
+            out.record_stream(s);
+            WorkPtr w;
+            {
+              py::gil_scoped_release release;
+              w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, kv_replicas), stream);
+            }
+            release_parked();
+            register_stream_completion(out, stream);
+            return PyWork(std::move(w), {x, out});
+          },
+          py::arg("x"), py::arg("out"), py::arg("side"), py::arg("mode"), py::arg("seq"),
+          py::arg("heads"), py::arg("kv_replicas") = 1)
+#endif
       .def("empty_output",
            [](const PyTransport& t, std::vector<int64_t> shape, int64_t bytes,
               at::Tensor like) -> std::optional<at::Tensor> {
