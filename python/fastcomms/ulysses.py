@@ -299,7 +299,8 @@ class UlyssesGroup(_OpaqueBase):
     # -- the raw exchange (no autograd) ---------------------------------------------------------
     # NOTE [host cost per call]: at small shapes a call is bound by its host time, which one H200
     # machine measured (tools/gpu/bench_ulysses.py --only host, world 1) at 16 µs for zero copy
-    # but 44 µs copying and 100 µs async. Where it went (tools/gpu/profile_host.py): the
+    # but 44 µs copying and 100 µs async (a plain torch op: 12 µs; before and after in
+    # docs/benchmarks.md). Where it went (tools/gpu/profile_host.py): the
     # autograd.Function wrapping a call that needed no gradient, an output shape recomputed by
     # the extension on every call, and the async path's Python stream juggling (current stream,
     # wait_stream, two record_stream, a stream context). So a call without autograd skips the
