@@ -186,6 +186,20 @@ def functional_and_compile(comm, rank, size):
         torch.vmap(lambda t: ulysses.all_to_all_4d(t, comm, seq_splits=seq, head_splits=heads))(
             x[None]
         )
+    # NOTE [host cost per call]: plain eager runs the method directly (same result, same
+    # gradient), while a dispatch-mode tracer (make_fx) still records the custom op
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = make_fx(
+        lambda t: ulysses.all_to_all_4d(t, comm, mode=0, seq_splits=seq, head_splits=heads),
+        tracing_mode="fake",
+    )(x)
+    assert "fastcomms.ulysses_all_to_all_4d" in traced.code, traced.code
+    xr = x.clone().requires_grad_(True)
+    y = ulysses.all_to_all_4d(xr * 3, comm, mode=0, seq_splits=seq, head_splits=heads)
+    assert torch.equal(y, want * 3)
+    y.sum().backward()
+    assert torch.equal(xr.grad, torch.full_like(x, 3.0))
 
 
 def test_functional_fake_and_compile(world):
