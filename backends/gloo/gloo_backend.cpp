@@ -40,6 +40,7 @@
 #include <unordered_map>
 
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/forwarding_backend.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/error.hpp"
 #include "reduce_kernels.hpp"
@@ -1092,7 +1093,7 @@ void GlooImpl::finalize() {
 }
 
 // The Backend the factory hands out: a thin owner of the shared impl.
-class GlooBackend : public Backend {
+class GlooBackend : public ForwardingBackend<GlooImpl> {
  public:
   explicit GlooBackend(const BackendInit& init) : impl_(std::make_shared<GlooImpl>(init)) {
     impl_->start();
@@ -1107,65 +1108,13 @@ class GlooBackend : public Backend {
     c.cpu_tensors = true;
     return c;
   }
-  WorkPtr send(const TensorView& t, int dst, const OpContext& c) override {
-    return impl_->send(t, dst, c);
-  }
-  WorkPtr recv(const TensorView& t, int src, const OpContext& c) override {
-    return impl_->recv(t, src, c);
-  }
-  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& c) override {
-    return impl_->batch_p2p(ops, c);
-  }
-  WorkPtr broadcast(const TensorView& t, int root, const OpContext& c) override {
-    return impl_->broadcast(t, root, c);
-  }
-  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
-    return impl_->all_reduce(t, op, c);
-  }
-  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& c) override {
-    return impl_->reduce(t, root, op, c);
-  }
-  WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
-                     const OpContext& c) override {
-    return impl_->all_gather(outputs, input, c);
-  }
-  WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
-                            const OpContext& c) override {
-    return impl_->all_gather_single(output, input, c);
-  }
-  WorkPtr reduce_scatter(const TensorView& output, const std::vector<TensorView>& inputs,
-                         const ReduceOp& op, const OpContext& c) override {
-    return impl_->reduce_scatter(output, inputs, op, c);
-  }
-  WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
-                                const ReduceOp& op, const OpContext& c) override {
-    return impl_->reduce_scatter_single(output, input, op, c);
-  }
-  WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
-                              const std::vector<int64_t>& output_splits,
-                              const std::vector<int64_t>& input_splits,
-                              const OpContext& c) override {
-    return impl_->all_to_all_v_single(output, input, output_splits, input_splits, c);
-  }
-  WorkPtr all_to_all(const std::vector<TensorView>& outputs, const std::vector<TensorView>& inputs,
-                     const OpContext& c) override {
-    return impl_->all_to_all(outputs, inputs, c);
-  }
-  WorkPtr barrier(const OpContext& c) override { return impl_->barrier(c); }
-  WorkPtr scatter(const TensorView& output, const std::vector<TensorView>& inputs, int root,
-                  const OpContext& c) override {
-    return impl_->scatter(output, inputs, root, c);
-  }
-  WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
-                 const OpContext& c) override {
-    return impl_->gather(outputs, input, root, c);
-  }
   std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit* init) override {
     // Members rendezvous afresh through the split's prefixed store; others do nothing.
     return init ? std::make_unique<GlooBackend>(*init) : nullptr;
   }
-  void abort() override { impl_->abort(); }
-  void finalize() override { impl_->finalize(); }
+
+ protected:
+  GlooImpl& target() const override { return *impl_; }
 
  private:
   std::shared_ptr<GlooImpl> impl_;

@@ -23,6 +23,7 @@
 #include "backends/nvlink/nvlink_transport.hpp"
 #include "fastcomms/core/backend.hpp"
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/forwarding_backend.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/error.hpp"
@@ -30,7 +31,7 @@
 namespace fastcomms {
 namespace {
 
-class NvlinkBackend final : public Backend {
+class NvlinkBackend final : public ForwardingBackend<Backend> {
  public:
   /// @param inner the nccl communicator to delegate to; null: create one through the store
   NvlinkBackend(const BackendInit& init, std::unique_ptr<Backend> inner)
@@ -108,54 +109,6 @@ class NvlinkBackend final : public Backend {
     return inner_->all_to_all_v_single(output, input, output_splits, input_splits, ctx);
   }
 
-  // -- delegated ops ---------------------------------------------------------------------------
-  WorkPtr send(const TensorView& t, int dst, const OpContext& c) override {
-    return inner_->send(t, dst, c);
-  }
-  WorkPtr recv(const TensorView& t, int src, const OpContext& c) override {
-    return inner_->recv(t, src, c);
-  }
-  WorkPtr batch_p2p(const std::vector<P2POp>& ops, const OpContext& c) override {
-    return inner_->batch_p2p(ops, c);
-  }
-  WorkPtr broadcast(const TensorView& t, int root, const OpContext& c) override {
-    return inner_->broadcast(t, root, c);
-  }
-  WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
-    return inner_->all_reduce(t, op, c);
-  }
-  WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& c) override {
-    return inner_->reduce(t, root, op, c);
-  }
-  WorkPtr all_gather(const std::vector<TensorView>& outs, const TensorView& in,
-                     const OpContext& c) override {
-    return inner_->all_gather(outs, in, c);
-  }
-  WorkPtr all_gather_single(const TensorView& out, const TensorView& in,
-                            const OpContext& c) override {
-    return inner_->all_gather_single(out, in, c);
-  }
-  WorkPtr reduce_scatter(const TensorView& out, const std::vector<TensorView>& ins,
-                         const ReduceOp& op, const OpContext& c) override {
-    return inner_->reduce_scatter(out, ins, op, c);
-  }
-  WorkPtr reduce_scatter_single(const TensorView& out, const TensorView& in, const ReduceOp& op,
-                                const OpContext& c) override {
-    return inner_->reduce_scatter_single(out, in, op, c);
-  }
-  WorkPtr all_to_all(const std::vector<TensorView>& outs, const std::vector<TensorView>& ins,
-                     const OpContext& c) override {
-    return inner_->all_to_all(outs, ins, c);
-  }
-  WorkPtr barrier(const OpContext& c) override { return inner_->barrier(c); }
-  WorkPtr scatter(const TensorView& out, const std::vector<TensorView>& ins, int root,
-                  const OpContext& c) override {
-    return inner_->scatter(out, ins, root, c);
-  }
-  WorkPtr gather(const std::vector<TensorView>& outs, const TensorView& in, int root,
-                 const OpContext& c) override {
-    return inner_->gather(outs, in, root, c);
-  }
   std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
     // The inner split is collective over this communicator (ncclCommSplit): every rank takes
     // part, members then set up their own peer-to-peer group through the split's store.
@@ -163,11 +116,15 @@ class NvlinkBackend final : public Backend {
     if (init == nullptr) return nullptr;
     return std::make_unique<NvlinkBackend>(*init, std::move(inner));
   }
-  void abort() override { inner_->abort(); }
   void finalize() override {
     inner_->finalize();
     p2p_->check_errors();
   }
+
+ protected:
+  // Every op but the peer-to-peer all-to-all (and finalize's check) runs on the inner nccl
+  // communicator.
+  Backend& target() const override { return *inner_; }
 
  private:
   bool p2p_eligible(const TensorView& output, const TensorView& input, const OpContext& ctx) const {
