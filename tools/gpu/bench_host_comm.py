@@ -1,0 +1,102 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""A developer benchmark (not a test): the host time a Python caller pays per collective at a
+small size, one GPU, world 1 (NCCL runs a one-rank communicator; what is measured is the issue
+path, not the transfer): torch.distributed's own NCCL process group against a fastcomms nccl
+communicator called directly (TorchComm, sync and async) and through a torch.distributed process
+group over it (fastcomms.device_mesh, the path DeviceMesh, FSDP2 and DDP take). Back-to-back calls
+timed with perf_counter (no synchronization inside a round), median of 7 rounds of 300.
+Usage: [PROFILE=1] python3 tools/gpu/bench_host_comm.py
+"""
+
+import datetime
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def _per_call(fn, iters=300, rounds=7):
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t) * 1e6 / iters)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def main():
+    import fastcomms
+    import torch.distributed as dist
+    from fastcomms.device_mesh import _create_torchcomm_process_group
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+    with tempfile.TemporaryDirectory() as d:
+        store = dist.FileStore(os.path.join(d, "s"), 1)
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
+        comm = fastcomms.new_comm(
+            "nccl",
+            dev,
+            "host",
+            store=dist.PrefixStore("fc", store),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        pg = _create_torchcomm_process_group(comm, "host_pg")
+        t = torch.ones(1024, device=dev)
+        out = torch.empty(1024, device=dev)
+        sum_ = fastcomms.ReduceOp.SUM
+        rows = {
+            "all_reduce": {
+                "torch nccl": lambda: dist.all_reduce(t),
+                "fastcomms": lambda: comm.all_reduce(t, sum_, False),
+                "fastcomms async": lambda: comm.all_reduce(t, sum_, True),
+                "fastcomms pg": lambda: dist.all_reduce(t, group=pg),
+            },
+            "all_gather_into_tensor": {
+                "torch nccl": lambda: dist.all_gather_into_tensor(out, t),
+                "fastcomms": lambda: comm.all_gather_single(out, t, False),
+                "fastcomms pg": lambda: dist.all_gather_into_tensor(out, t, group=pg),
+            },
+            "reduce_scatter_tensor": {
+                "torch nccl": lambda: dist.reduce_scatter_tensor(out, t),
+                "fastcomms": lambda: comm.reduce_scatter_single(out, t, sum_, False),
+                "fastcomms pg": lambda: dist.reduce_scatter_tensor(out, t, group=pg),
+            },
+        }
+        print(
+            f"bench_host_comm: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+            f"NCCL {torch.cuda.nccl.version()}; µs of host time per call, 4 KiB float32"
+        )
+        for op, variants in rows.items():
+            cells = ", ".join(f"{k} {_per_call(fn):.1f}" for k, fn in variants.items())
+            print(f"{op}: {cells}")
+        if os.environ.get("PROFILE") == "1":  # where the process group's call spends its time
+            import cProfile
+            import pstats
+
+            for name, fn in (
+                ("fastcomms pg", rows["all_reduce"]["fastcomms pg"]),
+                ("fastcomms", rows["all_reduce"]["fastcomms"]),
+            ):
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(2000):
+                    fn()
+                pr.disable()
+                print(f"===== all_reduce, {name}: cProfile over 2000 calls")
+                pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+        torch.cuda.synchronize()
+        comm.finalize()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
