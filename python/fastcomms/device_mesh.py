@@ -34,17 +34,24 @@ __all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_wi
 _REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
 
+# torch's reduce-op kinds to ours, looked up once per call (NOTE [host cost per call])
+_REDUCE_BY_KIND = {getattr(dist.ReduceOp, n): getattr(ReduceOp, n) for n in _REDUCE_OPS}
+
+
 def _reduce_op(c10d_op, where):
-    if c10d_op == dist.ReduceOp.PREMUL_SUM:  # its factor travels in the op's state
+    """Our reduce op for torch's (a ReduceOp, or its RedOpType); `where()` names the call in the
+    error (made only when there is one)."""
+    kind = getattr(c10d_op, "op", c10d_op)
+    op = _REDUCE_BY_KIND.get(kind)
+    if op is not None:
+        return op
+    if kind == dist.ReduceOp.PREMUL_SUM:  # its factor travels in the op's state
         _, factor = c10d_op.__getstate__()
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
         return ReduceOp.PREMUL_SUM(float(factor))
-    for name in _REDUCE_OPS:
-        if c10d_op == getattr(dist.ReduceOp, name):
-            return getattr(ReduceOp, name)
     raise ValueError(
-        f"{where}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
+        f"{where()}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
         f"(supported: {', '.join(_REDUCE_OPS)}, PREMUL_SUM)"
     )
 
@@ -108,7 +115,8 @@ class _CommOps:
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _reduce_op(
-            opts.reduceOp if opts is not None else dist.ReduceOp.SUM, self._where("allreduce")
+            opts.reduceOp if opts is not None else dist.ReduceOp.SUM,
+            lambda: self._where("allreduce"),
         )
         return self._each(lambda t: self._comm.all_reduce(t, op, True), tensors)
 
@@ -120,7 +128,7 @@ class _CommOps:
         return self._each(lambda t: self._comm.broadcast(t, root, True), tensors)
 
     def reduce(self, tensors, opts=None):
-        op = _reduce_op(opts.reduceOp, self._where("reduce"))
+        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce"))
         return self._each(lambda t: self._comm.reduce(t, opts.rootRank, op, True), tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -139,7 +147,7 @@ class _CommOps:
         return _CommWork(works, outputs)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter"))
+        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter"))
         works = [
             self._comm.reduce_scatter(o, i, op, True)
             for o, i in zip(outputs, input_lists, strict=True)
@@ -147,11 +155,11 @@ class _CommOps:
         return _CommWork(works, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter_tensor"))
+        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
         return _CommWork([self._comm.reduce_scatter_single(output, input, op, True)], [output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op = _reduce_op(opts.reduceOp, self._where("reduce_scatter_tensor"))
+        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
         works = [
             self._comm.reduce_scatter_single(o, i, op, True)
             for o, i in zip(outputs, inputs, strict=True)

@@ -148,7 +148,7 @@ def _op(op) -> _FcReduceOp:
     if isinstance(op, _FcReduceOp):
         return op
     if isinstance(op, _td.ReduceOp):  # torch's, PREMUL_SUM's factor included
-        return _reduce_op(op, "fastcomms.distwrap")
+        return _reduce_op(op, lambda: "fastcomms.distwrap")
     name = getattr(op, "name", None) or str(op).split(".")[-1]
     try:
         return _FcReduceOp(RedOpType.__members__[name])
