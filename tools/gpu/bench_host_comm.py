@@ -10,30 +10,15 @@ Usage: [PROFILE=1] python3 tools/gpu/bench_host_comm.py
 
 import datetime
 import os
-import statistics
 import tempfile
-import time
 
 import torch
-
-
-def _per_call(fn, iters=300, rounds=7):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t) * 1e6 / iters)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def main():
     import fastcomms
     import torch.distributed as dist
+    from fastcomms._bench import host_per_call
     from fastcomms.device_mesh import _create_torchcomm_process_group
 
     dev = torch.device("cuda", 0)
@@ -76,7 +61,9 @@ def main():
             f"NCCL {torch.cuda.nccl.version()}; µs of host time per call, 4 KiB float32"
         )
         for op, variants in rows.items():
-            cells = ", ".join(f"{k} {_per_call(fn):.1f}" for k, fn in variants.items())
+            cells = ", ".join(
+                f"{k} {host_per_call(fn, iters=300):.1f}" for k, fn in variants.items()
+            )
             print(f"{op}: {cells}")
         if os.environ.get("PROFILE") == "1":  # where the process group's call spends its time
             import cProfile

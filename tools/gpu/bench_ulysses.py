@@ -27,10 +27,10 @@ import queue
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import torch.multiprocessing as mp
+from fastcomms._bench import host_per_call
 from fastcomms._bench import permute_all_to_all_4d as _base  # BASE: the permute path
 
 WARMUP, ITERS = 5, 20
@@ -155,22 +155,6 @@ def _timed(fn, iters=ITERS, warmup=WARMUP):
 HOST_SHAPES = [(1, 16, 40, 128), (1, 64, 40, 128)]
 
 
-def _host_per_call(fn, iters=200, rounds=7):
-    """Median µs of host time per call over rounds of back-to-back calls (no synchronization
-    inside a round: the GPU runs behind, as in a training step)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t) * 1e6 / iters)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
 def _host_section(g, dev, gen, size):
     """Host cost per call: rows of (label, {variant: µs}, every output bit-exact)."""
     from fastcomms.ulysses import all_to_all_4d as functional_a2a
@@ -193,7 +177,7 @@ def _host_section(g, dev, gen, size):
         ok = _same(calls["zero"](), want) and _same(zo, want)
         ok = ok and _same(calls["copy"](), want) and _same(calls["async"]().wait(), want)
         ok = ok and _same(calls["functional"](), want)
-        t = {k: _host_per_call(fn) for k, fn in calls.items()}
+        t = {k: host_per_call(fn) for k, fn in calls.items()}
         mib = x.numel() * x.element_size() / 2**20
         rows.append((f"host per call {geometry} {mib:.2f} MiB", t, ok))
     return rows
