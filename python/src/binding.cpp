@@ -103,11 +103,26 @@ void* current_stream(const Device& d) {
   return nullptr;
 }
 
+// Whether this thread may take the GIL: not once the interpreter is finalizing (a thread other
+// than the finalizing one that asks for it then is ended by Python, and the unwind through a
+// destructor terminates the process). References dropped then are left to the exiting process.
+bool python_usable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 // A torch.distributed.Store (any Python object with its methods) as a fastcomms Store.
 class PyStore : public Store {
  public:
   explicit PyStore(py::object store) : store_(std::move(store)) {}
   ~PyStore() override {
+    if (!python_usable()) {
+      store_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
     store_ = py::object();
   }
