@@ -17,6 +17,7 @@
 #include "fastcomms/core/window.hpp"
 #include "fastcomms/error.hpp"
 #include "fastcomms/ulysses/transport.hpp"
+#include "python_state.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -103,23 +104,12 @@ void* current_stream(const Device& d) {
   return nullptr;
 }
 
-// Whether this thread may take the GIL: not once the interpreter is finalizing (a thread other
-// than the finalizing one that asks for it then is ended by Python, and the unwind through a
-// destructor terminates the process). References dropped then are left to the exiting process.
-bool python_usable() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-  return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
-
 // A torch.distributed.Store (any Python object with its methods) as a fastcomms Store.
 class PyStore : public Store {
  public:
   explicit PyStore(py::object store) : store_(std::move(store)) {}
   ~PyStore() override {
-    if (!python_usable()) {
+    if (!python::usable()) {  // the interpreter is finalizing: left to the exiting process
       store_.release();
       return;
     }
@@ -264,6 +254,21 @@ struct PyTransport {
     return *t;
   }
 };
+
+// One Ulysses call on `stream` (default: the caller's current torch stream of x's device), the
+// GIL released while it is issued; the Work keeps x and out.
+PyWork transport_call(UlyssesTransport& tr, const at::Tensor& x, const at::Tensor& out,
+                      const UlyssesArgs& args, std::optional<void*> stream = std::nullopt) {
+  const TensorView xv = view(x), ov = view(out);
+  const auto on = stream ? *stream : current_stream(xv.device);
+  WorkPtr w;
+  {
+    py::gil_scoped_release release;
+    w = tr.all_to_all_4d(xv, ov, args, on);
+  }
+  release_parked();
+  return PyWork(std::move(w), {x, out});
+}
 
 // A window from Python (fastcomms.TorchCommWindow); ops enqueue on the caller's current torch
 // stream; map_remote tensors keep the window alive.
@@ -411,12 +416,7 @@ PYBIND11_MODULE(_C, m) {
   // The geometry of a call from shapes alone (fake tensors, the torch.distributed path):
   // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
 #ifdef FASTCOMMS_WITH_CUDA
-  // NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
-  // an async Ulysses call, recording an event on the comm stream after the call.
-  // blockCurrentStream() makes the calling thread's current stream wait for it (no host block);
-  // wait() does too, after waiting for the event on the host, so it is right from whichever
-  // thread torch calls it. A Python Work subclass cannot override blockCurrentStream, whose
-  // default calls wait() on another thread, so this one is C++.
+  // NOTE [async result waits] (StreamEventWork above), for the Python async paths
   m.def("_register_stream_completion", [](const at::Tensor& t, uintptr_t stream) {
     register_stream_completion(t, reinterpret_cast<cudaStream_t>(stream));
   });
@@ -484,17 +484,8 @@ PYBIND11_MODULE(_C, m) {
           [](const PyTransport& t, at::Tensor x, at::Tensor out, int mode,
              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
              bool async_op, int64_t kv_replicas) {
-            UlyssesTransport& tr = t.get();
-            const TensorView xv = view(x), ov = view(out);
-            void* stream = current_stream(xv.device);
-            WorkPtr w;
-            {
-              py::gil_scoped_release release;
-              w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, kv_replicas, async_op),
-                                   stream);
-            }
-            release_parked();
-            return PyWork(std::move(w), {x, out});
+            return transport_call(t.get(), x, out,
+                                  ulysses_args(mode, seq, heads, kv_replicas, async_op));
           },
           py::arg("x"), py::arg("out"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
           py::arg("async_op"), py::arg("kv_replicas") = 1)
@@ -514,7 +505,6 @@ PYBIND11_MODULE(_C, m) {
                             "all_to_all_4d_async: the async CUDA call needs x and out on one "
                             "CUDA device, got ",
                             x.device().str(), " and ", out.device().str());
-            const TensorView xv = view(x), ov = view(out);
             const c10::DeviceIndex dev = x.device().index();
             c10::cuda::CUDAGuard guard(dev);
             const auto stream = reinterpret_cast<cudaStream_t>(side);
@@ -522,14 +512,10 @@ PYBIND11_MODULE(_C, m) {
             const c10::Stream s = c10::cuda::getStreamFromExternal(stream, dev).unwrap();
             x.record_stream(s);
             out.record_stream(s);
-            WorkPtr w;
-            {
-              py::gil_scoped_release release;
-              w = tr.all_to_all_4d(xv, ov, ulysses_args(mode, seq, heads, kv_replicas), stream);
-            }
-            release_parked();
+            PyWork w =
+                transport_call(tr, x, out, ulysses_args(mode, seq, heads, kv_replicas), stream);
             register_stream_completion(out, stream);
-            return PyWork(std::move(w), {x, out});
+            return w;
           },
           py::arg("x"), py::arg("out"), py::arg("side"), py::arg("mode"), py::arg("seq"),
           py::arg("heads"), py::arg("kv_replicas") = 1)

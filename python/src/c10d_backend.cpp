@@ -22,22 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include "python_state.hpp"
+
 namespace py = pybind11;
 
 namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
-
-// Whether this thread may take the GIL: not once the interpreter is finalizing (Python ends a
-// thread other than the finalizing one that asks, and the unwind through a destructor
-// terminates the process); a reference dropped then is left to the exiting process.
-bool python_usable() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-  return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
 
 // A Work made in Python lives as long as its Python object: this holder keeps that object (as
 // torch's own Python process groups do) and forwards to it.
@@ -46,7 +37,7 @@ class HeldWork final : public c10d::Work {
   explicit HeldWork(py::object py_work)
       : work_(py_work.cast<WorkPtr>()), py_work_(std::move(py_work)) {}
   ~HeldWork() override {
-    if (python_usable()) {
+    if (fastcomms::python::usable()) {
       py::gil_scoped_acquire gil;
       py_work_ = py::object();
     } else {
@@ -69,7 +60,7 @@ class ForwardingBackend final : public c10d::Backend {
       : c10d::Backend(rank, size), impl_(std::move(impl)) {}
 
   ~ForwardingBackend() override {
-    if (python_usable()) {
+    if (fastcomms::python::usable()) {
       py::gil_scoped_acquire gil;
       impl_ = py::object();
     } else {
