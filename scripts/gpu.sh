@@ -24,6 +24,9 @@ mkdir -p "$LOGS"
 BUILD=${FASTCOMMS_GPU_BUILD:-build-gpu}
 case $BUILD in /*) BUILD_ABS=$BUILD ;; *) BUILD_ABS=$PWD/$BUILD ;; esac  # relative or absolute
 declare -A result
+# Ranks of the CLI and wheel-gate runs: 2, or 1 where the machine has one GPU.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+NPROC=$([ "${NGPU:-0}" -ge 2 ] && echo 2 || echo 1)
 # One device call is limited (10 minutes on the lent machines): every step's timeout is capped by
 # what is left of GPU_BUDGET_S, a step with under 30 s left is skipped and says so, and each result
 # carries its duration.
@@ -189,12 +192,12 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && have_ext && enou
     timeout "$(cap 60)" python3 -m fastcomms doctor &&
       timeout "$(cap 60)" python3 -m fastcomms doctor --preflight &&
       for be in nvlink nccl; do
-        timeout "$(cap 90)" python3 -m fastcomms check --nproc 2 --backend "$be" || exit 1
+        timeout "$(cap 90)" python3 -m fastcomms check --nproc "$NPROC" --backend "$be" || exit 1
       done &&
-      timeout "$(cap 150)" python3 -m fastcomms bench --nproc 2 --no-progress \
+      timeout "$(cap 150)" python3 -m fastcomms bench --nproc "$NPROC" --no-progress \
         --shape 1,256,40,128 --shape 1,1024,40,128 --shape 1,4096,40,128 \
         --json "$LOGS/cli_bench.json" &&
-      timeout "$(cap 150)" python3 -m fastcomms bench --nproc 2 --backend nccl --no-progress
+      timeout "$(cap 150)" python3 -m fastcomms bench --nproc "$NPROC" --backend nccl --no-progress
   ) >"$LOGS/cli.log" 2>&1
   rc=$?
   tail -45 "$LOGS/cli.log"
@@ -237,8 +240,8 @@ if [ "${SKIP_WHEEL:-0}" != 1 ] && enough; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gate-site .whl/*.whl || exit 1
       export PYTHONPATH=/tmp/gate-site PATH="/tmp/gate-site/bin:$PATH"
     fi
-    PYTHON=python3 FASTCOMMS_CUDA_ARCH=${FASTCOMMS_CUDA_ARCH:-90} timeout "$(cap 400)" \
-      bash scripts/wheel.sh "$LOGS/dist"
+    PYTHON=python3 FASTCOMMS_CUDA_ARCH=${FASTCOMMS_CUDA_ARCH:-90} GATE_NPROC=$NPROC \
+      timeout "$(cap 400)" bash scripts/wheel.sh "$LOGS/dist"
   ) >"$LOGS/wheel.log" 2>&1
   rc=$?
   tail -25 "$LOGS/wheel.log"

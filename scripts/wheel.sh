@@ -5,7 +5,8 @@
 # GPU architectures (default "80;90;100"). The wheel pins torch==X.Y.* of the torch it was built
 # against; the system libraries the gloo backend needs are bundled by auditwheel (torch's, CUDA's
 # and NCCL's are not: torch brings them). GATE_BACKEND (default: gloo without CUDA, auto with it)
-# is the backend `fastcomms check` runs on from the installed wheel.
+# is the backend `fastcomms check` runs on from the installed wheel, with GATE_NPROC ranks
+# (default 2; 1 on a machine with one GPU).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$FASTCOMMS_ROOT"
@@ -40,4 +41,5 @@ rm -f "$out"/fastcomms-*.whl
 wheel=$(ls "$out"/fastcomms-*.whl)
 echo "wheel: $wheel ($(du -h "$wheel" | cut -f1))"
 backend=${GATE_BACKEND:-$([ $cuda = ON ] && echo auto || echo gloo)}
-"$PY" tools/wheel_gate.py check "$wheel" --torch "$torch_mm" --backend "$backend"
+"$PY" tools/wheel_gate.py check "$wheel" --torch "$torch_mm" --backend "$backend" \
+  --nproc "${GATE_NPROC:-2}"

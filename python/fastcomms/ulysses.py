@@ -533,7 +533,7 @@ class UlyssesGroup(_OpaqueBase):
         if not summed and AsyncCollectiveTensor is not None and hasattr(lane, "all_to_all_4d_on"):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
-            lane.all_to_all_4d_on(x, out, self._astream.cuda_stream, mode, seq, heads, kv)
+            lane.all_to_all_4d_on(x, out, self._astream, mode, seq, heads, kv)
             return AsyncCollectiveTensor(out)
         s = self._astream
         s.wait_stream(torch.cuda.current_stream(x.device))
@@ -549,7 +549,7 @@ class UlyssesGroup(_OpaqueBase):
         if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
             # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
             # caller's stream after the call
-            _C._register_stream_completion(out, s.cuda_stream)
+            _C._register_stream_completion(out, s)
             return AsyncCollectiveTensor(out)
         done = torch.cuda.Event()
         done.record(s)

@@ -19,9 +19,11 @@
 #include "fastcomms/ulysses/transport.hpp"
 #include "python_state.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace py = pybind11;
@@ -95,10 +97,26 @@ std::vector<TensorView> views(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+#ifdef FASTCOMMS_WITH_CUDA
+// NOTE [torch streams through c10]: the binding reaches torch's CUDA streams and events through
+// c10's device-generic interface (the implementation libtorch_cuda registers for DeviceType::CUDA:
+// c10::Stream, c10::Event, c10::DeviceGuard), so it includes no CUDA layer, neither ours nor
+// torch's c10/cuda; its one CUDA runtime call is cudaStreamIsCapturing. Without a CUDA torch
+// nothing is registered, and a CUDA tensor could not exist either.
+bool torch_has_cuda() { return c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA); }
+
+// The caller's current torch stream on CUDA device `d`.
+c10::Stream torch_current_stream(c10::DeviceIndex d) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(c10::Device(c10::DeviceType::CUDA, d));
+}
+#endif
+
 // The caller's current torch stream on `d` (a cudaStream_t), or null for CPU.
 void* current_stream(const Device& d) {
 #ifdef FASTCOMMS_WITH_CUDA
-  if (d.type == DeviceType::kCUDA) return c10::cuda::getCurrentCUDAStream(d.index).stream();
+  if (d.type == DeviceType::kCUDA)
+    return torch_current_stream(static_cast<c10::DeviceIndex>(d.index)).native_handle();
 #endif
   (void)d;
   return nullptr;
@@ -162,10 +180,12 @@ std::vector<Parked>& parked() {
 bool capturing() {
 #ifdef FASTCOMMS_WITH_CUDA
   // Querying an event while a stream of this thread captures a CUDA graph would invalidate it.
-  for (int d = 0; d < c10::cuda::device_count(); ++d) {
+  if (!torch_has_cuda()) return false;
+  const auto n = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
+  for (c10::DeviceIndex d = 0; d < n; ++d) {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(d).stream(), &s) == cudaSuccess &&
-        s != cudaStreamCaptureStatusNone)
+    auto stream = static_cast<cudaStream_t>(torch_current_stream(d).native_handle());
+    if (cudaStreamIsCapturing(stream, &s) == cudaSuccess && s != cudaStreamCaptureStatusNone)
       return true;
   }
 #endif
@@ -286,49 +306,45 @@ struct PyWindow {
 // default calls wait() on another thread, so this one is C++.
 class StreamEventWork final : public c10d::Work {
  public:
-  StreamEventWork(cudaEvent_t ev, c10::DeviceIndex device) : ev_(ev), device_(device) {}
-  ~StreamEventWork() override { (void)cudaEventDestroy(ev_); }
+  explicit StreamEventWork(c10::Event ev) : ev_(std::move(ev)) {}
   bool wait(std::chrono::milliseconds) override {
     if (PyGILState_Check()) {  // the host wait must not hold the interpreter
       py::gil_scoped_release release;
-      C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+      ev_.synchronize();
     } else {
-      C10_CUDA_CHECK(cudaEventSynchronize(ev_));
+      ev_.synchronize();
     }
     order();
     return true;
   }
   void blockCurrentStream() override { order(); }
-  bool isCompleted() override { return cudaEventQuery(ev_) == cudaSuccess; }
+  bool isCompleted() override { return ev_.query(); }
 
  private:
-  void order() {
-    c10::cuda::CUDAGuard guard(device_);
-    C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), ev_, 0));
-  }
-  cudaEvent_t ev_;
-  c10::DeviceIndex device_;
+  void order() { ev_.block(torch_current_stream(ev_.device_index())); }
+  c10::Event ev_;
 };
 
-void register_stream_completion(const at::Tensor& t, cudaStream_t stream) {
+// The c10::Stream of a torch.Stream from Python (torch.cuda.Stream among them): its stream_id,
+// device_index and device_type.
+c10::Stream torch_stream(const py::handle& s) {
+  return c10::Stream::unpack3(s.attr("stream_id").cast<int64_t>(),
+                              static_cast<c10::DeviceIndex>(s.attr("device_index").cast<int64_t>()),
+                              static_cast<c10::DeviceType>(s.attr("device_type").cast<int64_t>()));
+}
+
+void register_stream_completion(const at::Tensor& t, const c10::Stream& stream) {
   FASTCOMMS_CHECK(t.is_cuda(), kInvalidArgument, "_register_stream_completion: a CUDA tensor");
-  c10::cuda::CUDAGuard guard(t.device().index());
-  cudaEvent_t ev = nullptr;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  const cudaError_t rec = cudaEventRecord(ev, stream);
-  if (rec != cudaSuccess) (void)cudaEventDestroy(ev);
-  C10_CUDA_CHECK(rec);
-  c10d::register_work(t, c10::make_intrusive<StreamEventWork>(ev, t.device().index()));
+  c10::Event ev(c10::DeviceType::CUDA);
+  ev.record(stream);
+  c10d::register_work(t, c10::make_intrusive<StreamEventWork>(std::move(ev)));
 }
 
 // `side` starts after the work the caller's current stream holds so far.
-void order_after_current(c10::DeviceIndex device, cudaStream_t side) {
-  cudaEvent_t ev = nullptr;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  cudaError_t rc = cudaEventRecord(ev, c10::cuda::getCurrentCUDAStream(device).stream());
-  if (rc == cudaSuccess) rc = cudaStreamWaitEvent(side, ev, 0);
-  (void)cudaEventDestroy(ev);  // released once the wait is done with it
-  C10_CUDA_CHECK(rc);
+void order_after_current(c10::DeviceIndex device, const c10::Stream& side) {
+  c10::Event ev(c10::DeviceType::CUDA);  // released once the wait is done with it
+  ev.record(torch_current_stream(device));
+  ev.block(side);
 }
 #endif
 
@@ -417,8 +433,8 @@ PYBIND11_MODULE(_C, m) {
   // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
 #ifdef FASTCOMMS_WITH_CUDA
   // NOTE [async result waits] (StreamEventWork above), for the Python async paths
-  m.def("_register_stream_completion", [](const at::Tensor& t, uintptr_t stream) {
-    register_stream_completion(t, reinterpret_cast<cudaStream_t>(stream));
+  m.def("_register_stream_completion", [](const at::Tensor& t, py::handle stream) {
+    register_stream_completion(t, torch_stream(stream));
   });
 #endif
   m.attr("__version__") = FASTCOMMS_VERSION;  // the VERSION file, through CMake
@@ -496,7 +512,7 @@ PYBIND11_MODULE(_C, m) {
       // torch's work registry for out (NOTE [async result waits]).
       .def(
           "all_to_all_4d_on",
-          [](const PyTransport& t, at::Tensor x, at::Tensor out, uintptr_t side, int mode,
+          [](const PyTransport& t, at::Tensor x, at::Tensor out, py::handle side, int mode,
              std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
              int64_t kv_replicas) {
             UlyssesTransport& tr = t.get();
@@ -505,16 +521,17 @@ PYBIND11_MODULE(_C, m) {
                             "all_to_all_4d_async: the async CUDA call needs x and out on one "
                             "CUDA device, got ",
                             x.device().str(), " and ", out.device().str());
-            const c10::DeviceIndex dev = x.device().index();
-            c10::cuda::CUDAGuard guard(dev);
-            const auto stream = reinterpret_cast<cudaStream_t>(side);
-            order_after_current(dev, stream);
-            const c10::Stream s = c10::cuda::getStreamFromExternal(stream, dev).unwrap();
+            const c10::Stream s = torch_stream(side);
+            FASTCOMMS_CHECK(s.device() == x.device(), kInvalidArgument,
+                            "all_to_all_4d_async: the side stream is on ", s.device().str(),
+                            ", x on ", x.device().str());
+            c10::DeviceGuard guard(x.device());
+            order_after_current(x.device().index(), s);
             x.record_stream(s);
             out.record_stream(s);
-            PyWork w =
-                transport_call(tr, x, out, ulysses_args(mode, seq, heads, kv_replicas), stream);
-            register_stream_completion(out, stream);
+            PyWork w = transport_call(tr, x, out, ulysses_args(mode, seq, heads, kv_replicas),
+                                      s.native_handle());
+            register_stream_completion(out, s);
             return w;
           },
           py::arg("x"), py::arg("out"), py::arg("side"), py::arg("mode"), py::arg("seq"),
