@@ -229,6 +229,7 @@ def preflight_checks(build=None):
 
 def _preflight() -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     rows = preflight_checks()
@@ -237,7 +238,7 @@ def _preflight() -> int:
         table.add_column(col)
     colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
     for check, status, detail, fix in rows:
-        table.add_row(check, f"[{colour[status]}]{status}[/]", detail, fix)
+        table.add_row(check, f"[{colour[status]}]{status}[/]", escape(detail), escape(fix))
     console = Console()
     console.print(table)
     fails = sum(r[1] == "FAIL" for r in rows)
@@ -568,6 +569,7 @@ def _environment():
 
 def bench(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
@@ -594,7 +596,9 @@ def bench(args) -> int:
     args.progress = sys.stderr.isatty() and not args.no_progress
     lead = not _under_torchrun() or os.environ["RANK"] == "0"
     if lead:
-        console.print(f"fastcomms bench: backend [bold]{args.backend}[/] ({why}), {size} ranks")
+        console.print(
+            f"fastcomms bench: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks"
+        )
     results, error = _run_ranks(_bench_rank, size, args)
     if error is not None:
         print(f"fastcomms bench: FAILED, {error}", file=sys.stderr)
@@ -748,7 +752,7 @@ def _check_rank(rank, size, store, args):
             ok, detail = fn()
         except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the run
             ok, detail = False, f"{type(e).__name__}: {e}"[:300]
-        results.append((name, bool(ok), detail))
+        results.append((name, None if ok is None else bool(ok), detail))
 
     def full(n, v, dtype=torch.float32):
         return torch.full((n,), float(v), dtype=dtype, device=dev)
@@ -806,6 +810,8 @@ def _check_rank(rank, size, store, args):
             return True, ""
 
         def send_recv():
+            if n == 1:  # a rank's send to itself is refused, as torch.distributed refuses it
+                return None, "not run: one rank has no peer"
             got = full(k, -1)
             b = comm.batch_op_create()
             b.send(full(k, rank), (rank + 1) % n)
@@ -850,6 +856,7 @@ def check(args) -> int:
     import json
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
@@ -861,9 +868,9 @@ def check(args) -> int:
     if results is None and error is None:  # a torchrun rank other than 0
         return 0
     console = Console()
-    console.print(f"fastcomms check: backend [bold]{args.backend}[/] ({why}), {size} ranks")
+    console.print(f"fastcomms check: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks")
     if error is not None:
-        console.print(f"[red]FAILED[/]: {error}")
+        console.print(f"[red]FAILED[/]: {escape(str(error))}")
         return 1
     names = [name for name, _, _ in results[0]] or ["new_comm"]
     bad = 0
@@ -874,11 +881,14 @@ def check(args) -> int:
     table.add_column("detail")
     for i, name in enumerate(names):
         per_rank = [res[i] if i < len(res) else (name, False, "no result") for res in results]
-        ok = all(x[1] for x in per_rank)
+        skipped = all(x[1] is None for x in per_rank)
+        ok = skipped or all(x[1] for x in per_rank)
         bad += not ok
-        detail = next((x[2] for x in per_rank if not x[1]), per_rank[0][2])
-        rows.append({"op": name, "ok": ok, "detail": detail})
-        table.add_row(name, "OK" if ok else "[red]FAIL[/]", detail)
+        detail = next((x[2] for x in per_rank if x[1] is False), per_rank[0][2])
+        rows.append({"op": name, "ok": ok, "skipped": skipped, "detail": detail})
+        result = "SKIPPED" if skipped else "OK" if ok else "[red]FAIL[/]"
+        # escaped: an error's "[rank r/n name op]" prefix is not rich markup
+        table.add_row(name, result, escape(detail))
     console.print(table)
     console.print("all checks passed" if not bad else f"[red]{bad} checks failed[/]")
     if args.json:

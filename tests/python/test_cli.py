@@ -211,11 +211,39 @@ def test_check_every_op(tmp_path):
     assert all(row["ok"] for row in res["results"]), res
 
 
+def test_check_with_one_rank(tmp_path):
+    """One rank (a one-GPU machine's gate runs so): every op runs except the send/recv ring, a
+    send to itself, which is reported SKIPPED, not failed and not passed."""
+    out = tmp_path / "check.json"
+    r = _run("check", "--backend", "gloo", "--nproc", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    rows = {row["op"]: row for row in json.loads(out.read_text())["results"]}
+    assert rows["send/recv ring"]["skipped"] and "SKIPPED" in r.stdout, r.stdout
+    assert all(row["ok"] and not row["skipped"] for op, row in rows.items() if "ring" not in op)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the control needs a machine without GPUs")
 def test_check_reports_a_failure():
     # armed control: the nccl backend cannot start on this CPU machine; check says so and fails
     r = _run("check", "--backend", "nccl", "--nproc", "2")
     assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
+
+
+def test_check_prints_errors_whole(monkeypatch, capsys):
+    """An op's error keeps its "[rank r/n name op]" prefix in the table: rich would take it for
+    markup and drop it (it did) unless escaped."""
+    import argparse
+
+    from fastcomms import cli
+
+    msg = "ValueError: [rank 1/2 check send] dst must not be this rank (1)"
+    per_rank = [[("send", True, "")], [("send", False, msg)]]
+    monkeypatch.setattr(cli, "_run_ranks", lambda fn, size, args, timeout_s: (per_rank, None))
+    args = argparse.Namespace(backend="gloo", nproc=2, json=None)
+    assert cli.check(args) == 1
+    assert "[rank 1/2 check send]" in capsys.readouterr().out
 
 
 def test_pick_backend_says_why(monkeypatch):
