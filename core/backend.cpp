@@ -1,9 +1,45 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fastcomms/core/backend.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
+
+void ProcessAbort::set_hooks(std::function<void()> run_hooks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  run_hooks_ = std::move(run_hooks);
+}
+
+// NOTE [process abort]
+void ProcessAbort::abort_process(const std::string& why) const {
+  std::fprintf(stderr, "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
+               why.c_str());
+  std::function<void()> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hooks = run_hooks_;
+  }
+  if (hooks) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = done->get_future();
+    std::thread([hooks = std::move(hooks), done] {
+      try {
+        hooks();
+      } catch (...) {  // a failing hook must not stop the abort
+      }
+      done->set_value();
+    }).detach();
+    if (finished.wait_for(kHookGrace) != std::future_status::ready)
+      std::fprintf(stderr, "fastcomms: the abort hooks did not finish within %lld s\n",
+                   static_cast<long long>(kHookGrace.count()));
+  }
+  std::abort();
+}
 
 std::string describe(const CallFingerprint& f) {
   std::string s = f.op >= 0 && f.op < static_cast<int>(OpKind::kCount)

@@ -89,19 +89,35 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   check_same_authentication(*init.options.store, authenticated, rank, size, options.timeout, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
-                                        init.options.store);
+                                        init.options.store, init.process_abort);
 }
 
 Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
-                           CommOptions options, std::shared_ptr<Store> key_space)
+                           CommOptions options, std::shared_ptr<Store> key_space,
+                           std::shared_ptr<ProcessAbort> process_abort)
     : backend_(std::move(backend)),
       rank_(rank),
       size_(size),
       device_(device),
       options_(std::move(options)),
-      hooks_(std::make_shared<Hooks>()) {
+      hooks_(std::make_shared<Hooks>()),
+      process_abort_(process_abort ? std::move(process_abort) : std::make_shared<ProcessAbort>()) {
   if (options_.name.empty()) options_.name = "comm";
   key_space_ = key_space ? std::move(key_space) : options_.store;
+  // NOTE [process abort]: the hooks a process abort runs, also one the backend starts.
+  process_abort_->set_hooks([hooks = hooks_] {
+    std::vector<AbortHook> fns;
+    {
+      std::lock_guard<std::mutex> lock(hooks->mu);
+      for (auto& [id, fn] : hooks->abort) fns.push_back(fn);
+    }
+    for (auto& fn : fns) {
+      try {
+        fn();
+      } catch (...) {  // a failing hook must not stop the others or the abort
+      }
+    }
+  });
 }
 
 Communicator::~Communicator() = default;
@@ -272,22 +288,7 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   } catch (const Error& e) {
     if (options_.abort_process_on_timeout_or_error && e.code() != ErrorCode::kInvalidArgument &&
         e.code() != ErrorCode::kTypeError && e.code() != ErrorCode::kUnsupported) {
-      std::fprintf(stderr,
-                   "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
-                   e.what());
-      // Abort hooks run before any abort, the one a timeout or an error triggers included.
-      std::vector<AbortHook> fns;
-      {
-        std::lock_guard<std::mutex> lock(hooks_->mu);
-        for (auto& [id, fn] : hooks_->abort) fns.push_back(fn);
-      }
-      for (auto& fn : fns) {
-        try {
-          fn();
-        } catch (...) {  // a failing hook must not stop the abort
-        }
-      }
-      std::abort();
+      process_abort_->abort_process(e.what());  // NOTE [process abort]: the hooks run first
     }
     throw;
   }
@@ -634,7 +635,7 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
                   "' returned no communicator for a member of the split");
   return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
-                                        std::move(opts), init.options.store);
+                                        std::move(opts), init.options.store, init.process_abort);
 }
 
 namespace {

@@ -364,6 +364,7 @@ class NcclBackend : public Backend {
   int rank_, size_, device_;
   std::string prefix_;
   CommOptions options_;
+  std::shared_ptr<ProcessAbort> process_abort_;  // NOTE [process abort]
   ncclComm_t comm_ = nullptr;
   cuda::Stream stream_;
   cuda::Event ready_;
@@ -386,6 +387,7 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
       prefix_(detail::cat("[rank ", init.rank, "/", init.size, " ", init.options.name,
                           " new_comm] nccl: ")),
       options_(init.options),
+      process_abort_(init.process_abort),
       comm_(comm),
       stream_([&] {
         FASTCOMMS_CHECK(init.device.type == DeviceType::kCUDA && init.device.index >= 0,
@@ -530,11 +532,8 @@ void NcclBackend::watchdog() {
       if (!w->done()) w->mark(w->overdue(now) ? NcclWork::kTimedOut : NcclWork::kAborted);
     in_flight_.clear();
     if (options_.abort_process_on_timeout_or_error) {
-      std::fprintf(stderr,
-                   "%san op timed out; aborting the process "
-                   "(abort_process_on_timeout_or_error)\n",
-                   prefix_.c_str());
-      std::abort();
+      lock.unlock();  // NOTE [process abort]: the communicator's abort hooks run first
+      process_abort_->abort_process(prefix_ + "an op timed out");
     }
     aborted_ = true;
     lock.unlock();

@@ -101,8 +101,8 @@ std::vector<TensorView> views(const std::vector<at::Tensor>& ts) {
 // NOTE [torch streams through c10]: the binding reaches torch's CUDA streams and events through
 // c10's device-generic interface (the implementation libtorch_cuda registers for DeviceType::CUDA:
 // c10::Stream, c10::Event, c10::DeviceGuard), so it includes no CUDA layer, neither ours nor
-// torch's c10/cuda; its one CUDA runtime call is cudaStreamIsCapturing. Without a CUDA torch
-// nothing is registered, and a CUDA tensor could not exist either.
+// torch's c10/cuda; its CUDA runtime calls are cudaGetDeviceCount and cudaStreamIsCapturing. A
+// CUDA tensor exists only where torch registered its real CUDA implementation.
 bool torch_has_cuda() { return c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA); }
 
 // The caller's current torch stream on CUDA device `d`.
@@ -180,8 +180,19 @@ std::vector<Parked>& parked() {
 bool capturing() {
 #ifdef FASTCOMMS_WITH_CUDA
   // Querying an event while a stream of this thread captures a CUDA graph would invalidate it.
-  if (!torch_has_cuda()) return false;
-  const auto n = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
+  // The devices are counted by the CUDA runtime, not through c10: where no GPU is present torch
+  // may install a fake CUDA guard (c10::impl::ensureCUDADeviceGuardSet, seen under
+  // torch.compile on CPU) that counts devices but has no streams ("Backend doesn't support
+  // getting stream native handle" from every op once a work was parked).
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
+  if (n == 0 || !torch_has_cuda()) return false;
   for (c10::DeviceIndex d = 0; d < n; ++d) {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
     auto stream = static_cast<cudaStream_t>(torch_current_stream(d).native_handle());

@@ -179,8 +179,10 @@ TEST_F(Factory, RejectsOtherAbi) {
   ::setenv("FASTCOMMS_BACKEND_LIB_PATH_TOY", PLUGIN_BAD_ABI, 1);
   expect_error([&] { make("toy"); }, ErrorCode::kBackendError,
                std::string("backend 'toy': ") + PLUGIN_BAD_ABI +
-                   " was built for backend ABI version 1000, this fastcomms has ABI version 2; "
-                   "rebuild the backend");
+                   " was built for backend ABI version " +
+                   std::to_string(FASTCOMMS_BACKEND_ABI_VERSION + 998) +  // plugin_backend.cpp
+                   ", this fastcomms has ABI version " +
+                   std::to_string(FASTCOMMS_BACKEND_ABI_VERSION) + "; rebuild the backend");
 }
 
 TEST_F(Factory, RejectsMissingEntryPoint) {

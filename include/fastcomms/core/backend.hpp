@@ -9,7 +9,9 @@
 /// device type, dtypes it cannot reduce).
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,12 +100,36 @@ struct P2POp {
   int peer = 0;                                         ///< Destination or source rank.
 };
 
+/// NOTE [process abort]: the one way fastcomms aborts the process, where
+/// CommOptions::abort_process_on_timeout_or_error asks for it: the reason goes to stderr, the
+/// communicator's abort hooks run (on a thread of their own, for kHookGrace at most, so a hook
+/// that blocks cannot turn the abort into a hang, and a hook that throws cannot stop it), then
+/// std::abort(). The communicator uses it for an error its call raises; a backend reaches it
+/// through BackendInit::process_abort for what its own threads detect (the nccl watchdog's
+/// timeout). Thread safety: every member may be called from any thread.
+class ProcessAbort {
+ public:
+  /// How long the abort hooks may run before the process aborts regardless.
+  static constexpr std::chrono::seconds kHookGrace{10};
+  /// The communicator's abort hooks, run before the abort (set once it exists).
+  void set_hooks(std::function<void()> run_hooks);
+  /// Prints `why`, runs the hooks, aborts the process. Never returns.
+  [[noreturn]] void abort_process(const std::string& why) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::function<void()> run_hooks_;
+};
+
 /// What a backend is created from.
 struct BackendInit {
   int rank = 0;         ///< This rank.
   int size = 1;         ///< Ranks in the communicator.
   Device device;        ///< The device the communicator serves.
   CommOptions options;  ///< Timeout, store (never null here), hints, name.
+  /// Where the backend aborts the process (NOTE [process abort]); never null. The communicator
+  /// made over the backend sets its abort hooks on it.
+  std::shared_ptr<ProcessAbort> process_abort = std::make_shared<ProcessAbort>();
 };
 
 /// A transport. All ops default to throwing kUnsupported; a backend overrides what it has and

@@ -59,9 +59,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   static std::shared_ptr<Communicator> create(const std::string& backend_name, int rank, int size,
                                               Device device, CommOptions options);
   /// Wraps an existing backend. `key_space` is this communicator's own namespace in the store
-  /// (null: options.store).
+  /// (null: options.store); `process_abort` is the one the backend was made with (its
+  /// BackendInit's; null: the backend has none), on which this communicator sets its abort hooks.
   Communicator(std::unique_ptr<Backend> backend, int rank, int size, Device device,
-               CommOptions options, std::shared_ptr<Store> key_space = nullptr);
+               CommOptions options, std::shared_ptr<Store> key_space = nullptr,
+               std::shared_ptr<ProcessAbort> process_abort = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -170,6 +172,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Store> key_space_;
   std::atomic<uint64_t> next_key_id_{0};
   std::shared_ptr<Hooks> hooks_;
+  std::shared_ptr<ProcessAbort> process_abort_;  // NOTE [process abort]
 };
 
 }  // namespace fastcomms
