@@ -286,10 +286,8 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
     work = issue(ctx);
     if (!o.async_op) work->wait();
   } catch (const Error& e) {
-    if (options_.abort_process_on_timeout_or_error && e.code() != ErrorCode::kInvalidArgument &&
-        e.code() != ErrorCode::kTypeError && e.code() != ErrorCode::kUnsupported) {
+    if (options_.abort_process_on_timeout_or_error && ProcessAbort::applies(e.code()))
       process_abort_->abort_process(e.what());  // NOTE [process abort]: the hooks run first
-    }
     throw;
   }
   for (auto& fn : post) fn(OpInfo{op, ctx.op_id, ctx.async_op, work.get()});

@@ -214,6 +214,8 @@ void release_parked() {
 struct PyWork {
   WorkPtr work;
   std::vector<at::Tensor> keep;
+  // NOTE [process abort]: set where the communicator aborts the process on an op's error
+  std::shared_ptr<ProcessAbort> abort_on_error;
   PyWork(WorkPtr w, std::vector<at::Tensor> k) : work(std::move(w)), keep(std::move(k)) {}
   PyWork(PyWork&&) = default;
   PyWork& operator=(PyWork&&) = default;
@@ -223,8 +225,14 @@ struct PyWork {
     if (work && !keep.empty()) parked().push_back({std::move(work), std::move(keep)});
   }
   void wait() {
-    py::gil_scoped_release release;
-    work->wait();
+    py::gil_scoped_release release;  // also lets the abort hooks take the GIL
+    try {
+      work->wait();
+    } catch (const Error& e) {
+      if (abort_on_error && ProcessAbort::applies(e.code()))
+        abort_on_error->abort_process(e.what());
+      throw;
+    }
   }
 };
 
@@ -250,7 +258,9 @@ struct PyComm {
       w = fn();
     }
     release_parked();
-    return PyWork(std::move(w), std::move(keep));
+    PyWork pw(std::move(w), std::move(keep));
+    pw.abort_on_error = comm->process_abort_on_error();
+    return pw;
   }
 };
 

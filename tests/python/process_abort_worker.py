@@ -1,10 +1,11 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """One rank of test_process_abort.py: python process_abort_worker.py BACKEND RANK SIZE STORE
-HOOK MARKER. Rank 0 makes a communicator with abort_process_on_timeout_or_error=True (unless
+HOOK MARKER SYNC. Rank 0 makes a communicator with abort_process_on_timeout_or_error=True (unless
 HOOK is "off") and a 1 s timeout, registers an abort hook (HOOK "write": writes MARKER; "block":
 writes MARKER, then blocks forever), and issues an all_reduce that cannot finish in time: on gloo
 the other ranks never join it, on a CUDA backend (world 1) the stream is held by a sleep kernel
-for 30 s. Other ranks make the communicator and wait, then leave without finalizing."""
+for 30 s. SYNC "async" issues it with async_op=True and waits on its work. Other ranks make the
+communicator and wait, then leave without finalizing."""
 
 import datetime
 import os
@@ -14,7 +15,7 @@ import time
 
 
 def main():
-    backend, rank, size, store_path, hook, marker = sys.argv[1:7]
+    backend, rank, size, store_path, hook, marker, sync = sys.argv[1:8]
     rank, size = int(rank), int(size)
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     import fastcomms
@@ -48,7 +49,10 @@ def main():
     if cuda:
         torch.cuda._sleep(int(30 * 2e9))  # about 30 s of the stream at 2 GHz
     try:
-        comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
+        if sync == "async":
+            comm.all_reduce(t, fastcomms.ReduceOp.SUM, True).wait()
+        else:
+            comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
         if cuda:
             torch.cuda.synchronize()
     except TimeoutError as e:

@@ -22,12 +22,12 @@ needs_gloo = pytest.mark.skipif(
 WORKER = os.path.join(os.path.dirname(__file__), "process_abort_worker.py")
 
 
-def _run(backend, size, hook):
+def _run(backend, size, hook, sync="sync"):
     """Runs the worker's ranks; returns (rank 0's exit code, its output, the marker's text or
     None, seconds rank 0 took)."""
     with tempfile.TemporaryDirectory() as d:
         store, marker = os.path.join(d, "store"), os.path.join(d, "marker")
-        args = [backend, None, str(size), store, hook, marker]
+        args = [backend, None, str(size), store, hook, marker, sync]
         procs = [
             subprocess.Popen(
                 [sys.executable, WORKER, *[str(r) if a is None else a for a in args]],
@@ -48,9 +48,10 @@ def _run(backend, size, hook):
 
 
 @needs_gloo
-@pytest.mark.parametrize("hook", ["write", "block"])
-def test_timeout_aborts_the_process_after_the_abort_hooks(hook):
-    code, out, marker, took = _run("gloo", 2, hook)
+@pytest.mark.parametrize("hook,sync", [("write", "sync"), ("block", "sync"), ("write", "async")])
+def test_timeout_aborts_the_process_after_the_abort_hooks(hook, sync):
+    """Also an async op's timeout, which the wait on its work raises."""
+    code, out, marker, took = _run("gloo", 2, hook, sync)
     assert code == -signal.SIGABRT, (code, out)
     assert "aborting the process (abort_process_on_timeout_or_error)" in out, out
     assert "timed out" in out, out
@@ -61,8 +62,9 @@ def test_timeout_aborts_the_process_after_the_abort_hooks(hook):
 
 
 @needs_gloo
-def test_control_without_the_option_raises_and_runs_no_hook():
-    code, out, marker, _ = _run("gloo", 2, "off")
+@pytest.mark.parametrize("sync", ["sync", "async"])
+def test_control_without_the_option_raises_and_runs_no_hook(sync):
+    code, out, marker, _ = _run("gloo", 2, "off", sync)
     assert code == 3 and "raised TimeoutError" in out, (code, out)
     assert marker is None
 

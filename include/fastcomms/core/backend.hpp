@@ -21,6 +21,7 @@
 #include "fastcomms/core/tensor.hpp"
 #include "fastcomms/core/window.hpp"
 #include "fastcomms/core/work.hpp"
+#include "fastcomms/error.hpp"
 
 namespace fastcomms {
 
@@ -104,9 +105,10 @@ struct P2POp {
 /// CommOptions::abort_process_on_timeout_or_error asks for it: the reason goes to stderr, the
 /// communicator's abort hooks run (on a thread of their own, for kHookGrace at most, so a hook
 /// that blocks cannot turn the abort into a hang, and a hook that throws cannot stop it), then
-/// std::abort(). The communicator uses it for an error its call raises; a backend reaches it
-/// through BackendInit::process_abort for what its own threads detect (the nccl watchdog's
-/// timeout). Thread safety: every member may be called from any thread.
+/// std::abort(). The communicator uses it for an error its call raises (a sync op), the Python
+/// binding for one an async op's wait raises (Communicator::process_abort_on_error), and a
+/// backend reaches it through BackendInit::process_abort for what its own threads detect (the
+/// nccl watchdog's timeout). Thread safety: every member may be called from any thread.
 class ProcessAbort {
  public:
   /// How long the abort hooks may run before the process aborts regardless.
@@ -115,6 +117,12 @@ class ProcessAbort {
   void set_hooks(std::function<void()> run_hooks);
   /// Prints `why`, runs the hooks, aborts the process. Never returns.
   [[noreturn]] void abort_process(const std::string& why) const;
+  /// Whether an op's error of this code aborts the process under the option: a timeout or a
+  /// failure of the transport, never a refused argument or an abort() the caller asked for.
+  static bool applies(ErrorCode code) {
+    return code == ErrorCode::kTimeout || code == ErrorCode::kBackendError ||
+           code == ErrorCode::kCudaError || code == ErrorCode::kInternal;
+  }
 
  private:
   mutable std::mutex mu_;

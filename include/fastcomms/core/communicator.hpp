@@ -75,6 +75,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string backend_name() const { return backend_->name(); }
   std::string backend_version() const { return backend_->version(); }
   const CommOptions& options() const { return options_; }
+  /// Where an error of an async op's wait aborts the process (NOTE [process abort]): null
+  /// unless options().abort_process_on_timeout_or_error. Sync ops abort inside the call.
+  std::shared_ptr<ProcessAbort> process_abort_on_error() const {
+    return options_.abort_process_on_timeout_or_error ? process_abort_ : nullptr;
+  }
   /// This communicator's own namespace in the store (the one its backend rendezvoused in), for
   /// the layers above that set up over it (Ulysses transports).
   const std::shared_ptr<Store>& key_space() const { return key_space_; }
