@@ -19,6 +19,13 @@ struct Communicator::Hooks {
   std::map<uint64_t, PreHook> pre;
   std::map<uint64_t, PostHook> post;
   std::map<uint64_t, AbortHook> abort;
+  /// The abort hooks registered now (a copy, so they run without the lock).
+  std::vector<AbortHook> abort_hooks() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<AbortHook> fns;
+    for (auto& [id, fn] : abort) fns.push_back(fn);
+    return fns;
+  }
 };
 
 namespace {
@@ -106,12 +113,7 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
   key_space_ = key_space ? std::move(key_space) : options_.store;
   // NOTE [process abort]: the hooks a process abort runs, also one the backend starts.
   process_abort_->set_hooks([hooks = hooks_] {
-    std::vector<AbortHook> fns;
-    {
-      std::lock_guard<std::mutex> lock(hooks->mu);
-      for (auto& [id, fn] : hooks->abort) fns.push_back(fn);
-    }
-    for (auto& fn : fns) {
+    for (auto& fn : hooks->abort_hooks()) {
       try {
         fn();
       } catch (...) {  // a failing hook must not stop the others or the abort
@@ -138,12 +140,7 @@ void Communicator::set_hints(const Hints& hints) {
 
 void Communicator::abort() {
   if (aborted_.exchange(true)) return;
-  std::vector<AbortHook> fns;
-  {
-    std::lock_guard<std::mutex> lock(hooks_->mu);
-    for (auto& [id, fn] : hooks_->abort) fns.push_back(fn);
-  }
-  for (auto& fn : fns) fn();
+  for (auto& fn : hooks_->abort_hooks()) fn();
   backend_->abort();
 }
 
