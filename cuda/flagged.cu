@@ -181,7 +181,11 @@ void flagged_push_async(const FlaggedPushArgs& args, const CopyJob* sends, const
     (send ? lines : recv_lines) += j.desc.bytes() / 8;
   }
   const int sms = sm_count() > 0 ? sm_count() : 1;
-  const int cap = args.max_blocks > 0 ? std::min(args.max_blocks, sms) : sms;
+  int cap = args.max_blocks > 0 ? std::min(args.max_blocks, sms) : sms;
+  if (args.sharers > 1) {  // NOTE [shared GPU residency]
+    static const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(flagged_push_kernel));
+    cap = std::min(cap, resident_share(per_sm, sms, args.sharers));
+  }
   const int64_t blocks =
       std::clamp<int64_t>((std::max(lines, recv_lines) + kThreads - 1) / kThreads, 1, cap);
   flagged_push_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, batch);

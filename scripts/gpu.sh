@@ -4,8 +4,8 @@
 # registry). Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
 # Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
-# BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its 4- and 8-rank GQA
-# runs), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
+# BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its GQA runs of more ranks
+# than GPUs, GQA_MPS=0 runs them time-sliced instead of as MPS clients), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
 # SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
 # time against torch + permute; EXAMPLE_BENCH_ARGS sizes it); PYTEST_GPU_FILES picks the Python
 # GPU tests (default: all, the GPU soak included); COMPAT_FILES (with .compat/ carried in) runs
@@ -270,11 +270,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_ULYSSES_BENCH:-0}" != 1 ] && have_ex
     python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_ulysses.py ${BENCH_ULYSSES_ARGS:-} 2>&1 |
     tee "$LOGS/bench_ulysses.log"
   rc=${PIPESTATUS[0]}
-  # Grouped-query calls with more ranks than GPUs (4 and 8 ranks sharing the two).
+  # Grouped-query calls with more ranks than GPUs (4 and 8 ranks sharing the two; 2, 4 and 8 on
+  # one GPU), as MPS clients where the machine has MPS (tools/gpu/mps.sh; GQA_MPS=0: time-sliced,
+  # which times the slicing rather than the transfer, docs/benchmarks.md).
   if [ "${SKIP_GQA_BENCH:-0}" != 1 ]; then
-    for n in 4 8; do
+    mps=""
+    [ "${GQA_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && mps=tools/gpu/mps.sh
+    for n in $([ "$NPROC" -ge 2 ] && echo 4 8 || echo 2 4 8); do
       enough || break
-      PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 200)" \
+      PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 200)" $mps \
         python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_ulysses.py --nproc "$n" --share --only gqa 2>&1 |
         tee -a "$LOGS/bench_ulysses.log"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1

@@ -279,6 +279,7 @@ class NvlinkUlysses {
   std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;
   int fused_max_blocks_ = 0;
+  int sharers_ = 1;  // ranks of the group on this GPU (NOTE [shared GPU residency])
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

@@ -9,6 +9,10 @@ without CUDA or without a CUDA build of the extension."""
 
 import os
 import random
+import shutil
+import subprocess
+import tempfile
+import time
 
 import pytest
 import torch
@@ -433,3 +437,88 @@ def _gqa_worker(store, rank, world):
 @pytest.mark.parametrize("size", [2, 4])
 def test_ulysses_gqa_matches_repeat_interleave(size):
     _spawn(_gqa_worker, size)
+
+
+# -- ranks sharing one GPU as MPS clients (NOTE [shared GPU residency]) --------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def mps_daemon():
+    """A private MPS daemon (tools/gpu/mps.sh) for the ranks this module spawns: its pipe folder
+    in os.environ, which spawned ranks inherit, so their CUDA contexts are its clients."""
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control is not on PATH (no CUDA MPS on this machine)")
+    d = tempfile.mkdtemp(prefix="fastcomms-mps-test.")
+    proc = subprocess.Popen(
+        [os.path.join(REPO, "tools", "gpu", "mps.sh"), "sleep", "100000"],
+        env={**os.environ, "FASTCOMMS_MPS_DIR": d},
+    )
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(d, "pipe", "control")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the MPS daemon did not start (mps.sh exit code {proc.poll()})")
+        time.sleep(0.1)
+    saved = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(d, "pipe")
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(d, "log")
+    try:
+        yield d
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()  # mps.sh ends its clients and the daemon, then removes the folder
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _shared_gpu_worker(store, rank, world):
+    """Every rank on GPU 0, as MPS clients running side by side: calls large enough that the
+    flagged and the fused kernel would each fill the GPU (one block per SM at 512 threads), plus
+    the barrier-kernel path, kv replicas and an async call in flight beside a sync one, each
+    bit-exact against torch.distributed. Before the residency cap the first such call hung (2
+    ranks) or ended in an illegal address after a peer gave up (4 ranks)."""
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    seed = _shared_seed(store, rank, "shared_gpu_seed")
+    gen = torch.Generator().manual_seed(seed * 17 + rank)
+    g = UlyssesGroup(None, device=dev, transport="nvlink")
+    assert g.transport == "nvlink", g.transport_reason
+    ref = UlyssesGroup(None)
+    checks = 0
+    # per-peer bytes s * 512 at 2 heads per peer, bf16, d=128: 0.5 MiB (flagged path), 1.5 MiB
+    # (fused), 4 MiB (barrier kernel + copies); and one KV head sent to every rank
+    cases = [(s, 2 * world, 1) for s in (1024, 3072, 8192)] + [(s, 1, world) for s in (2048, 6144)]
+    for s, h, kv in cases:
+        x = _rand((1, s, h, 128), torch.bfloat16, gen).to(dev)
+        src = x.repeat_interleave(kv, dim=2) if kv > 1 else x
+        want = _reference(ref, src, 0, None, None)
+        what = f"seed {seed}: (1,{s},{h},128) kv_replicas={kv}"
+        got = g.all_to_all_4d(x, kv_replicas=kv)
+        assert _same_bytes(got, want), what + " copy"
+        z = g.empty_output(x, kv_replicas=kv)
+        z.view(torch.uint8).fill_(0xA5)
+        g.all_to_all_4d(x, kv_replicas=kv, out=z)
+        assert _same_bytes(z, want), what + " zero copy"
+        w = g.all_to_all_4d_async(x, kv_replicas=kv)  # in flight while the sync call runs
+        again = g.all_to_all_4d(x, kv_replicas=kv)
+        assert _same_bytes(w.wait(), want), what + " async beside a sync call"
+        assert _same_bytes(again, want), what + " sync beside an async call"
+        checks += 4
+    torch.cuda.synchronize()
+    g.destroy()
+    print(f"[rank {rank}] {world} ranks on GPU 0 as MPS clients: {checks} checks bit-exact")
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("size", [2, 4])
+def test_ulysses_nvlink_ranks_sharing_a_gpu_as_mps_clients(mps_daemon, size):
+    _spawn(_shared_gpu_worker, size)

@@ -513,6 +513,11 @@ def main():
         f"bench_ulysses: {args.nproc} ranks, {torch.cuda.get_device_name(0)}, torch "
         f"{torch.__version__}, NCCL {torch.cuda.nccl.version()}; transport {res[0][3]}; anchor: "
         f"{res[0][4] or 'not built (tools/gpu/build_anchor.sh)'}"
+        + (
+            "; ranks as MPS clients (tools/gpu/mps.sh)"
+            if os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+            else ""
+        )
     )
     bad = 0
     for j, (section, rows) in enumerate(res[0][1]):

@@ -54,9 +54,15 @@ def main() -> int:
     foreign: set[str] = set()
     stop = threading.Event()
 
+    # Under tools/gpu/mps.sh the command's CUDA processes reach the GPU through the MPS server
+    # that script started for it (its pipe folder is in our environment): that server is ours.
+    own_mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+
     def sample() -> None:
         while not stop.is_set():
             for row in smi("pid,process_name", "apps"):
+                if own_mps and len(row) > 1 and row[1].endswith("nvidia-cuda-mps-server"):
+                    continue
                 try:
                     if os.getpgid(int(row[0])) == pgid:
                         continue

@@ -81,13 +81,15 @@ struct FusedPushArgs {
   unsigned int* done = nullptr;  ///< Device counter of finished blocks (reset by the last one).
   uint64_t* go = nullptr;        ///< Device word: block 0 publishes the epoch past the entry.
   int max_blocks = 0;            ///< Cap on the grid (0: one block per SM, the widest).
+  int sharers = 1;  ///< Ranks whose grids share this GPU (NOTE [shared GPU residency]).
 };
 static_assert(std::is_trivially_copyable_v<FusedPushArgs>);
 
 /// One launch for a whole small exchange: block 0 runs the entry barrier and releases the other
 /// blocks, every block pushes its share of `jobs` (at most 16), and the last block to finish runs
-/// the exit barrier and advances the epoch. The grid never exceeds the number of SMs, so every
-/// block is resident while others wait on block 0.
+/// the exit barrier and advances the epoch. The grid never exceeds the number of SMs (nor, with
+/// several ranks on one GPU, this rank's share of its resident blocks), so every block is
+/// resident while others wait on block 0.
 struct CopyJob;
 void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
                       cudaStream_t stream);
@@ -116,6 +118,7 @@ struct FlaggedPushArgs {
   int* skip = nullptr;      ///< Device word: set on an error; receivers stop waiting.
   uint64_t timeout_ns = 0;  ///< A receiver gives up after this long (0: never).
   int max_blocks = 0;       ///< Cap on the grid (0: one block per SM).
+  int sharers = 1;          ///< Ranks whose grids share this GPU (NOTE [shared GPU residency]).
 };
 static_assert(std::is_trivially_copyable_v<FlaggedPushArgs>);
 
