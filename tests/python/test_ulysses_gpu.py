@@ -454,15 +454,34 @@ def mps_daemon():
         [os.path.join(REPO, "tools", "gpu", "mps.sh"), "sleep", "100000"],
         env={**os.environ, "FASTCOMMS_MPS_DIR": d},
     )
-    deadline = time.monotonic() + 20
-    while not os.path.exists(os.path.join(d, "pipe", "control")):
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": os.path.join(d, "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": os.path.join(d, "log"),
+    }
+
+    def answers():  # the daemon takes commands on its pipe folder once it is up
+        try:
+            r = subprocess.run(
+                ["nvidia-cuda-mps-control"],
+                input="get_server_list\n",
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return r.returncode == 0
+
+    deadline = time.monotonic() + 30
+    while not answers():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"the MPS daemon did not start (mps.sh exit code {proc.poll()})")
-        time.sleep(0.1)
+        time.sleep(0.2)
     saved = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
-    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(d, "pipe")
-    os.environ["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(d, "log")
+    os.environ.update({k: env[k] for k in saved})
     try:
         yield d
     finally:
