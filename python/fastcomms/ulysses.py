@@ -315,8 +315,9 @@ class UlyssesGroup(_OpaqueBase):
             )
         return self._t
 
-    def _check_x(self, x):
-        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
+    def _check_x(self, x, vmap_checked=False):
+        if not vmap_checked:
+            _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(
@@ -374,7 +375,7 @@ class UlyssesGroup(_OpaqueBase):
         shape = self._shape(self._live(), x, mode, seq, heads, kv)
         if out is None:
             return torch.empty(shape, dtype=x.dtype, device="meta")
-        if out.device.type != "meta":
+        if not out.is_meta:
             raise ValueError(
                 f"{_where(self._rank, self._size)} x is a meta tensor (no data) but out is on "
                 f"{out.device}; pass both on meta for shapes, or both with data"
@@ -382,9 +383,9 @@ class UlyssesGroup(_OpaqueBase):
         self._check_out(out, shape, x)
         return out
 
-    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1):
-        x = self._check_x(x)
-        if x.device.type == "meta":
+    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1, vmap_checked=False):
+        x = self._check_x(x, vmap_checked)
+        if x.is_meta:
             return self._meta(x, mode, seq_splits, head_splits, out, kv)
         t = self._live()
         if mode == 1 and kv > 1:  # the replicas' gradients arrive apart, then one sum
@@ -446,10 +447,10 @@ class UlyssesGroup(_OpaqueBase):
                     f"[rank {self._rank}/{self._size}] all_to_all_4d: out= is not differentiable; "
                     "x requires grad under grad mode"
                 )
-            return self._exchange(x, mode, seq, heads, out, kv)
+            return self._exchange(x, mode, seq, heads, out, kv, vmap_checked=True)
         if not (torch.is_grad_enabled() and x.requires_grad) and _forward_ad._current_level < 0:
             # NOTE [host cost per call]: no graph to record, so no autograd.Function
-            return self._exchange(x, mode, seq, heads, None, kv)
+            return self._exchange(x, mode, seq, heads, None, kv, vmap_checked=True)
         return _AllToAll4d.apply(x, self, mode, seq, heads, kv)
 
     def all_to_all_4d_async(
@@ -503,7 +504,7 @@ class UlyssesGroup(_OpaqueBase):
                 f"transport; this group uses {self.transport} ({self.transport_reason})"
             )
         x = self._check_x(x)
-        if x.device.type == "meta":
+        if x.is_meta:
             raise ValueError(
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x is a meta tensor (no "
                 "data to move); use all_to_all_4d for shapes"
@@ -600,6 +601,8 @@ class UlyssesGroup(_OpaqueBase):
         return seq, heads
 
     def _kv(self, kv_replicas):
+        if kv_replicas is None:  # the common call: no message to format (NOTE [host cost per call])
+            return 1
         return _kv_replicas(kv_replicas, f"[rank {self._rank}/{self._size}] ")
 
     def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
