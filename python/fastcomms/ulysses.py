@@ -392,12 +392,12 @@ class UlyssesGroup(_OpaqueBase):
             shape = self._xshape(t, x, mode, seq_splits, head_splits, kv)
             if out is not None:
                 self._check_out(out, self._reduced(shape, mode, kv), x)
-            tmp = torch.empty(shape, dtype=x.dtype, device=x.device)
+            tmp = x.new_empty(shape)
             t.all_to_all_4d(x, tmp, mode, seq_splits, head_splits, False, kv).wait()
             return self._sum_replicas(tmp, kv, out)
         if out is None:
             shape = self._shape(t, x, mode, seq_splits, head_splits, kv)
-            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+            out = x.new_empty(shape)
         t.all_to_all_4d(x, out, mode, seq_splits, head_splits, False, kv).wait()
         return out
 
@@ -530,7 +530,7 @@ class UlyssesGroup(_OpaqueBase):
         if lend:
             out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
-            out = torch.empty(self._reduced(shape, mode, kv), dtype=x.dtype, device=x.device)
+            out = x.new_empty(self._reduced(shape, mode, kv))
         if not summed and AsyncCollectiveTensor is not None and hasattr(lane, "all_to_all_4d_on"):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
@@ -542,7 +542,7 @@ class UlyssesGroup(_OpaqueBase):
         out.record_stream(s)
         with torch.cuda.stream(s):
             if summed:
-                tmp = torch.empty(shape, dtype=x.dtype, device=x.device)
+                tmp = x.new_empty(shape)
                 lane.all_to_all_4d(x, tmp, mode, seq, heads, False, kv)
                 self._sum_replicas(tmp, kv, out)
             else:
@@ -619,7 +619,7 @@ class UlyssesGroup(_OpaqueBase):
             buf = t.empty_output(list(shape), need, x)
             if buf is not None:
                 return buf
-        return torch.empty(shape, dtype=x.dtype, device=x.device)
+        return x.new_empty(shape)
 
     def memory_stats(self):
         """What the group holds: device bytes of the transport's windows, signal pads and
