@@ -182,9 +182,9 @@ void flagged_push_async(const FlaggedPushArgs& args, const CopyJob* sends, const
   }
   const int sms = sm_count() > 0 ? sm_count() : 1;
   int cap = args.max_blocks > 0 ? std::min(args.max_blocks, sms) : sms;
-  if (args.sharers > 1) {  // NOTE [shared GPU residency]
+  if (args.gpu_grids > 1) {  // NOTE [shared GPU residency]
     static const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(flagged_push_kernel));
-    cap = std::min(cap, resident_share(per_sm, sms, args.sharers));
+    cap = std::min(cap, resident_share(per_sm, sms, args.gpu_grids));
   }
   const int64_t blocks =
       std::clamp<int64_t>((std::max(lines, recv_lines) + kThreads - 1) / kThreads, 1, cap);

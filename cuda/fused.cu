@@ -76,9 +76,9 @@ void fused_push_async(const FusedPushArgs& args, const CopyJob* jobs, int count,
     units += c.height * c.depth * ((c.width + kChunkBytes - 1) / kChunkBytes);
   }
   int cap = args.max_blocks > 0 ? std::min(args.max_blocks, sms) : sms;
-  if (args.sharers > 1) {  // NOTE [shared GPU residency]
+  if (args.gpu_grids > 1) {  // NOTE [shared GPU residency]
     static const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(fused_push_kernel));
-    cap = std::min(cap, resident_share(per_sm, sms, args.sharers));
+    cap = std::min(cap, resident_share(per_sm, sms, args.gpu_grids));
   }
   const int64_t blocks = std::clamp<int64_t>((units + kWarps - 1) / kWarps, 1, cap);
   fused_push_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, batch);

@@ -214,7 +214,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     // each rank of the group on it (itself included), twice where there are several (a sync call
     // and an async call, on the group's two lanes, may be in flight together).
     const auto here = std::count(buses.begin(), buses.end(), std::string(bus));
-    sharers_ = here > 1 ? static_cast<int>(2 * here) : 1;
+    gpu_grids_ = here > 1 ? static_cast<int>(2 * here) : 1;
     std::sort(buses.begin(), buses.end());
     const bool shared = std::adjacent_find(buses.begin(), buses.end()) != buses.end();
     memops_why_ = !mine ? no_memops
@@ -368,7 +368,7 @@ void NvlinkUlysses::flagged_call(const TensorView& x, const TensorView& out,
   f.skip = static_cast<int*>(skip_.get());
   f.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
   f.max_blocks = fused_max_blocks_;
-  f.sharers = sharers_;
+  f.gpu_grids = gpu_grids_;
   cuda::flagged_push_async(f, sends.data(), send_peer.data(), static_cast<int>(sends.size()),
                            recvs.data(), recv_peer.data(), static_cast<int>(recvs.size()), stream);
 }
@@ -551,7 +551,7 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
     f.go = static_cast<uint64_t*>(sync_.get()) + 1;
     f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
     f.max_blocks = fused_max_blocks_;
-    f.sharers = sharers_;
+    f.gpu_grids = gpu_grids_;
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
     return;
   }

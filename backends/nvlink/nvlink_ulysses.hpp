@@ -279,7 +279,8 @@ class NvlinkUlysses {
   std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;
   int fused_max_blocks_ = 0;
-  int sharers_ = 1;  // ranks of the group on this GPU (NOTE [shared GPU residency])
+  // spinning grids of this group that may be on this GPU at once (NOTE [shared GPU residency])
+  int gpu_grids_ = 1;
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

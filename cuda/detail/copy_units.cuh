@@ -29,15 +29,16 @@ constexpr int kThreads = 512;
 
 /// NOTE [shared GPU residency]: the fused and flagged kernels spin (on block 0's release, on
 /// peers' flags), so a grid must be resident whole while it waits, and so must every peer grid it
-/// waits for. With one rank per GPU, a grid of at most one block per SM is. With `sharers` ranks
+/// waits for. With one rank per GPU, a grid of at most one block per SM is. With several ranks
 /// on one GPU running side by side (MPS clients; time-sliced processes are preempted instead),
 /// each kernel at 512 threads and 78-104 registers fits one block per SM, so two grids of one
 /// block per SM cannot both be resident: each waits for the other's missing blocks and the call
 /// hangs (seen on one H200 with 2 and 4 ranks as MPS clients; the separate barrier kernel's path,
-/// whose spinning grid is one block, ran). Each sharer's grid is therefore capped at its share of
-/// what the device holds at once. `per_sm` is the kernel's occupancy at kThreads (>= 1).
-inline int resident_share(int per_sm, int sms, int sharers) {
-  return sharers > 1 ? std::max(1, per_sm * sms / sharers) : per_sm * sms;
+/// whose spinning grid is one block, ran). So where `grids` spinning grids may be on the GPU at
+/// once, each is capped at that share of what the device holds. `per_sm` is the kernel's
+/// occupancy at kThreads (>= 1).
+inline int resident_share(int per_sm, int sms, int grids) {
+  return std::max(1, per_sm * sms / std::max(1, grids));
 }
 
 /// Blocks of `kernel` at kThreads that one multiprocessor holds at once (1 if CUDA cannot say).

@@ -70,11 +70,13 @@ def _vmap_error(rank, size, what):
     )
 
 
-def _kv_replicas(kv_replicas, where=""):
-    """kv_replicas as an int >= 1 (None: 1)."""
+def _kv_replicas(kv_replicas, rank=None, size=None):
+    """kv_replicas as an int >= 1 (None: 1); the error names the rank where one is given (the
+    message is formatted only for a bad value: NOTE [host cost per call])."""
     if kv_replicas is None:
         return 1
     if isinstance(kv_replicas, bool) or not isinstance(kv_replicas, int) or kv_replicas < 1:
+        where = "" if rank is None else f"[rank {rank}/{size}] "
         raise ValueError(
             f"{where}all_to_all_4d: kv_replicas must be an int >= 1 (virtual heads per K/V "
             f"head), got {kv_replicas!r}"
@@ -97,6 +99,7 @@ class _AllToAll4d(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, *_):
+        _refuse_vmap(x_t, ctx.group._rank, ctx.group._size, "all_to_all_4d jvp")
         seq, heads, kv = ctx.splits
         return ctx.group._exchange(x_t.contiguous(), ctx.mode, seq, heads, None, kv)
 
@@ -315,9 +318,9 @@ class UlyssesGroup(_OpaqueBase):
             )
         return self._t
 
-    def _check_x(self, x, vmap_checked=False):
-        if not vmap_checked:
-            _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
+    def _check_x(self, x):
+        """x as the exchange takes it. The vmap refusal is each entry point's own (one check per
+        call: NOTE [host cost per call])."""
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(
@@ -383,8 +386,8 @@ class UlyssesGroup(_OpaqueBase):
         self._check_out(out, shape, x)
         return out
 
-    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1, vmap_checked=False):
-        x = self._check_x(x, vmap_checked)
+    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1):
+        x = self._check_x(x)
         if x.is_meta:
             return self._meta(x, mode, seq_splits, head_splits, out, kv)
         t = self._live()
@@ -447,10 +450,10 @@ class UlyssesGroup(_OpaqueBase):
                     f"[rank {self._rank}/{self._size}] all_to_all_4d: out= is not differentiable; "
                     "x requires grad under grad mode"
                 )
-            return self._exchange(x, mode, seq, heads, out, kv, vmap_checked=True)
+            return self._exchange(x, mode, seq, heads, out, kv)
         if not (torch.is_grad_enabled() and x.requires_grad) and _forward_ad._current_level < 0:
             # NOTE [host cost per call]: no graph to record, so no autograd.Function
-            return self._exchange(x, mode, seq, heads, None, kv, vmap_checked=True)
+            return self._exchange(x, mode, seq, heads, None, kv)
         return _AllToAll4d.apply(x, self, mode, seq, heads, kv)
 
     def all_to_all_4d_async(
@@ -503,6 +506,7 @@ class UlyssesGroup(_OpaqueBase):
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True needs the NVLink "
                 f"transport; this group uses {self.transport} ({self.transport_reason})"
             )
+        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d_async")
         x = self._check_x(x)
         if x.is_meta:
             raise ValueError(
@@ -601,9 +605,7 @@ class UlyssesGroup(_OpaqueBase):
         return seq, heads
 
     def _kv(self, kv_replicas):
-        if kv_replicas is None:  # the common call: no message to format (NOTE [host cost per call])
-            return 1
-        return _kv_replicas(kv_replicas, f"[rank {self._rank}/{self._size}] ")
+        return _kv_replicas(kv_replicas, self._rank, self._size)
 
     def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
         """A buffer of the output's shape. On the NVLink transport peers write it directly when it
@@ -614,7 +616,7 @@ class UlyssesGroup(_OpaqueBase):
         kv = self._kv(kv_replicas)
         t = self._live()
         shape = self._shape(t, x, mode, seq, heads, kv)
-        if x.device.type != "meta" and not (mode == 1 and kv > 1):
+        if not x.is_meta and not (mode == 1 and kv > 1):
             need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
             buf = t.empty_output(list(shape), need, x)
             if buf is not None:
@@ -761,6 +763,9 @@ def _ulysses_op(
     head_splits: list[int] | None,
     kv_replicas: int = 1,
 ) -> torch.Tensor:
+    # functorch's vmap takes the registered rule below; this refuses the legacy batched tensors
+    # of autograd.grad(is_grads_batched=True)
+    _refuse_vmap(x, group._rank, group._size, "all_to_all_4d")
     return group._exchange(x, mode, seq_splits, head_splits, None, kv_replicas)
 
 

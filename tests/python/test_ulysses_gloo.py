@@ -232,6 +232,10 @@ def async_and_transport(comm, rank, size):
     # vmap (and batched gradients) would issue one collective per row: refused, never hung
     with pytest.raises(RuntimeError, match="torch.vmap"):
         torch.vmap(lambda t: g.all_to_all_4d(t, seq_splits=seq, head_splits=heads))(x[None])
+    with pytest.raises(RuntimeError, match="all_to_all_4d_async: torch.vmap"):
+        torch.vmap(lambda t: g.all_to_all_4d_async(t, seq_splits=seq, head_splits=heads).wait())(
+            x[None]
+        )
     xg = x.clone().requires_grad_()
     y = g.all_to_all_4d(xg, seq_splits=seq, head_splits=heads)
     with pytest.raises(RuntimeError, match="torch.vmap"):

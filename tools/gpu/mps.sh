@@ -27,7 +27,8 @@ before=$(pgrep -d, -f 'nvidia-cuda-mps-(control|server)' || true)
 stop() {
   [ -n "${child:-}" ] && kill -KILL -- "-$child" 2>/dev/null  # clients first: quit waits for them
   timeout 3 nvidia-cuda-mps-control <<<quit >/dev/null 2>&1
-  for p in $(pgrep -f 'nvidia-cuda-mps-(control|server)'); do  # ours only, if quit did not end them
+  # if quit did not end them: every MPS process that was not there before this script started
+  for p in $(pgrep -f 'nvidia-cuda-mps-(control|server)'); do
     case ",$before," in *",$p,"*) ;; *) kill -KILL "$p" 2>/dev/null ;; esac
   done
   rm -rf "$dir"

@@ -81,7 +81,8 @@ struct FusedPushArgs {
   unsigned int* done = nullptr;  ///< Device counter of finished blocks (reset by the last one).
   uint64_t* go = nullptr;        ///< Device word: block 0 publishes the epoch past the entry.
   int max_blocks = 0;            ///< Cap on the grid (0: one block per SM, the widest).
-  int sharers = 1;  ///< Ranks whose grids share this GPU (NOTE [shared GPU residency]).
+  int gpu_grids =
+      1;  ///< Spinning grids that may be on this GPU at once (NOTE [shared GPU residency]).
 };
 static_assert(std::is_trivially_copyable_v<FusedPushArgs>);
 
@@ -118,7 +119,8 @@ struct FlaggedPushArgs {
   int* skip = nullptr;      ///< Device word: set on an error; receivers stop waiting.
   uint64_t timeout_ns = 0;  ///< A receiver gives up after this long (0: never).
   int max_blocks = 0;       ///< Cap on the grid (0: one block per SM).
-  int sharers = 1;          ///< Ranks whose grids share this GPU (NOTE [shared GPU residency]).
+  int gpu_grids =
+      1;  ///< Spinning grids that may be on this GPU at once (NOTE [shared GPU residency]).
 };
 static_assert(std::is_trivially_copyable_v<FlaggedPushArgs>);
 
