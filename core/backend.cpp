@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <thread>
 
@@ -53,7 +54,67 @@ std::string describe(const CallFingerprint& f) {
     const std::string dt(dtype_name(static_cast<DType>(f.dtype)));
     add(f.count >= 0 ? std::to_string(f.count) + " x " + dt : dt);
   }
+  if (f.key != 0) {
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.key));
+    add(std::string("call key ") + hex);
+  }
   return s + "(" + args + ")";
+}
+
+namespace {
+constexpr size_t kFingerprintWords = sizeof(CallFingerprint) / sizeof(int64_t);
+static_assert(sizeof(CallFingerprint) % sizeof(int64_t) == 0);
+}  // namespace
+
+size_t call_record_words(int size) { return kFingerprintWords + 2 * static_cast<size_t>(size); }
+
+std::vector<int64_t> call_record(const CallFingerprint& f, const std::vector<int64_t>& peer_out,
+                                 const std::vector<int64_t>& peer_in, int size) {
+  std::vector<int64_t> r(call_record_words(size), -1);
+  std::memcpy(r.data(), &f, sizeof f);
+  for (size_t q = 0; q < peer_out.size() && q < static_cast<size_t>(size); ++q)
+    r[kFingerprintWords + q] = peer_out[q];
+  for (size_t q = 0; q < peer_in.size() && q < static_cast<size_t>(size); ++q)
+    r[kFingerprintWords + size + q] = peer_in[q];
+  return r;
+}
+
+void check_call_records(const std::string& prefix, const CallFingerprint& mine,
+                        const std::vector<int64_t>& all, int size) {
+  const size_t n = call_record_words(size);
+  FASTCOMMS_CHECK(all.size() == n * static_cast<size_t>(size), kInvalidArgument, prefix,
+                  "call check: expected ", size, " records of ", n, " words, got ", all.size(),
+                  " words");
+  const auto fp = [&](int r) {
+    CallFingerprint f;
+    std::memcpy(static_cast<void*>(&f), all.data() + n * r, sizeof f);  // trivially copyable
+    return f;
+  };
+  for (int q = 0; q < size; ++q) {
+    if (fp(q) == fp(0)) continue;
+    // The same message on every rank: the lowest rank that differs from rank 0.
+    throw Error(ErrorCode::kInvalidArgument,
+                detail::cat(prefix, "ranks issued different collectives: rank 0 called ",
+                            describe(fp(0)), ", rank ", q, " called ", describe(fp(q)),
+                            " (this rank called ", describe(mine), ")"));
+  }
+  // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprint cannot
+  // hold them; every rank has every rank's sizes, finds the first pair (in rank order) where
+  // what r sends q is not what q expects from r, and raises the same error before any data
+  // moves (a size the receiver does not expect makes Gloo's I/O thread fail the connection,
+  // and NCCL read past a buffer or hang).
+  for (int r = 0; r < size; ++r) {
+    for (int q = 0; q < size; ++q) {
+      const int64_t sent = all[n * r + kFingerprintWords + q];
+      const int64_t expected = all[n * q + kFingerprintWords + size + r];
+      if (sent == expected) continue;
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          detail::cat(prefix, "ranks disagree on the per-peer sizes: rank ", r, " sends ", sent,
+                      " bytes to rank ", q, ", which expects ", expected, " (nothing was moved)"));
+    }
+  }
 }
 
 const char* op_name(OpKind op) noexcept {

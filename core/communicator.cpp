@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/factory.hpp"
@@ -111,6 +113,18 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
       process_abort_(process_abort ? std::move(process_abort) : std::make_shared<ProcessAbort>()) {
   if (options_.name.empty()) options_.name = "comm";
   key_space_ = key_space ? std::move(key_space) : options_.store;
+  // NOTE [call check]: off unless asked (the hint check_calls, else FASTCOMMS_CHECK_CALLS).
+  {
+    const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
+    std::string v = e ? e : "0";
+    if (auto h = options_.hints.find("check_calls"); h != options_.hints.end()) v = h->second;
+    FASTCOMMS_CHECK(v == "0" || v == "1", kInvalidArgument, "[rank ", rank_, "/", size_, " ",
+                    options_.name,
+                    " new_comm] check_calls (hint check_calls or FASTCOMMS_CHECK_CALLS) must be "
+                    "0 or 1, got '",
+                    v, "'");
+    check_calls_ = v == "1";
+  }
   // NOTE [process abort]: the hooks a process abort runs, also one the backend starts.
   process_abort_->set_hooks([hooks = hooks_] {
     for (auto& fn : hooks->abort_hooks()) {
@@ -254,8 +268,65 @@ CallFingerprint fingerprint(DType dt, int64_t count, int root = -1, const Reduce
 }
 }  // namespace
 
-template <typename Fn>
-WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp) {
+bool Communicator::wants_check(const CallOptions& o) const {
+  if (auto h = o.options.hints.find("check_calls"); h != o.options.hints.end())
+    return h->second == "1";
+  return check_calls_;
+}
+
+// NOTE [call check] through the store: each rank writes its record of the n-th checked
+// collective under calls/<n>/<rank> in this communicator's key space, reads every peer's record
+// of the same call (waiting up to the op's timeout), and compares them as the in-band check
+// does, so ranks that issued different calls all raise the same error and nothing moves. A rank
+// that wrote record n has finished reading every record of call n - 1 (it reads them all before
+// it goes on, even when they disagree), so once this rank holds every record of call n its own
+// record of n - 1 is deleted: the store holds at most two records per rank, whatever the number
+// of calls. A rank that does not come within the timeout (it issued a point-to-point op, another
+// number of collectives, or nothing) ends the check: the sequences no longer line up, so every
+// later checked call raises instead of comparing the wrong calls. The cost is a store round trip
+// per peer per call (docs/benchmarks.md): a debugging aid, off by default.
+void Communicator::check_through_store(const OpContext& ctx) {
+  FASTCOMMS_CHECK(check_broken_.empty(), kBackendError, ctx.prefix,
+                  "the call check cannot go on: ", check_broken_);
+  const uint64_t n = ++check_seq_;
+  const auto key = [](uint64_t seq, int r) { return detail::cat("calls/", seq, "/", r); };
+  const std::vector<int64_t> mine = call_record(ctx.fingerprint, ctx.peer_out, ctx.peer_in, size_);
+  const size_t bytes = mine.size() * sizeof(int64_t);
+  std::vector<uint8_t> v(bytes);
+  std::memcpy(v.data(), mine.data(), bytes);
+  key_space_->set(key(n, rank_), v);
+  std::vector<int64_t> all(mine.size() * size_);
+  for (int q = 0; q < size_; ++q) {
+    int64_t* dst = all.data() + mine.size() * q;
+    if (q == rank_) {
+      std::memcpy(dst, mine.data(), bytes);
+      continue;
+    }
+    std::vector<uint8_t> got;
+    try {
+      got = key_space_->get(key(n, q), ctx.timeout);
+    } catch (const Error& e) {
+      check_broken_ = detail::cat("rank ", q, " did not come to checked collective #", n);
+      throw Error(e.code(),
+                  detail::cat(ctx.prefix, "call check: rank ", q,
+                              " did not issue this rank's checked collective #", n, " (",
+                              describe(ctx.fingerprint), ") within ", ctx.timeout.count(),
+                              " ms: it issued fewer collectives, a point-to-point op instead, or "
+                              "runs without the call check (",
+                              e.what(), ")"));
+    }
+    FASTCOMMS_CHECK(got.size() == bytes, kInvalidArgument, ctx.prefix, "call check: rank ", q,
+                    "'s record of checked collective #", n, " has ", got.size(),
+                    " bytes, expected ", bytes);
+    std::memcpy(dst, got.data(), bytes);
+  }
+  if (n > 1) key_space_->delete_key(key(n - 1, rank_));
+  check_call_records(ctx.prefix, ctx.fingerprint, all, size_);
+}
+
+template <typename Fn, typename PeerFn>
+WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp,
+                          PeerFn peers) {
   check_usable(op);
   OpContext ctx;
   ctx.op = op;
@@ -269,7 +340,15 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   ctx.prefix = prefix(op);
   ctx.stream = o.stream;
   fp.op = static_cast<int32_t>(op);
+  fp.key = o.call_key;
   ctx.fingerprint = fp;
+  // NOTE [call check]: collectives only (a point-to-point op is issued by its two ranks alone).
+  const bool collective = op != OpKind::kSend && op != OpKind::kRecv && op != OpKind::kBatchP2P;
+  const bool in_band = collective && backend_->checks_calls(ctx);
+  const bool store_check = collective && size_ > 1 && !in_band && wants_check(o);
+  if constexpr (!std::is_same_v<PeerFn, std::nullptr_t>) {
+    if (in_band || store_check) peers(ctx);
+  }
   std::vector<PreHook> pre;
   std::vector<PostHook> post;
   {
@@ -280,7 +359,15 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   for (auto& fn : pre) fn(OpInfo{op, ctx.op_id, ctx.async_op, nullptr});
   WorkPtr work;
   try {
-    work = issue(ctx);
+    {
+      // Checked calls are compared and issued in one order (threads issuing at once included).
+      std::unique_lock<std::mutex> order;
+      if (store_check) {
+        order = std::unique_lock<std::mutex>(check_mu_);
+        check_through_store(ctx);
+      }
+      work = issue(ctx);
+    }
     if (!o.async_op) work->wait();
   } catch (const Error& e) {
     if (options_.abort_process_on_timeout_or_error && ProcessAbort::applies(e.code()))
@@ -383,7 +470,11 @@ WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const
   });
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); },
-      fingerprint(input.dtype, -1));
+      fingerprint(input.dtype, -1),
+      [&](OpContext& c) {
+        c.peer_out.assign(size_, input.nbytes());
+        for (const TensorView& t : outputs) c.peer_in.push_back(t.nbytes());
+      });
 }
 
 WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorView& input,
@@ -433,7 +524,11 @@ WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
   });
   return run(
       op, o, [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); },
-      fingerprint(output.dtype, -1, -1, &r));
+      fingerprint(output.dtype, -1, -1, &r),
+      [&](OpContext& c) {
+        for (const TensorView& t : inputs) c.peer_out.push_back(t.nbytes());
+        c.peer_in.assign(size_, output.nbytes());
+      });
 }
 
 WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const TensorView& input,
@@ -512,7 +607,14 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
       [&](const OpContext& c) {
         return backend_->all_to_all_v_single(output, input, out_s, in_s, c);
       },
-      fingerprint(input.dtype, -1));
+      fingerprint(input.dtype, -1),
+      [&](OpContext& c) {
+        const auto row = [](const TensorView& t) { return t.rows() ? t.nbytes() / t.rows() : 0; };
+        for (int q = 0; q < size_; ++q) {
+          c.peer_out.push_back(in_s[q] * row(input));
+          c.peer_in.push_back(out_s[q] * row(output));
+        }
+      });
 }
 
 WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
@@ -530,7 +632,13 @@ WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
   });
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_to_all(outputs, inputs, c); },
-      fingerprint(dt, -1));
+      fingerprint(dt, -1),
+      [&](OpContext& c) {
+        for (int q = 0; q < size_; ++q) {
+          c.peer_out.push_back(inputs[q].nbytes());
+          c.peer_in.push_back(outputs[q].nbytes());
+        }
+      });
 }
 
 WorkPtr Communicator::barrier(const CallOptions& o) {

@@ -1,6 +1,7 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fastcomms/core/store.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <fcntl.h>
@@ -271,7 +272,13 @@ int64_t KeyTrackingStore::add(const std::string& key, int64_t delta) {
   return base_->add(key, delta);
 }
 bool KeyTrackingStore::check(const std::vector<std::string>& keys) { return base_->check(keys); }
-bool KeyTrackingStore::delete_key(const std::string& key) { return base_->delete_key(key); }
+bool KeyTrackingStore::delete_key(const std::string& key) {
+  {  // a key deleted before finalize is not finalize's to delete (and is not remembered forever)
+    std::lock_guard<std::mutex> lock(mu_);
+    if (seen_.erase(key) != 0) keys_.erase(std::find(keys_.begin(), keys_.end(), key));
+  }
+  return base_->delete_key(key);
+}
 void KeyTrackingStore::wait(const std::vector<std::string>& keys,
                             std::chrono::milliseconds timeout) {
   base_->wait(keys, timeout);

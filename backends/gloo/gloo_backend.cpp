@@ -268,6 +268,9 @@ int64_t row_bytes(const TensorView& t) { return t.rows() > 0 ? t.nbytes() / t.ro
 
 class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
  public:
+  // Whether this op runs the call check (NOTE [call check]): the communicator's setting, or
+  // the op's hint.
+  bool checks(const OpContext& ctx) const;
   explicit GlooImpl(const BackendInit& init);
   ~GlooImpl();
   /// Starts the worker threads (they keep the impl alive while they run).
@@ -329,10 +332,7 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     std::string prefix;
   };
 
-  WorkPtr enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out = {},
-                  std::vector<int64_t> peer_in = {});
-  // Whether this op runs the call check: the communicator's setting, or the op's hint.
-  bool checks(const OpContext& ctx) const;
+  WorkPtr enqueue(const OpContext& ctx, Body body);
   void check_call(const Task& task);
   void collective_loop();
   void p2p_loop();
@@ -396,11 +396,11 @@ GlooImpl::GlooImpl(const BackendInit& init)
   {
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
     std::string v = e ? e : "0";
-    if (auto h = init.options.hints.find("gloo.check_calls"); h != init.options.hints.end())
-      v = h->second;
+    for (const char* hint : {"check_calls", "gloo.check_calls"})  // the specific one wins
+      if (auto h = init.options.hints.find(hint); h != init.options.hints.end()) v = h->second;
     FASTCOMMS_CHECK(v == "0" || v == "1", kInvalidArgument, "[rank ", init.rank, "/", init.size,
                     " ", init.options.name,
-                    " new_comm] gloo: check_calls (hint gloo.check_calls "
+                    " new_comm] gloo: check_calls (hint gloo.check_calls or check_calls, "
                     "or FASTCOMMS_CHECK_CALLS) must be 0 or 1, got '",
                     v, "'");
     check_calls_ = v == "1";
@@ -533,12 +533,12 @@ bool GlooImpl::checks(const OpContext& ctx) const {
   if (ctx.hints != nullptr) {  // a per-op hint decides for that op
     if (auto h = ctx.hints->find("gloo.check_calls"); h != ctx.hints->end())
       return h->second == "1";
+    if (auto h = ctx.hints->find("check_calls"); h != ctx.hints->end()) return h->second == "1";
   }
   return check_calls_;
 }
 
-WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> peer_out,
-                          std::vector<int64_t> peer_in) {
+WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body) {
   auto work = new_work(ctx);
   const bool check = checks(ctx);
   {
@@ -547,69 +547,32 @@ WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body, std::vector<int64_t> 
     check_not_broken(ctx.prefix);
     // Two tags per collective: the call check's exchanges and the op itself.
     tasks_.push_back(Task{std::move(body), work, ctx.timeout, next_tag_, ctx.prefix,
-                          ctx.fingerprint, std::move(peer_out), std::move(peer_in), check});
+                          ctx.fingerprint, ctx.peer_out, ctx.peer_in, check});
     next_tag_ += 2;
   }
   cv_.notify_all();
   return work;
 }
 
-// NOTE [call fingerprint] on gloo: before a collective moves data, every rank's fingerprint is
-// gathered (32 bytes each, a fixed size, so this exchange itself can never disagree on sizes; it
-// runs at the same position of every rank's collective sequence). Ranks that issued different
+// NOTE [call check] in band on gloo: before a collective moves data, every rank's call record is
+// gathered (a fixed size, so this exchange itself can never disagree on sizes; it runs at the
+// same position of every rank's collective sequence). Ranks that issued different
 // calls then all raise the same error, instead of Gloo's I/O thread aborting the process on a
 // size it did not expect or the data mixing silently (a shorter broadcast, float32 read as
 // int32, SUM against MAX).
 void GlooImpl::check_call(const Task& task) {
   // Local markers (finalize's drain) carry no fingerprint and move nothing.
   if (size_ == 1 || task.fingerprint.op < 0) return;
-  // One record per rank, the same size for every op (so this exchange itself never disagrees on
-  // sizes): the fingerprint, then NOTE [per-peer sizes check]'s bytes to and from every peer
-  // (-1 where the op has none).
-  const size_t n = 4 + 2 * static_cast<size_t>(size_);
-  std::vector<int64_t> mine(n, -1), all(n * size_);
-  std::memcpy(mine.data(), &task.fingerprint, sizeof(CallFingerprint));
-  for (size_t q = 0; q < task.peer_out.size(); ++q) {
-    mine[4 + q] = task.peer_out[q];
-    mine[4 + size_ + q] = task.peer_in[q];
-  }
+  const std::vector<int64_t> mine =
+      call_record(task.fingerprint, task.peer_out, task.peer_in, size_);
+  std::vector<int64_t> all(mine.size() * size_);
   ::gloo::AllgatherOptions o(context_);
-  o.setInput(mine.data(), n);
+  o.setInput(const_cast<int64_t*>(mine.data()), mine.size());
   o.setOutput(all.data(), all.size());
   o.setTag(task.tag + 1);
   o.setTimeout(task.timeout);
   ::gloo::allgather(o);
-  const auto fp = [&](int r) {
-    CallFingerprint f;
-    std::memcpy(static_cast<void*>(&f), all.data() + n * r, sizeof f);  // trivially copyable
-    return f;
-  };
-  for (int q = 0; q < size_; ++q) {
-    if (fp(q) == task.fingerprint) continue;
-    // The same message on every rank: the lowest two ranks that differ, in rank order.
-    int a = 0;
-    while (a < size_ && fp(a) == fp(0)) ++a;
-    throw Error(ErrorCode::kInvalidArgument,
-                detail::cat(task.prefix, "ranks issued different collectives: rank 0 called ",
-                            describe(fp(0)), ", rank ", a, " called ", describe(fp(a)),
-                            " (this rank called ", describe(task.fingerprint), ")"));
-  }
-  if (task.peer_out.empty()) return;
-  // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprint cannot
-  // hold them; every rank has every rank's sizes from the one exchange above, finds the first
-  // pair (in rank order) where what r sends q is not what q expects from r, and raises the same
-  // error before any data moves (a size the receiver does not expect makes Gloo's I/O thread
-  // abort the process).
-  for (int r = 0; r < size_; ++r) {
-    for (int q = 0; q < size_; ++q) {
-      const int64_t sent = all[n * r + 4 + q], expected = all[n * q + 4 + size_ + r];
-      if (sent == expected) continue;
-      throw Error(ErrorCode::kInvalidArgument,
-                  detail::cat(task.prefix, "ranks disagree on the per-peer sizes: rank ", r,
-                              " sends ", sent, " bytes to rank ", q, ", which expects ", expected,
-                              " (nothing was moved)"));
-    }
-  }
+  check_call_records(task.prefix, task.fingerprint, all, size_);
 }
 
 void GlooImpl::collective_loop() {
@@ -872,58 +835,45 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
                                       const std::vector<int64_t>& output_splits,
                                       const std::vector<int64_t>& input_splits,
                                       const OpContext& ctx) {
-  std::vector<int64_t> peer_out, peer_in;  // only for the call check
-  for (int i = 0; checks(ctx) && i < size_; ++i) {
-    peer_out.push_back(input_splits[i] * row_bytes(input));
-    peer_in.push_back(output_splits[i] * row_bytes(output));
-  }
-  return enqueue(
-      ctx,
-      [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
-        const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
-        std::vector<int64_t> in_b(size_), out_b(size_);
-        int64_t total = 0;
-        for (int i = 0; i < size_; ++i) {
-          in_b[i] = input_splits[i] * in_row;
-          out_b[i] = output_splits[i] * out_row;
-          total += in_b[i] + out_b[i];
-        }
-        if (size_ == 1) {
-          if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
-          return;
-        }
-        // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
-        // messages with every peer, and the peers wait for them.
-        (void)total;
-        const bool even =
-            std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
-            std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
-        if (even && in_b[0] > 0) {  // Gloo's plain alltoall skips the per-peer bookkeeping
-          ::gloo::AlltoallOptions o(context_);
-          o.setInput(bytes(input), static_cast<size_t>(in_b[0] * size_));
-          o.setOutput(bytes(output), static_cast<size_t>(out_b[0] * size_));
-          o.setTag(tag);
-          o.setTimeout(timeout);
-          ::gloo::alltoall(o);
-          return;
-        }
-        ::gloo::AlltoallvOptions o(context_);
-        o.setInput(bytes(input), in_b);
-        o.setOutput(bytes(output), out_b);
-        o.setTag(tag);
-        o.setTimeout(timeout);
-        ::gloo::alltoallv(o);
-      },
-      std::move(peer_out), std::move(peer_in));
+  return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
+    const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
+    std::vector<int64_t> in_b(size_), out_b(size_);
+    int64_t total = 0;
+    for (int i = 0; i < size_; ++i) {
+      in_b[i] = input_splits[i] * in_row;
+      out_b[i] = output_splits[i] * out_row;
+      total += in_b[i] + out_b[i];
+    }
+    if (size_ == 1) {
+      if (in_b[0]) std::memcpy(bytes(output), bytes(input), static_cast<size_t>(in_b[0]));
+      return;
+    }
+    // No early return when this rank moves nothing: Gloo's alltoallv exchanges (empty)
+    // messages with every peer, and the peers wait for them.
+    (void)total;
+    const bool even =
+        std::all_of(in_b.begin(), in_b.end(), [&](int64_t v) { return v == in_b[0]; }) &&
+        std::all_of(out_b.begin(), out_b.end(), [&](int64_t v) { return v == in_b[0]; });
+    if (even && in_b[0] > 0) {  // Gloo's plain alltoall skips the per-peer bookkeeping
+      ::gloo::AlltoallOptions o(context_);
+      o.setInput(bytes(input), static_cast<size_t>(in_b[0] * size_));
+      o.setOutput(bytes(output), static_cast<size_t>(out_b[0] * size_));
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      ::gloo::alltoall(o);
+      return;
+    }
+    ::gloo::AlltoallvOptions o(context_);
+    o.setInput(bytes(input), in_b);
+    o.setOutput(bytes(output), out_b);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    ::gloo::alltoallv(o);
+  });
 }
 
 WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
                              const std::vector<TensorView>& inputs, const OpContext& ctx) {
-  std::vector<int64_t> peer_out, peer_in;  // only for the call check
-  for (int i = 0; checks(ctx) && i < size_; ++i) {
-    peer_out.push_back(inputs[i].nbytes());
-    peer_in.push_back(outputs[i].nbytes());
-  }
   auto body = [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     std::vector<int64_t> in_b(size_), out_b(size_);
     int64_t in_total = 0, out_total = 0;
@@ -954,7 +904,7 @@ WorkPtr GlooImpl::all_to_all(const std::vector<TensorView>& outputs,
       off += out_b[i];
     }
   };
-  return enqueue(ctx, std::move(body), std::move(peer_out), std::move(peer_in));
+  return enqueue(ctx, std::move(body));
 }
 
 WorkPtr GlooImpl::barrier(const OpContext& ctx) {
@@ -1108,6 +1058,7 @@ class GlooBackend : public ForwardingBackend<GlooImpl> {
     c.cpu_tensors = true;
     return c;
   }
+  bool checks_calls(const OpContext& ctx) const override { return impl_->checks(ctx); }
   std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit* init) override {
     // Members rendezvous afresh through the split's prefixed store; others do nothing.
     return init ? std::make_unique<GlooBackend>(*init) : nullptr;

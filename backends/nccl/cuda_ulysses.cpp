@@ -78,6 +78,11 @@ WorkPtr CudaCollectiveTransport::run(const TensorView& x, const TensorView& out,
   cuda::copy_sm_async(pack.data(), static_cast<int>(pack.size()), 0, stream);
   CallOptions o;
   o.stream = stream;
+  // NOTE [call check]: where the check is on (FASTCOMMS_CHECK_CALLS=1), ranks compare the
+  // geometry and dtype as well as the byte counts before the exchange. This path carries no chunk
+  // header (docs/design.md): NCCL with counts that disagree hangs or reads past a chunk, so only a
+  // check before the data can catch a mismatched call.
+  o.call_key = (p.geometry_key * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(x.dtype) + 1) | 1u;
   comm_->all_to_all_v_single(
       TensorView::contiguous(recv_.get(), DType::kUInt8, {p.recv_elems * e}, x.device),
       TensorView::contiguous(send_.get(), DType::kUInt8, {p.send_elems * e}, x.device), recv_bytes,

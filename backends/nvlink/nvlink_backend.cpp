@@ -121,6 +121,8 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
     p2p_->check_errors();
   }
 
+  bool checks_calls(const OpContext& ctx) const override { return inner_->checks_calls(ctx); }
+
  protected:
   // Every op but the peer-to-peer all-to-all (and finalize's check) runs on the inner nccl
   // communicator.

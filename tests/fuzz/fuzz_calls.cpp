@@ -1,11 +1,13 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 // libFuzzer target over what ranks receive from each other before they trust it: a call
-// fingerprint (32 bytes from every peer, NOTE [call fingerprint]), turned into words for a
-// mismatch message, and the "host|device" entries the transport choice parses
+// fingerprint (40 bytes from every peer, NOTE [call fingerprint]), turned into words for a
+// mismatch message, every rank's call records compared (NOTE [call check]: words of any value,
+// for worlds of 1 to 4 ranks), and the "host|device" entries the transport choice parses
 // (nvlink_decision), with an NVML answer drawn from the same bytes; and any bytes as a record of
 // the authenticated store (NOTE [authenticated rendezvous]), which must be refused unless it
 // carries the right MAC, while a sealed payload always opens to itself. Any input must end in a
 // result or a fastcomms::Error, never a crash or undefined behaviour (ASan and UBSan are on).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +28,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string s = describe(a);
     if (s.empty()) __builtin_trap();
     (void)(a == b);
+    // The records as the call check gets them, from a world the first byte picks.
+    const int world = 1 + data[0] % 4;
+    std::vector<int64_t> all(call_record_words(world) * world, -1);
+    std::memcpy(all.data(), data, std::min(size, all.size() * sizeof(int64_t)));
+    try {
+      check_call_records("[fuzz] ", a, all, world);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) __builtin_trap();
+    }
+    const auto rec = call_record(a, {1, 2}, {1, 2}, 2);
+    if (rec.size() != call_record_words(2)) __builtin_trap();
   }
   if (auth_store_available()) {
     static const AuthStore auth(std::make_shared<MemoryStore>(), "fuzz-secret");

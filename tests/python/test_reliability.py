@@ -280,16 +280,58 @@ def _mismatch_cases(rank):
     ]
 
 
+def _per_peer_mismatch_cases(rank, size):
+    """(name, fn) pairs whose per-peer sizes disagree (NOTE [per-peer sizes check]): rank 0 sends
+    one more row (element) to rank 1 than rank 1 expects from it."""
+
+    def a2av(c):
+        out_s = [2] * size
+        in_s = [2] * size
+        if rank == 0:
+            in_s[1] = 3
+        c.all_to_all_v_single(torch.empty(sum(out_s)), torch.ones(sum(in_s)), out_s, in_s, False)
+
+    def a2a(c):
+        ins = [torch.ones(3 if (rank == 0 and q == 1) else 2) for q in range(size)]
+        c.all_to_all([torch.empty(2) for _ in range(size)], ins, False)
+
+    def agv(c):
+        outs = [torch.empty(3 if q == rank == 0 else 2) for q in range(size)]
+        c.all_gather_v(outs, torch.ones(3 if rank == 0 else 2), False)
+
+    def rsv(c):
+        ins = [torch.ones(3 if (rank == 0 and q == 1) else 2) for q in range(size)]
+        if rank == 0:
+            ins[0] = torch.ones(2)
+        c.reduce_scatter_v(torch.empty(2), ins, ReduceOp.SUM, False)
+
+    return [
+        ("all_to_all_v_single", a2av),
+        ("all_to_all", a2a),
+        ("all_gather_v", agv),
+        ("reduce_scatter_v", rsv),
+    ]
+
+
 def mismatched_calls(comm, rank, size):
-    """Mismatched collectives on a gloo communicator. With the check (the hint
-    gloo.check_calls=1): every case raises on every rank and the communicator stays in step.
-    Without it, the armed control: SUM on one rank against MAX on the other raises nothing and the
-    data is not SUM's on every rank, the failure the check exists for."""
+    """Mismatched collectives on a gloo communicator. With the check (gloo's in band, the hint
+    gloo.check_calls=1, or the communicator's through the store, check_calls=1 with gloo's off):
+    every case raises on every rank and the communicator stays in step. Without it, the armed
+    control: SUM on one rank against MAX on the other raises nothing and the data is not SUM's
+    on every rank, the failure the check exists for."""
     import torch.distributed as dist
 
-    if comm.get_options().hints.get("gloo.check_calls") == "1":
-        for name, fn in _mismatch_cases(rank):
-            with pytest.raises(ValueError, match="ranks issued different collectives: rank 0"):
+    hints = comm.get_options().hints
+    if "1" in (hints.get("gloo.check_calls"), hints.get("check_calls")):
+        cases = [
+            (n, f, "ranks issued different collectives: rank 0") for n, f in _mismatch_cases(rank)
+        ]
+        cases += [
+            (n, f, "ranks disagree on the per-peer sizes: rank 0 sends")
+            for n, f in _per_peer_mismatch_cases(rank, size)
+        ]
+        for name, fn, message in cases:
+            with pytest.raises(ValueError, match=message):
                 fn(comm)
             t = torch.full((4,), float(rank + 1))  # nothing moved: still in step
             comm.all_reduce(t, ReduceOp.SUM, False)
@@ -304,8 +346,14 @@ def mismatched_calls(comm, rank, size):
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_mismatched_calls_raise_on_every_rank(world, size):
-    world(mismatched_calls, size, hints={"gloo.check_calls": "1"})
+@pytest.mark.parametrize("where", ["in band", "store"])
+def test_mismatched_calls_raise_on_every_rank(world, size, where):
+    hints = (
+        {"gloo.check_calls": "1"}
+        if where == "in band"
+        else {"check_calls": "1", "gloo.check_calls": "0"}
+    )
+    world(mismatched_calls, size, hints=hints)
 
 
 def test_armed_control_unchecked_mismatch_goes_unnoticed(world):
@@ -350,6 +398,75 @@ def _unchecked_size_mismatch(comm, rank, size):
 @pytest.mark.parametrize("case", ["shorter broadcast", "all_gather size", "Ulysses heads"])
 def test_unchecked_size_mismatch_raises_and_no_process_dies(world, case):
     world(_unchecked_size_mismatch, 2, hints={"gloo.check_calls": "0", "test.case": case})
+
+
+def _store_check_worker(rank, size, path, errq):
+    """NOTE [call check] through the store (gloo's in-band check off, the communicator's on): the
+    store holds a fixed number of check records whatever the number of calls, subgroups check in
+    their own key space, and a rank that issues one collective fewer makes the waiting rank time
+    out with a message that names it, after which every checked call says the check cannot go on
+    (the sequences no longer line up)."""
+    import datetime as dt
+
+    import fastcomms
+    import torch.distributed as dist
+    from conftest import _hang_guard, init_rank
+
+    _hang_guard()
+    try:
+        base = init_rank(rank, size, path)
+        hints = {"check_calls": "1", "gloo.check_calls": "0"}
+        c = fastcomms.new_comm(
+            "gloo",
+            "cpu",
+            "chk",
+            store=dist.PrefixStore("fc", base),
+            timeout=dt.timedelta(seconds=3),
+            hints=hints,
+        )
+        t = torch.ones(4)
+
+        def calls(n):
+            for _ in range(n):
+                c.all_reduce(t, ReduceOp.SUM, False)
+            dist.barrier()
+            k = base.num_keys()
+            dist.barrier()  # every rank read the count before anyone goes on
+            return k
+
+        few, many = calls(3), calls(40)
+        assert few == many, f"the store grew from {few} to {many} keys over 40 checked calls"
+        sub = c.split(list(range(size)), "sub")
+        x = torch.full((2,), float(rank))
+        sub.all_reduce(x, ReduceOp.SUM, False)  # its own sequence, its own keys
+        assert torch.equal(x, torch.full((2,), float(sum(range(size)))))
+        sub.finalize()
+        if rank == 0:
+            t0 = time.monotonic()
+            with pytest.raises(
+                TimeoutError,
+                match="call check: rank 1 did not issue this rank's checked collective",
+            ):
+                c.all_reduce(t, ReduceOp.SUM, False)
+            took = time.monotonic() - t0
+            assert took < 10, f"the check waited {took:.1f} s with a 3 s timeout"
+            with pytest.raises(
+                RuntimeError, match="the call check cannot go on: rank 1 did not come"
+            ):
+                c.broadcast(t, 0, False)
+        dist.barrier()  # rank 1 issued nothing meanwhile
+        c.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_store_call_check_keys_and_a_missing_rank(size):
+    from conftest import spawn
+
+    spawn(_store_check_worker, size)
 
 
 def _reuse_worker(rank, size, path, errq):

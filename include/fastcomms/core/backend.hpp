@@ -63,11 +63,11 @@ struct Capabilities {
   bool supports(OpKind op) const { return (ops >> static_cast<int>(op)) & 1u; }
 };
 
-/// NOTE [call fingerprint]: what a rank says a collective is, in 32 bytes, so backends can
-/// compare it across ranks before any data moves (gloo does, FASTCOMMS_CHECK_CALLS): ranks that
-/// issued different collectives, sizes, dtypes, roots or reductions then raise on every rank
-/// instead of one process dying inside the transport or data mixing silently. -1 marks a field
-/// the op does not fix across ranks (the sizes of the _v forms).
+/// NOTE [call fingerprint]: what a rank says a collective is, in 40 bytes, so ranks can compare
+/// it before any data moves (NOTE [call check]): ranks that issued different collectives,
+/// sizes, dtypes, roots or reductions then raise on every rank instead of one process dying
+/// inside the transport or data mixing silently. -1 marks a field the op does not fix across
+/// ranks (the sizes of the _v forms, which the check compares per peer instead).
 struct CallFingerprint {
   int32_t op = -1;           ///< OpKind.
   int32_t dtype = -1;        ///< DType.
@@ -75,12 +75,30 @@ struct CallFingerprint {
   int32_t reduce = -1;       ///< RedOpType of reductions.
   int64_t count = -1;        ///< Elements every rank must agree on.
   uint64_t factor_bits = 0;  ///< PREMUL_SUM's factor, bit for bit.
+  uint64_t key = 0;  ///< The caller's own word for the call (CallOptions::call_key), 0: none.
   bool operator==(const CallFingerprint&) const = default;
 };
-static_assert(sizeof(CallFingerprint) == 32 && std::is_trivially_copyable_v<CallFingerprint>);
+static_assert(sizeof(CallFingerprint) == 40 && std::is_trivially_copyable_v<CallFingerprint>);
 
 /// "broadcast(root 0, 1024 x float32)": a fingerprint in words, for mismatch messages.
 std::string describe(const CallFingerprint& f);
+
+/// NOTE [call check]: ranks compare their calls before data moves. One rank's record of a call
+/// is its fingerprint, then the bytes it sends to and expects from every peer (`peer_out`,
+/// `peer_in`; -1 throughout where the op has no per-peer sizes), as int64 words: the same length
+/// for every op of a communicator of `size` ranks, so exchanging records can itself never
+/// disagree on sizes. Backends that can compare in band do (gloo: one allgather of the records
+/// before the op, FASTCOMMS_CHECK_CALLS=1); for the others the communicator compares them through
+/// its store (core/communicator.cpp).
+std::vector<int64_t> call_record(const CallFingerprint& f, const std::vector<int64_t>& peer_out,
+                                 const std::vector<int64_t>& peer_in, int size);
+/// Words in one record of a communicator of `size` ranks.
+size_t call_record_words(int size);
+/// Compares every rank's record (`all`: `size` records back to back, rank order) and throws
+/// kInvalidArgument where they disagree, with the same message on every rank (the first
+/// disagreement in rank order; `mine` is this rank's fingerprint, named in the message).
+void check_call_records(const std::string& prefix, const CallFingerprint& mine,
+                        const std::vector<int64_t>& all, int size);
 
 /// How one op was issued.
 struct OpContext {
@@ -92,6 +110,9 @@ struct OpContext {
   std::string prefix;                    ///< "[rank r/n comm op] " for error messages.
   void* stream = nullptr;  ///< The caller's cudaStream_t (CUDA backends; null: the default stream).
   CallFingerprint fingerprint;  ///< The call as every rank must see it (collectives).
+  /// Bytes to and from every peer for the ops whose sizes differ per peer (the _v forms and the
+  /// list all_to_all), for the call check; empty for the others.
+  std::vector<int64_t> peer_out, peer_in;
 };
 
 /// One point-to-point op of a batch.
@@ -201,6 +222,12 @@ class Backend {
   /// engine and windows, so a group builds none beside them), or null: the group then chooses
   /// one itself (fastcomms/ulysses/transport.hpp, select_transport).
   virtual std::shared_ptr<UlyssesTransport> ulysses_transport() { return nullptr; }
+  /// True when this backend compares `ctx`'s call across ranks itself (NOTE [call check]), so
+  /// the communicator need not.
+  virtual bool checks_calls(const OpContext& ctx) const {
+    (void)ctx;
+    return false;
+  }
   /// Unblocks every waiter with an Aborted error; the backend is unusable afterwards.
   virtual void abort() {}
   /// Collective, orderly shutdown.

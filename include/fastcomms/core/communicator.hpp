@@ -49,6 +49,10 @@ struct CallOptions {
   bool async_op = false;   ///< Return before completion (wait on the Work).
   OpOptions options;       ///< Hints and a timeout (0: the communicator's).
   void* stream = nullptr;  ///< CUDA backends: the caller's cudaStream_t the op is ordered on.
+  /// The caller's own word for the call, compared across ranks by the call check with the rest
+  /// of the fingerprint (NOTE [call check]): the Ulysses layer passes its geometry, so calls whose
+  /// byte counts agree but whose layouts differ are caught too. 0: none.
+  uint64_t call_key = 0;
 };
 
 /// A communicator over one backend.
@@ -157,8 +161,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
  private:
   struct Hooks;
-  template <typename Fn>
-  WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp = {});
+  // `peers` (a callable filling an OpContext's peer_out / peer_in) for the ops whose sizes differ
+  // per peer; it runs only when the call is checked (NOTE [call check]).
+  template <typename Fn, typename PeerFn = std::nullptr_t>
+  WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp = {},
+              PeerFn peers = nullptr);
+  // Whether this op is to be checked across ranks: the op's hint check_calls, else the
+  // communicator's setting.
+  bool wants_check(const CallOptions& o) const;
+  // NOTE [call check] through the store, for backends that do not check in band.
+  void check_through_store(const OpContext& ctx);
   void check_usable(OpKind op) const;
   void check_peer(OpKind op, const char* arg, int peer, bool allow_self) const;
   void check_tensor(OpKind op, const char* arg, const TensorView& t) const;
@@ -178,6 +190,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::atomic<uint64_t> next_key_id_{0};
   std::shared_ptr<Hooks> hooks_;
   std::shared_ptr<ProcessAbort> process_abort_;  // NOTE [process abort]
+  // NOTE [call check]: FASTCOMMS_CHECK_CALLS or the hint check_calls; the store check's
+  // sequence, and why it cannot go on (a rank that did not come: the sequences no longer match).
+  bool check_calls_ = false;
+  std::mutex check_mu_;
+  uint64_t check_seq_ = 0;
+  std::string check_broken_;
 };
 
 }  // namespace fastcomms

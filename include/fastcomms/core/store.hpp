@@ -117,8 +117,9 @@ class PrefixStore : public Store {
 };
 
 /// NOTE [store keys released at finalize]: the key space of one communicator (an incarnation,
-/// NOTE [store incarnations]) remembers every key this rank writes through it (set and add, its
-/// splits' keys included). At finalize() every rank publishes that list and counts itself in;
+/// NOTE [store incarnations]) remembers every key this rank writes through it and has not deleted
+/// since (set and add, its splits' keys included). At finalize() every rank publishes that list
+/// and counts itself in;
 /// the last rank to finalize deletes every rank's keys, the lists and the count, so a store
 /// shared by many communicators keeps one key per communicator name (its incarnation counter)
 /// instead of growing with every communicator. A rank that never finalizes (it died) leaves its
