@@ -31,7 +31,9 @@ def _rank(rank, size, port, calls, rounds, q):
     import torch.distributed as dist
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1", port, size, rank == 0, timeout=datetime.timedelta(seconds=60)
+    )
     comms = {
         v: fastcomms.new_comm("gloo", "cpu", f"cc-{i}", store=store, hints=h)
         for i, (v, h) in enumerate(VARIANTS.items())
@@ -53,14 +55,18 @@ def _rank(rank, size, port, calls, rounds, q):
                     start = time.perf_counter()
                     for _ in range(calls):
                         fn(c, t, o)
-                    times.setdefault((op, label, v), []).append((time.perf_counter() - start) / calls * 1e6)
+                    times.setdefault((op, label, v), []).append(
+                        (time.perf_counter() - start) / calls * 1e6
+                    )
     q.put((rank, {k: statistics.median(v) for k, v in times.items()}))
     for c in comms.values():
         c.finalize()
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
@@ -70,7 +76,10 @@ def main():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank, args=(r, a.nproc, port, a.calls, a.rounds, q)) for r in range(a.nproc)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, a.nproc, port, a.calls, a.rounds, q))
+        for r in range(a.nproc)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -80,8 +89,8 @@ def main():
     per_rank = [q.get()[1] for _ in procs]
     slowest = {k: max(r[k] for r in per_rank) for k in per_rank[0]}
     print(
-        f"call check cost: {a.nproc} ranks, gloo on loopback, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-        f"{a.calls} calls x {a.rounds} interleaved rounds, median us per call, slowest rank"
+        f"call check cost: {a.nproc} ranks, gloo on loopback, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs, {a.calls} calls x {a.rounds} interleaved rounds, median us per call, slowest rank"
     )
     print("| op | size | " + " | ".join(VARIANTS) + " | in band - off | store - off |")
     print("|---" * (4 + len(VARIANTS)) + "|")
@@ -89,7 +98,9 @@ def main():
         for label, _ in SIZES:
             v = [slowest[(op, label, k)] for k in VARIANTS]
             print(
-                f"| {op} | {label} | " + " | ".join(f"{x:.1f}" for x in v) + f" | {v[1] - v[0]:+.1f} | {v[2] - v[0]:+.1f} |"
+                f"| {op} | {label} | "
+                + " | ".join(f"{x:.1f}" for x in v)
+                + f" | {v[1] - v[0]:+.1f} | {v[2] - v[0]:+.1f} |"
             )
 
 

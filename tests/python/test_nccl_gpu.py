@@ -297,3 +297,82 @@ def _reconfigure_worker(rank, size, path, errq, backend):
 def test_reconfigure_on_gpu_backends(backend):
     """reconfigure: all ranks (reversed order), each rank alone, all again."""
     spawn(_reconfigure_worker, 2, backend, timeout=200)
+
+
+def _call_check_worker(rank, size, path, errq, backend, checked):
+    """NOTE [call check] on the GPU backends: with check_calls=1 (the check through the store),
+    mismatched collectives raise ValueError on every rank before NCCL moves anything, and the
+    communicator stays in step; the CUDA collective Ulysses path's calls whose layouts differ but
+    whose byte counts agree raise too (its call key). Armed control (checked=False): the same
+    Ulysses mismatch returns without an error, which is why the check exists."""
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+        from fastcomms import ReduceOp
+        from fastcomms.ulysses import UlyssesGroup
+
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        store = init_rank(rank, size, path, "nccl", device_id=dev)
+        comm = fastcomms.new_comm(
+            backend,
+            dev,
+            "chk",
+            store=dist.PrefixStore("fc", store),
+            timeout=datetime.timedelta(seconds=20),
+            hints={"check_calls": "1" if checked else "0"},
+        )
+        n = 1000 if rank == 0 else 999
+
+        def a2av():
+            in_s = [3, 2] if rank == 0 else [2, 2]
+            comm.all_to_all_v_single(
+                torch.empty(4, device=dev), torch.ones(sum(in_s), device=dev), [2, 2], in_s, False
+            )
+
+        cases = [
+            (
+                "size",
+                lambda: comm.all_reduce(torch.ones(n, device=dev), ReduceOp.SUM, False),
+                "different",
+            ),
+            (
+                "reduce op",
+                lambda: comm.all_reduce(
+                    torch.ones(8, device=dev), ReduceOp.SUM if rank else ReduceOp.MAX, False
+                ),
+                "different",
+            ),
+            ("root", lambda: comm.broadcast(torch.ones(8, device=dev), rank, False), "different"),
+            ("per-peer sizes", a2av, "per-peer sizes"),
+        ]
+        # (1,8,4,16) against (1,16,4,8): every chunk is 2 heads x 8 x 16 = 2 x 16 x 8 elements.
+        x = torch.randn((1, 8, 4, 16) if rank == 0 else (1, 16, 4, 8), device=dev)
+        g = UlyssesGroup(comm, transport="collective")
+        if not checked:
+            g.all_to_all_4d(x)  # raises nothing: the bytes land in another layout
+            torch.cuda.synchronize()
+        else:
+            cases.append(("Ulysses geometry", lambda: g.all_to_all_4d(x), "different"))
+            for name, fn, message in cases:
+                with pytest.raises(ValueError, match=message):
+                    fn()
+                t = torch.full((4,), float(rank + 1), device=dev)  # still in step
+                comm.all_reduce(t, ReduceOp.SUM, False)
+                assert torch.equal(t.cpu(), torch.full((4,), 3.0)), name
+        g.destroy()
+        comm.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_call_check_on_gpu_backends(backend):
+    spawn(_call_check_worker, 2, backend, True, timeout=200)
+
+
+def test_armed_control_unchecked_ulysses_mismatch_goes_unnoticed():
+    spawn(_call_check_worker, 2, "nccl", False, timeout=200)
