@@ -90,7 +90,8 @@ def main():
     slowest = {k: max(r[k] for r in per_rank) for k in per_rank[0]}
     print(
         f"call check cost: {a.nproc} ranks, gloo on loopback, torch {torch.__version__}, "
-        f"{os.cpu_count()} CPUs, {a.calls} calls x {a.rounds} interleaved rounds, median us per call, slowest rank"
+        f"{os.cpu_count()} CPUs, {a.calls} calls x {a.rounds} interleaved rounds, "
+        "median us per call, slowest rank"
     )
     print("| op | size | " + " | ".join(VARIANTS) + " | in band - off | store - off |")
     print("|---" * (4 + len(VARIANTS)) + "|")
