@@ -18,6 +18,7 @@ computed with torch ops around ``all_to_all_single``.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import math
 import os
@@ -391,6 +392,8 @@ class UlyssesGroup(_OpaqueBase):
         if x.is_meta:
             return self._meta(x, mode, seq_splits, head_splits, out, kv)
         t = self._live()
+        if _pending:
+            _finish_done()
         if mode == 1 and kv > 1:  # the replicas' gradients arrive apart, then one sum
             shape = self._xshape(t, x, mode, seq_splits, head_splits, kv)
             if out is not None:
@@ -517,6 +520,8 @@ class UlyssesGroup(_OpaqueBase):
         if out is not None:
             self._check_out(out, self._shape(t, x, mode, seq, heads, kv), x)
         if not x.is_cuda:  # CPU: the transport's own async path
+            if _pending:
+                _finish_done()
             if summed:  # the sum needs the exchange done: run it, then hand back a done result
                 res = self._exchange(x, mode, seq, heads, out, kv)
                 return self._async_result(res, work=None)
@@ -565,7 +570,10 @@ class UlyssesGroup(_OpaqueBase):
         """CPU results: a Python work whose wait() waits for the exchange."""
         if _register_work is None:
             return UlyssesWork(out, event=event, work=work)
-        _register_work(out, _RegisteredWork(out, event, work))
+        rw = _RegisteredWork(out, event, work)
+        _register_work(out, rw)
+        if work is not None:
+            _pending.append(rw)  # NOTE [dropped async results]
         return AsyncCollectiveTensor(out)
 
     LEND_RING = 4
@@ -683,18 +691,48 @@ if _C10dWork is not None:
             # Not `out` itself: the registry holds this object until the first wait, and a lent
             # window counts its live results by references (UlyssesGroup._lent).
             self._device, self._event, self._work = out.device, event, work
+            self._error = None
+
+        def _finish(self):
+            """Waits for the call once (its unpack into the output included) and lets go of it;
+            a later wait raises what this one raised."""
+            w, self._work = self._work, None
+            if w is not None:
+                try:
+                    w.wait()
+                except BaseException as e:
+                    self._error = e
 
         def wait(self, timeout=None):
             if self._event is not None:
                 torch.cuda.current_stream(self._device).wait_event(self._event)
-            if self._work is not None:
-                self._work.wait()
+            self._finish()
+            if self._error is not None:
+                raise self._error
             return True
 
         def is_completed(self):
             if self._event is not None:
                 return self._event.query()
             return self._work.is_completed() if self._work is not None else True
+
+
+# NOTE [dropped async results]: torch's work registry keeps the work of an AsyncCollectiveTensor
+# until a wait on it, and never lets go of one whose result was dropped unwaited (torch warns of
+# them at exit). The work of a CPU call holds its input, output and staging buffers (NOTE [work
+# keeps its buffers]; the output because the unpack into it runs in wait()), so every dropped
+# result used to keep them for the rest of the process. Every CPU async call's registered work is
+# queued here instead, and each later CPU call finishes the ones whose exchange is over (in call
+# order): it runs their unpack and releases the call, so only a small registry entry stays behind
+# (as for torch's own functional collectives). A result that is kept reads the same whether its
+# wait came before or after that; an error is raised by its wait as before (one nobody waits for
+# is dropped with the result). CUDA calls register a work holding an event alone.
+_pending = collections.deque()
+
+
+def _finish_done():
+    while _pending and (_pending[0]._work is None or _pending[0]._work._tensors_released()):
+        _pending.popleft()._finish()
 
 
 class UlyssesWork:

@@ -439,7 +439,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyWork>(m, "Work")
       .def("wait", &PyWork::wait)
       .def("is_completed", [](const PyWork& w) { return w.work->is_completed(); })
-      .def("status", [](const PyWork& w) { return w.work->status(); });
+      .def("status", [](const PyWork& w) { return w.work->status(); })
+      // The transport is done with the op's tensors and buffers (NOTE [dropped async results]);
+      // a CPU Ulysses call may still have its unpack to run in wait().
+      .def("_tensors_released", [](const PyWork& w) { return w.work->tensors_released(); });
 
   m.def("is_backend_built", &is_backend_registered);
   m.def("built_backends", &registered_backends);
