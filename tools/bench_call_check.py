@@ -3,7 +3,7 @@
 gloo on loopback, one communicator per variant on one TCPStore (as a torchrun job has), all_reduce
 and all_to_all_single at a small and a large size. Variants: the check off, gloo's in-band check
 (one allgather of the records) and the communicator's check through the store (the path nccl,
-nvlink and Python backends take, here forced on gloo with gloo's own check off). Every round times
+nvlink and backend libraries take, here forced on gloo with gloo's own check off). Every round times
 N back-to-back calls of each variant in turn (interleaved); median of the rounds, slowest rank.
 
 Usage: python3 tools/bench_call_check.py [--nproc 2] [--calls 200] [--rounds 7]"""
