@@ -80,10 +80,9 @@ std::vector<int64_t> call_record(const CallFingerprint& f, const std::vector<int
   return r;
 }
 
-void check_call_records(const std::string& prefix, const CallFingerprint& mine,
-                        const std::vector<int64_t>& all, int size) {
+std::string call_records_mismatch(const std::vector<int64_t>& all, int size) {
   const size_t n = call_record_words(size);
-  FASTCOMMS_CHECK(all.size() == n * static_cast<size_t>(size), kInvalidArgument, prefix,
+  FASTCOMMS_CHECK(all.size() == n * static_cast<size_t>(size), kInvalidArgument,
                   "call check: expected ", size, " records of ", n, " words, got ", all.size(),
                   " words");
   const auto fp = [&](int r) {
@@ -91,13 +90,10 @@ void check_call_records(const std::string& prefix, const CallFingerprint& mine,
     std::memcpy(static_cast<void*>(&f), all.data() + n * r, sizeof f);  // trivially copyable
     return f;
   };
-  for (int q = 0; q < size; ++q) {
+  for (int q = 1; q < size; ++q) {  // the lowest rank that differs from rank 0
     if (fp(q) == fp(0)) continue;
-    // The same message on every rank: the lowest rank that differs from rank 0.
-    throw Error(ErrorCode::kInvalidArgument,
-                detail::cat(prefix, "ranks issued different collectives: rank 0 called ",
-                            describe(fp(0)), ", rank ", q, " called ", describe(fp(q)),
-                            " (this rank called ", describe(mine), ")"));
+    return detail::cat("ranks issued different collectives: rank 0 called ", describe(fp(0)),
+                       ", rank ", q, " called ", describe(fp(q)));
   }
   // NOTE [per-peer sizes check]: the _v forms' sizes are per peer, so the fingerprint cannot
   // hold them; every rank has every rank's sizes, finds the first pair (in rank order) where
@@ -109,12 +105,29 @@ void check_call_records(const std::string& prefix, const CallFingerprint& mine,
       const int64_t sent = all[n * r + kFingerprintWords + q];
       const int64_t expected = all[n * q + kFingerprintWords + size + r];
       if (sent == expected) continue;
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          detail::cat(prefix, "ranks disagree on the per-peer sizes: rank ", r, " sends ", sent,
-                      " bytes to rank ", q, ", which expects ", expected, " (nothing was moved)"));
+      return detail::cat("ranks disagree on the per-peer sizes: rank ", r, " sends ", sent,
+                         " bytes to rank ", q, ", which expects ", expected,
+                         " (nothing was moved)");
     }
   }
+  return {};
+}
+
+Error call_mismatch_error(const std::string& prefix, const std::string& mismatch,
+                          const CallFingerprint& mine) {
+  return Error(ErrorCode::kInvalidArgument,
+               detail::cat(prefix, mismatch, " (this rank called ", describe(mine), ")"));
+}
+
+void check_call_records(const std::string& prefix, const CallFingerprint& mine,
+                        const std::vector<int64_t>& all, int size) {
+  std::string m;
+  try {
+    m = call_records_mismatch(all, size);
+  } catch (const Error& e) {
+    throw Error(e.code(), prefix + e.what());
+  }
+  if (!m.empty()) throw call_mismatch_error(prefix, m, mine);
 }
 
 const char* op_name(OpKind op) noexcept {

@@ -274,39 +274,77 @@ bool Communicator::wants_check(const CallOptions& o) const {
   return check_calls_;
 }
 
-// NOTE [call check] through the store: each rank writes its record of the n-th checked
-// collective under calls/<n>/<rank> in this communicator's key space, reads every peer's record
-// of the same call (waiting up to the op's timeout), and compares them as the in-band check
-// does, so ranks that issued different calls all raise the same error and nothing moves. A rank
-// that wrote record n has finished reading every record of call n - 1 (it reads them all before
-// it goes on, even when they disagree), so once this rank holds every record of call n its own
-// record of n - 1 is deleted: the store holds at most two records per rank, whatever the number
-// of calls. A rank that does not come within the timeout (it issued a point-to-point op, another
-// number of collectives, or nothing) ends the check: the sequences no longer line up, so every
-// later checked call raises instead of comparing the wrong calls. The cost is a store round trip
-// per peer per call (docs/benchmarks.md): a debugging aid, off by default.
+// NOTE [call check] through the store: for the n-th checked collective every rank but 0 writes
+// its record under calls/<n>/<rank> in this communicator's key space; rank 0 reads them (waiting
+// up to the op's timeout), compares them as the in-band check does, deletes them and publishes
+// the verdict under calls/<n>/verdict, which the others read: every rank raises the same error
+// (or none) before data moves, and the store serves a write, a read and a delete per rank per
+// call, not a read per pair of ranks. A rank deletes its record once it has the verdict (rank 0
+// read it before publishing); a rank that wrote record n + 1 has read verdict n, so rank 0,
+// holding every record of n + 1, deletes verdict n: the store holds at most one record per rank
+// and two verdicts, whatever the number of calls. A rank that does not come within the timeout
+// (it issued a point-to-point op, another number of collectives, or nothing) ends the check:
+// rank 0 names it in the verdict, and since the sequences no longer line up every later
+// checked call raises instead of comparing the wrong calls. The cost is a store round trip or
+// two per call on every rank and one per peer on rank 0 (docs/benchmarks.md): a debugging aid,
+// off by default.
 void Communicator::check_through_store(const OpContext& ctx) {
   FASTCOMMS_CHECK(check_broken_.empty(), kBackendError, ctx.prefix,
                   "the call check cannot go on: ", check_broken_);
   const uint64_t n = ++check_seq_;
-  const auto key = [](uint64_t seq, int r) { return detail::cat("calls/", seq, "/", r); };
+  const auto record_key = [](uint64_t seq, int r) { return detail::cat("calls/", seq, "/", r); };
+  const auto verdict_key = [](uint64_t seq) { return detail::cat("calls/", seq, "/verdict"); };
   const std::vector<int64_t> mine = call_record(ctx.fingerprint, ctx.peer_out, ctx.peer_in, size_);
   const size_t bytes = mine.size() * sizeof(int64_t);
-  std::vector<uint8_t> v(bytes);
-  std::memcpy(v.data(), mine.data(), bytes);
-  key_space_->set(key(n, rank_), v);
-  std::vector<int64_t> all(mine.size() * size_);
-  for (int q = 0; q < size_; ++q) {
-    int64_t* dst = all.data() + mine.size() * q;
-    if (q == rank_) {
-      std::memcpy(dst, mine.data(), bytes);
-      continue;
+  // A verdict: 'o' (the calls agree), 'm' + the mismatch, or 't' + which rank did not come.
+  const auto publish = [&](char kind, const std::string& text) {
+    std::vector<uint8_t> v(1 + text.size());
+    v[0] = static_cast<uint8_t>(kind);
+    std::memcpy(v.data() + 1, text.data(), text.size());
+    key_space_->set(verdict_key(n), v);
+  };
+  if (rank_ != 0) {
+    std::vector<uint8_t> v(bytes);
+    std::memcpy(v.data(), mine.data(), bytes);
+    key_space_->set(record_key(n, rank_), v);
+    std::vector<uint8_t> verdict;
+    try {
+      verdict = key_space_->get(verdict_key(n), ctx.timeout);
+    } catch (const Error& e) {
+      check_broken_ = detail::cat("rank 0 did not publish the check of collective #", n);
+      throw Error(e.code(),
+                  detail::cat(ctx.prefix,
+                              "call check: rank 0 did not publish the check "
+                              "of this rank's checked collective #",
+                              n, " (", describe(ctx.fingerprint), ") within ", ctx.timeout.count(),
+                              " ms: some rank did not issue it, or rank 0 runs without "
+                              "the call check (",
+                              e.what(), ")"));
     }
+    // Rank 0 read the record before it published the verdict. Each rank deletes its own keys,
+    // so its key space forgets them too (NOTE [store keys released at finalize]).
+    key_space_->delete_key(record_key(n, rank_));
+    FASTCOMMS_CHECK(!verdict.empty(), kInternal, ctx.prefix, "call check: an empty verdict");
+    const std::string text(verdict.begin() + 1, verdict.end());
+    if (verdict[0] == 'm') throw call_mismatch_error(ctx.prefix, text, ctx.fingerprint);
+    if (verdict[0] == 't') {
+      check_broken_ = text;
+      throw Error(ErrorCode::kTimeout, detail::cat(ctx.prefix, "call check: ", text));
+    }
+    return;
+  }
+  std::vector<int64_t> all(mine.size() * size_);
+  std::memcpy(all.data(), mine.data(), bytes);
+  for (int q = 1; q < size_; ++q) {
     std::vector<uint8_t> got;
     try {
-      got = key_space_->get(key(n, q), ctx.timeout);
+      got = key_space_->get(record_key(n, q), ctx.timeout);
     } catch (const Error& e) {
       check_broken_ = detail::cat("rank ", q, " did not come to checked collective #", n);
+      try {
+        publish('t', detail::cat(check_broken_, " within ", ctx.timeout.count(), " ms"));
+      } catch (const Error&) {  // the store is gone too: the others time out on their own
+      }
       throw Error(e.code(),
                   detail::cat(ctx.prefix, "call check: rank ", q,
                               " did not issue this rank's checked collective #", n, " (",
@@ -318,10 +356,12 @@ void Communicator::check_through_store(const OpContext& ctx) {
     FASTCOMMS_CHECK(got.size() == bytes, kInvalidArgument, ctx.prefix, "call check: rank ", q,
                     "'s record of checked collective #", n, " has ", got.size(),
                     " bytes, expected ", bytes);
-    std::memcpy(dst, got.data(), bytes);
+    std::memcpy(all.data() + mine.size() * q, got.data(), bytes);
   }
-  if (n > 1) key_space_->delete_key(key(n - 1, rank_));
-  check_call_records(ctx.prefix, ctx.fingerprint, all, size_);
+  if (n > 1) key_space_->delete_key(verdict_key(n - 1));
+  const std::string mismatch = call_records_mismatch(all, size_);
+  publish(mismatch.empty() ? 'o' : 'm', mismatch);
+  if (!mismatch.empty()) throw call_mismatch_error(ctx.prefix, mismatch, ctx.fingerprint);
 }
 
 template <typename Fn, typename PeerFn>

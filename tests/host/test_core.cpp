@@ -103,6 +103,23 @@ TEST(Store, PrefixIsolates) {
   exercise_store(a, "a/");
 }
 
+// NOTE [store keys released at finalize]: a key deleted before finalize is forgotten, so a key
+// space that writes and deletes a key per call (the call check's records) does not remember one
+// more key per call.
+TEST(Store, TrackingForgetsDeletedKeys) {
+  auto base = std::make_shared<MemoryStore>();
+  KeyTrackingStore t(base);
+  t.set_string("keep", "1");
+  for (int i = 0; i < 100; ++i) {
+    const std::string k = "calls/" + std::to_string(i);
+    t.set_string(k, "x");
+    EXPECT_TRUE(t.delete_key(k));
+  }
+  EXPECT_EQ(t.written(), std::vector<std::string>{"keep"});
+  EXPECT_FALSE(t.delete_key("never-written"));  // forgetting what it never wrote is harmless
+  EXPECT_EQ(t.written(), std::vector<std::string>{"keep"});
+}
+
 TEST(Tensor, ViewsAndDtypes) {
   float buf[16];
   TensorView v = TensorView::contiguous(buf, DType::kFloat32, {4, 4});

@@ -456,6 +456,20 @@ def _store_check_worker(rank, size, path, errq):
                 c.broadcast(t, 0, False)
         dist.barrier()  # rank 1 issued nothing meanwhile
         c.finalize()
+        # The other way round: rank 0, which reads the records, issues one collective fewer.
+        c = fastcomms.new_comm(
+            "gloo",
+            "cpu",
+            "chk2",
+            store=dist.PrefixStore("fc", base),
+            timeout=dt.timedelta(seconds=2),
+            hints=hints,
+        )
+        if rank != 0:
+            with pytest.raises(TimeoutError, match="call check: rank 0 did not publish the check"):
+                c.all_reduce(t, ReduceOp.SUM, False)
+        dist.barrier()
+        c.finalize()
         dist.destroy_process_group()
     except BaseException:
         errq.put((rank, traceback.format_exc()))

@@ -94,9 +94,15 @@ std::vector<int64_t> call_record(const CallFingerprint& f, const std::vector<int
                                  const std::vector<int64_t>& peer_in, int size);
 /// Words in one record of a communicator of `size` ranks.
 size_t call_record_words(int size);
-/// Compares every rank's record (`all`: `size` records back to back, rank order) and throws
-/// kInvalidArgument where they disagree, with the same message on every rank (the first
-/// disagreement in rank order; `mine` is this rank's fingerprint, named in the message).
+/// Compares every rank's record (`all`: `size` records back to back, rank order): empty where
+/// they agree, else the first disagreement in rank order, in words, the same on every rank.
+/// Throws kInvalidArgument where `all` is not `size` records.
+std::string call_records_mismatch(const std::vector<int64_t>& all, int size);
+/// The error a mismatch raises on a rank whose fingerprint is `mine`: `prefix`, the mismatch,
+/// then what this rank called.
+Error call_mismatch_error(const std::string& prefix, const std::string& mismatch,
+                          const CallFingerprint& mine);
+/// call_records_mismatch, thrown as call_mismatch_error where the records disagree.
 void check_call_records(const std::string& prefix, const CallFingerprint& mine,
                         const std::vector<int64_t>& all, int size);
 
