@@ -649,10 +649,9 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
       },
       fingerprint(input.dtype, -1),
       [&](OpContext& c) {
-        const auto row = [](const TensorView& t) { return t.rows() ? t.nbytes() / t.rows() : 0; };
         for (int q = 0; q < size_; ++q) {
-          c.peer_out.push_back(in_s[q] * row(input));
-          c.peer_in.push_back(out_s[q] * row(output));
+          c.peer_out.push_back(in_s[q] * input.row_bytes());
+          c.peer_in.push_back(out_s[q] * output.row_bytes());
         }
       });
 }

@@ -264,7 +264,6 @@ void connect_barrier(Store& store, int rank, int size, Clock::time_point start,
 // A byte view of a tensor.
 uint8_t* bytes(const TensorView& t) { return static_cast<uint8_t*>(t.data); }
 size_t nbytes(const TensorView& t) { return static_cast<size_t>(t.nbytes()); }
-int64_t row_bytes(const TensorView& t) { return t.rows() > 0 ? t.nbytes() / t.rows() : 0; }
 
 class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
  public:
@@ -836,7 +835,7 @@ WorkPtr GlooImpl::all_to_all_v_single(const TensorView& output, const TensorView
                                       const std::vector<int64_t>& input_splits,
                                       const OpContext& ctx) {
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
-    const int64_t in_row = row_bytes(input), out_row = row_bytes(output);
+    const int64_t in_row = input.row_bytes(), out_row = output.row_bytes();
     std::vector<int64_t> in_b(size_), out_b(size_);
     int64_t total = 0;
     for (int i = 0; i < size_; ++i) {

@@ -700,7 +700,7 @@ if _C10dWork is not None:
             if w is not None:
                 try:
                     w.wait()
-                except BaseException as e:
+                except Exception as e:  # the exchange's error, for the result's wait
                     self._error = e
 
         def wait(self, timeout=None):

@@ -48,10 +48,10 @@ def init_rank(rank, size, path, backend="gloo", **kwargs):
     return store
 
 
-def gpu_rank(rank, size, path, backend, name, timeout_s=60):
+def gpu_rank(rank, size, path, backend, name, timeout_s=60, **comm_kwargs):
     """What a GPU test's rank does first: cuda:rank as its device, torch.distributed's NCCL
     default group (init_rank), and a fastcomms communicator of ``backend`` on the same store
-    under the prefix "fc". Returns (device, comm)."""
+    under the prefix "fc" (comm_kwargs added to new_comm's arguments). Returns (device, comm)."""
     import fastcomms
     import torch
     import torch.distributed as dist
@@ -65,6 +65,7 @@ def gpu_rank(rank, size, path, backend, name, timeout_s=60):
         name,
         store=dist.PrefixStore("fc", store),
         timeout=datetime.timedelta(seconds=timeout_s),
+        **comm_kwargs,
     )
     return dev, comm
 

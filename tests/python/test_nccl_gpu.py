@@ -307,21 +307,12 @@ def _call_check_worker(rank, size, path, errq, backend, checked):
     Ulysses mismatch returns without an error, which is why the check exists."""
     _hang_guard()
     try:
-        import fastcomms
         import torch.distributed as dist
         from fastcomms import ReduceOp
         from fastcomms.ulysses import UlyssesGroup
 
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        store = init_rank(rank, size, path, "nccl", device_id=dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "chk",
-            store=dist.PrefixStore("fc", store),
-            timeout=datetime.timedelta(seconds=20),
-            hints={"check_calls": "1" if checked else "0"},
+        dev, comm = gpu_rank(
+            rank, size, path, backend, "chk", 20, hints={"check_calls": "1" if checked else "0"}
         )
         n = 1000 if rank == 0 else 999
 

@@ -69,6 +69,8 @@ struct TensorView {
   bool is_contiguous() const noexcept;
   /// Size of dimension 0 (1 for a 0-d tensor).
   int64_t rows() const noexcept { return shape.empty() ? 1 : shape[0]; }
+  /// Bytes of one dimension-0 row of a contiguous tensor (0 when it has no rows).
+  int64_t row_bytes() const noexcept { return rows() > 0 ? nbytes() / rows() : 0; }
   /// "float32[4, 8] cpu" style description for messages.
   std::string describe() const;
 };
