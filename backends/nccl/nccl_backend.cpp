@@ -416,6 +416,9 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
     FASTCOMMS_NCCL_CHECK(prefix_, ncclCommInitRank(&comm_, size_, id, rank_));
   }
   FASTCOMMS_CUDA_CHECK(cudaMemset(barrier_buf_.get(), 0, sizeof(int)));
+  // Landed before the first barrier, which runs on a non-blocking stream that the legacy
+  // stream's memset does not order (NOTE [legacy stream ordering], fastcomms/cuda/runtime.hpp).
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
   watchdog_ = std::thread([this] { watchdog(); });
 }
 

@@ -406,7 +406,14 @@ void NvlinkUlysses::check_errors() {
   ++memop_generation_;  // NOTE [memop watchdog]: late tokens of the failed call match no wait
   {
     cuda::DeviceGuard guard(opt_.device);
-    FASTCOMMS_CUDA_CHECK(cudaMemset(skip_.get(), 0, sizeof(int)));  // later calls run again
+    // Later calls run again. NOTE [legacy stream ordering]: a plain cudaMemset is not ordered
+    // before a kernel on the caller's non-blocking stream, whose blocks would read the old skip
+    // word and leave the output unwritten without an error; so the reset is waited for here, on
+    // a stream of its own (not the device: a grid of another call may still spin until its own
+    // timeout).
+    cuda::Stream reset;
+    FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(skip_.get(), 0, sizeof(int), reset.get()));
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(reset.get()));
   }
   throw Error(e == cuda::kBarrierTimeout ? ErrorCode::kTimeout : ErrorCode::kInvalidArgument,
               prefix() + (e == cuda::kBarrierTimeout

@@ -19,6 +19,15 @@ namespace fastcomms::gpu_test {
 
 constexpr int kSkip = 77;
 
+/// Copies n bytes of pageable host memory to the device and waits until they have landed
+/// (NOTE [legacy stream ordering] in fastcomms/cuda/runtime.hpp): every host-to-device upload
+/// of the GPU tests and tools goes through here.
+inline void upload(void* dst, const void* src, size_t n) {
+  cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) throw Error(ErrorCode::kCudaError, cudaGetErrorString(e));
+}
+
 /// Device memory of `device` for the shared Ulysses body; work is enqueued on `stream`.
 inline test::BodyMemory device_memory(int device, cudaStream_t stream) {
   const auto check = [](cudaError_t e) {
@@ -33,9 +42,7 @@ inline test::BodyMemory device_memory(int device, cudaStream_t stream) {
     return p;
   };
   m.release = [](void* p) { (void)cudaFree(p); };
-  m.upload = [check](void* d, const void* s, size_t n) {
-    check(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice));
-  };
+  m.upload = [](void* d, const void* s, size_t n) { upload(d, s, n); };
   m.download = [check](void* d, const void* s, size_t n) {
     check(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost));
   };

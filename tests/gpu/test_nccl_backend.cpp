@@ -57,9 +57,7 @@ struct Buf {
   }
   void set(int64_t i, double v) { encode(dt, h.data() + i * dtype_size(dt), v); }
   double get(int64_t i) const { return decode(dt, h.data() + i * dtype_size(dt)); }
-  void upload() {
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size(), cudaMemcpyHostToDevice));
-  }
+  void upload() { gpu_test::upload(d.get(), h.data(), h.size()); }
   void poison() { FASTCOMMS_CUDA_CHECK(cudaMemset(d.get(), 0xCD, h.size())); }
   void download(cudaStream_t s) {
     FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -118,8 +118,8 @@ int window_race(int rank, int P, int device, std::shared_ptr<Store> store, uint6
     const auto want_a = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in_a);
     const auto want_b = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in_b);
     cuda::DeviceBuffer xa(in_bytes), xb(in_bytes), oa(want_a[rank].size()), ob(want_b[rank].size());
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xa.get(), in_a[rank].data(), in_bytes, cudaMemcpyHostToDevice));
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xb.get(), in_b[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    gpu_test::upload(xa.get(), in_a[rank].data(), in_bytes);
+    gpu_test::upload(xb.get(), in_b[rank].data(), in_bytes);
     const std::vector<int64_t> xs = {1, s_local, heads, d}, os = {1, s_local * P, 2, d};
     FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
     group.all_to_all_4d(TensorView::contiguous(xa.get(), DType::kBFloat16, xs, dev),
@@ -164,8 +164,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     const size_t shift = gi % 5 == 4 ? static_cast<size_t>(g.e) : 0;
     cuda::DeviceBuffer xin(inputs[rank].size() + 16);
     auto* x_ptr = static_cast<std::byte*>(xin.get()) + shift;
-    FASTCOMMS_CUDA_CHECK(
-        cudaMemcpy(x_ptr, inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
+    gpu_test::upload(x_ptr, inputs[rank].data(), inputs[rank].size());
     TensorView x = TensorView::contiguous(x_ptr, dt, {s[0], s[1], s[2], s[3]},
                                           Device{DeviceType::kCUDA, device});
     UlyssesArgs args;
@@ -224,8 +223,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
       }
       const auto want = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, inputs);
       cuda::DeviceBuffer xin(inputs[rank].size()), obuf(want[rank].size());
-      FASTCOMMS_CUDA_CHECK(
-          cudaMemcpy(xin.get(), inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
+      gpu_test::upload(xin.get(), inputs[rank].data(), inputs[rank].size());
       const Device dev{DeviceType::kCUDA, device};
       TensorView x =
           TensorView::contiguous(xin.get(), DType::kBFloat16, {1, s_local, heads, d}, dev);
@@ -282,8 +280,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
           for (auto& byte : inputs[r]) byte = static_cast<std::byte>(drng());
         }
         const auto want = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, inputs);
-        FASTCOMMS_CUDA_CHECK(
-            cudaMemcpy(xin.get(), inputs[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+        gpu_test::upload(xin.get(), inputs[rank].data(), in_bytes);
         FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(user, 0x3C, want[rank].size(), stream.get()));
         FASTCOMMS_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
         std::vector<std::byte> got(want[rank].size());
@@ -390,7 +387,7 @@ int ce_ordering(int rank, int P, int device, std::shared_ptr<Store> store, uint6
     }
     const auto want = plan::reference_all_to_all_4d(0, 1, d, 2, seq, hs, in);
     cuda::DeviceBuffer x(in_bytes);
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(x.get(), in[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    gpu_test::upload(x.get(), in[rank].data(), in_bytes);
     FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
     // Poisoned in stream order before the call: peers write only after its entry barrier.
     FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(zc, 0xA5, out_bytes, stream.get()));
@@ -451,8 +448,7 @@ int ce_stress(int rank, int P, int device, std::shared_ptr<Store> store, uint64_
     const size_t shift = i % 5 == 4 ? static_cast<size_t>(g.e) : 0;
     cuda::DeviceBuffer xin(inputs[rank].size() + 16), own(want[rank].size() + 16);
     auto* x_ptr = static_cast<std::byte*>(xin.get()) + shift;
-    FASTCOMMS_CUDA_CHECK(
-        cudaMemcpy(x_ptr, inputs[rank].data(), inputs[rank].size(), cudaMemcpyHostToDevice));
+    gpu_test::upload(x_ptr, inputs[rank].data(), inputs[rank].size());
     UlyssesArgs args;
     args.mode = g.mode;
     args.seq_splits = g.seq;
@@ -525,7 +521,7 @@ int memop_faults(int rank, int P, int device, std::shared_ptr<Store> store, uint
       for (auto& byte : in[r]) byte = static_cast<std::byte>(drng());
     }
     cuda::DeviceBuffer x(in_bytes);
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(x.get(), in[rank].data(), in_bytes, cudaMemcpyHostToDevice));
+    gpu_test::upload(x.get(), in[rank].data(), in_bytes);
     UlyssesArgs args;
     args.seq_splits = seq;
     args.head_splits = hs;

@@ -115,7 +115,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     cuda::DeviceBuffer xin(bytes), out(bytes), send(bytes), recv(bytes);
     void* zc = group.empty_output(static_cast<int64_t>(bytes));
     void* zc_ipc = ipc_group.empty_output(static_cast<int64_t>(bytes));
-    FASTCOMMS_CUDA_CHECK(cudaMemcpy(xin.get(), host.data(), bytes, cudaMemcpyHostToDevice));
+    gpu_test::upload(xin.get(), host.data(), bytes);
     TensorView x = TensorView::contiguous(xin.get(), DType::kBFloat16, {sh.b, sh.s, n, sh.d}, dev);
     TensorView ov =
         TensorView::contiguous(out.get(), DType::kBFloat16, {sh.b, S, n / P, sh.d}, dev);

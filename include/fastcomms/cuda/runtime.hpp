@@ -4,6 +4,17 @@
 /// @file
 /// RAII for CUDA resources. Copy is deleted, move transfers ownership, destructors do local work
 /// only and never throw (a failing release is ignored: the context may already be gone).
+///
+/// NOTE [legacy stream ordering]: every stream here is non-blocking, so nothing on it waits for
+/// the legacy default stream, where the plain `cudaMemset` and `cudaMemcpy` run. A `cudaMemset`
+/// of device memory returns before it is done, and a `cudaMemcpy` from pageable host memory
+/// returns once the bytes are staged, before their DMA into device memory has landed (CUDA's
+/// "API synchronization behavior"). A kernel enqueued next on a non-blocking stream may then read
+/// the old bytes. Whatever such a call sets up for a later kernel is therefore waited for
+/// (`cudaDeviceSynchronize` at setup, a stream of its own on an error path), and the GPU tests
+/// upload through `gpu_test::upload`, which waits. Seen once before this rule held everywhere:
+/// test_nvlink_ulysses world 4 on one GPU read the second half of one rank's input before its
+/// upload had landed (docs/reliability.md).
 
 #include <cuda_runtime_api.h>
 
