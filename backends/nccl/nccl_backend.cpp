@@ -415,10 +415,14 @@ NcclBackend::NcclBackend(const BackendInit& init, ncclComm_t comm)
     }
     FASTCOMMS_NCCL_CHECK(prefix_, ncclCommInitRank(&comm_, size_, id, rank_));
   }
-  FASTCOMMS_CUDA_CHECK(cudaMemset(barrier_buf_.get(), 0, sizeof(int)));
-  // Landed before the first barrier, which runs on a non-blocking stream that the legacy
-  // stream's memset does not order (NOTE [legacy stream ordering], fastcomms/cuda/runtime.hpp).
-  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    // Landed before the first barrier, which runs on a non-blocking stream that a plain
+    // cudaMemset does not order (NOTE [legacy stream ordering], fastcomms/cuda/runtime.hpp); on
+    // a stream of its own, so the caller's other work on the device is not waited for.
+    cuda::Stream zero;
+    FASTCOMMS_CUDA_CHECK(cudaMemsetAsync(barrier_buf_.get(), 0, sizeof(int), zero.get()));
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(zero.get()));
+  }
   watchdog_ = std::thread([this] { watchdog(); });
 }
 

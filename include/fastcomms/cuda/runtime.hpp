@@ -10,9 +10,10 @@
 /// of device memory returns before it is done, and a `cudaMemcpy` from pageable host memory
 /// returns once the bytes are staged, before their DMA into device memory has landed (CUDA's
 /// "API synchronization behavior"). A kernel enqueued next on a non-blocking stream may then read
-/// the old bytes. Whatever such a call sets up for a later kernel is therefore waited for
-/// (`cudaDeviceSynchronize` at setup, a stream of its own on an error path), and the GPU tests
-/// upload through `gpu_test::upload`, which waits. Seen once before this rule held everywhere:
+/// the old bytes. Whatever the library sets up that way for a later kernel is waited for (a
+/// `cudaDeviceSynchronize` closing the nvlink group's setup; elsewhere the write goes on a stream
+/// of its own, which is synchronized), and the GPU tests upload through `gpu_test::upload`,
+/// which waits. Seen once before this rule held everywhere:
 /// test_nvlink_ulysses world 4 on one GPU read the second half of one rank's input before its
 /// upload had landed (docs/reliability.md).
 
