@@ -61,6 +61,10 @@ std::shared_ptr<UlyssesTransport> NvlinkTransport::async_lane() {
     init.name = init_.name + "/async";
     init.store = std::make_shared<PrefixStore>("async", init_.store);
     async_ = std::make_shared<NvlinkTransport>(init, true, engine().tuning());
+    // NOTE [two lanes on one GPU]: from now on two spinning grids of this group may share the
+    // GPU with one rank on it too, so each lane's grids take half of what it holds.
+    engine().share_gpu_with_lane();
+    async_->engine().share_gpu_with_lane();
   }
   return async_;
 }

@@ -213,8 +213,8 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     // NOTE [shared GPU residency]: the spinning grids that may share this rank's GPU at once:
     // each rank of the group on it (itself included), twice where there are several (a sync call
     // and an async call, on the group's two lanes, may be in flight together).
-    const auto here = std::count(buses.begin(), buses.end(), std::string(bus));
-    gpu_grids_ = here > 1 ? static_cast<int>(2 * here) : 1;
+    ranks_here_ = static_cast<int>(std::count(buses.begin(), buses.end(), std::string(bus)));
+    gpu_grids_.store(ranks_here_ > 1 ? 2 * ranks_here_ : 1);  // one lane until an async lane
     std::sort(buses.begin(), buses.end());
     const bool shared = std::adjacent_find(buses.begin(), buses.end()) != buses.end();
     memops_why_ = !mine ? no_memops
@@ -368,7 +368,7 @@ void NvlinkUlysses::flagged_call(const TensorView& x, const TensorView& out,
   f.skip = static_cast<int*>(skip_.get());
   f.timeout_ns = static_cast<uint64_t>(opt_.timeout.count()) * 1'000'000ull;
   f.max_blocks = fused_max_blocks_;
-  f.gpu_grids = gpu_grids_;
+  f.gpu_grids = launch_grids();
   cuda::flagged_push_async(f, sends.data(), send_peer.data(), static_cast<int>(sends.size()),
                            recvs.data(), recv_peer.data(), static_cast<int>(recvs.size()), stream);
 }
@@ -397,6 +397,12 @@ void* NvlinkUlysses::peer_window(const void* local, int q) const {
   for (const auto& w : user_windows_)
     if (w->local() == local && q >= 0 && q < opt_.size) return w->ptrs[q];
   return nullptr;
+}
+
+int NvlinkUlysses::launch_grids() const {
+  // NOTE [two lanes on one GPU]: the control grids as before the second lane counted
+  if (faults_.one_lane_cap) return ranks_here_ > 1 ? 2 * ranks_here_ : 1;
+  return gpu_grids_.load();
 }
 
 void NvlinkUlysses::check_errors() {
@@ -558,7 +564,7 @@ void NvlinkUlysses::transfer(std::vector<cuda::CopyJob> remote, const cuda::Copy
     f.go = static_cast<uint64_t*>(sync_.get()) + 1;
     f.done = reinterpret_cast<unsigned int*>(static_cast<uint64_t*>(sync_.get()) + 2);
     f.max_blocks = fused_max_blocks_;
-    f.gpu_grids = gpu_grids_;
+    f.gpu_grids = launch_grids();
     cuda::fused_push_async(f, jobs.data(), static_cast<int>(jobs.size()), stream);
     return;
   }

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -159,6 +160,9 @@ class NvlinkUlysses {
     bool skip_ce_join = false;   ///< Exit barrier not ordered after the copy engines (ce_ordering).
     bool unfused = false;        ///< Never take the fused one-kernel path (bench stages).
     bool skip_transfer = false;  ///< Barriers and copy-out only, no transfer (bench stages).
+    /// Cap the spinning grids as if no second lane existed (the control of two_lanes in
+    /// test_nvlink_ulysses; NOTE [two lanes on one GPU]). Leaves the flagged path on.
+    bool one_lane_cap = false;
     /// True when any fault is armed (they exercise the barrier path, so the flagged one is off).
     bool any() const {
       return skip_entry_barrier || delay_before_copy_out_ns || delay_ce_ns || skip_ce_join ||
@@ -167,6 +171,22 @@ class NvlinkUlysses {
   };
   /// Arms test faults on this rank.
   void set_debug_faults(const DebugFaults& f) { faults_ = f; }
+
+  /// NOTE [two lanes on one GPU]: a group's async calls run on a second engine (the async lane,
+  /// NOTE [async lane]) on the same GPU, so a sync call and an async call may be in flight
+  /// there at once, each a spinning grid (fused or flagged) that waits for the same lane's grid
+  /// on every peer. At 512 threads these kernels take 78 and 104 registers on sm_90 (ptxas), so
+  /// an SM holds one block of either: two grids of one block per SM cannot both be resident.
+  /// When one rank's GPU starts the sync lane's grid first and a peer's GPU the async lane's (an
+  /// async call followed by a sync one, whose grids become ready together when the work before
+  /// them ends, can start in either order), each grid waits for a peer grid that cannot start
+  /// beside the other: nothing moves until the spinning grids time out and the call fails. So
+  /// once the async lane exists, both engines' spinning grids take half of what the GPU holds
+  /// (NOTE [shared GPU residency], with twice the grids); before it, one lane keeps the whole
+  /// GPU. Idempotent; any thread.
+  void share_gpu_with_lane() { gpu_grids_.store(2 * ranks_here_); }
+  /// Spinning grids of this group that may be on its GPU at once (NOTE [shared GPU residency]).
+  int gpu_grids() const { return gpu_grids_.load(); }
 
   /// Caps the grid of the fused small-message kernel (0: one block per SM). A tuning knob for
   /// the benchmark; the default comes from FASTCOMMS_FUSED_BLOCKS (unset: 0).
@@ -279,8 +299,11 @@ class NvlinkUlysses {
   std::unique_ptr<MemopWatch> watch_;  // started with the first memop call
   DebugFaults faults_;
   int fused_max_blocks_ = 0;
-  // spinning grids of this group that may be on this GPU at once (NOTE [shared GPU residency])
-  int gpu_grids_ = 1;
+  // spinning grids of this group that may be on this GPU at once (NOTE [shared GPU residency]):
+  // the ranks of the group on it (ranks_here_) times the lanes that may be in flight there
+  int ranks_here_ = 1;
+  std::atomic<int> gpu_grids_{1};
+  int launch_grids() const;  // gpu_grids_, or as with one lane under DebugFaults::one_lane_cap
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

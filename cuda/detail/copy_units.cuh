@@ -29,7 +29,8 @@ constexpr int kThreads = 512;
 
 /// NOTE [shared GPU residency]: the fused and flagged kernels spin (on block 0's release, on
 /// peers' flags), so a grid must be resident whole while it waits, and so must every peer grid it
-/// waits for. With one rank per GPU, a grid of at most one block per SM is. With several ranks
+/// waits for. With one rank per GPU and one lane, a grid of at most one block per SM is (two
+/// lanes: NOTE [two lanes on one GPU] in backends/nvlink/nvlink_ulysses.hpp). With several ranks
 /// on one GPU running side by side (MPS clients; time-sliced processes are preempted instead),
 /// each kernel at 512 threads and 78-104 registers fits one block per SM, so two grids of one
 /// block per SM cannot both be resident: each waits for the other's missing blocks and the call

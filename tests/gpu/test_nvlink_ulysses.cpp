@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "backends/nvlink/nvlink_transport.hpp"
 #include "backends/nvlink/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/nvml.hpp"
 #include "fastcomms/plan/reference.hpp"
@@ -588,6 +589,107 @@ int memop_faults(int rank, int P, int device, std::shared_ptr<Store> store, uint
 
 // Runs an adversarial worker on world 2, then its armed control: the worker (returning the calls
 // it saw torn out of `calls`) must pass and the control must tear. Returns 1 on failure.
+// lane_wiring: NOTE [two lanes on one GPU]. A group of one rank keeps the whole GPU for its
+// spinning grids until its async lane exists, then both engines take half. Returns 0 when so.
+int lane_wiring(int device, std::shared_ptr<Store> store) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  TransportInit ti;
+  ti.device = Device{DeviceType::kCUDA, device};
+  ti.store = std::move(store);
+  ti.name = "wiring";
+  NvlinkTransport t(ti, /*owned=*/true);
+  const int before = t.engine().gpu_grids();
+  auto lane = std::dynamic_pointer_cast<NvlinkTransport>(t.async_lane());
+  const int sync_after = t.engine().gpu_grids(), async_after = lane->engine().gpu_grids();
+  std::printf("lane_wiring: spinning grids %d before the async lane, %d and %d after\n", before,
+              sync_after, async_after);
+  lane->destroy();
+  t.destroy();
+  return before == 1 && sync_after == 2 && async_after == 2 ? 0 : 1;
+}
+
+// two_lanes: NOTE [two lanes on one GPU]. World 2, one rank per GPU: every rank issues a flagged
+// call of 1 MiB per peer (a grid of one block per SM without the cap) on the group's sync lane
+// and one on its async lane, on two streams with no order between them: rank 0 sync first, rank
+// 1 async first, 20 ms apart, so each GPU has one lane's grid spinning before the other's is
+// launched. Both calls must finish, right. `armed` caps the grids as with one lane
+// (DebugFaults::one_lane_cap): each GPU's first grid then holds every SM while it waits for the
+// peer's grid of the same lane, which cannot start beside the peer's other grid, until the 5 s
+// timeout fails a call. Returns 1 when a call failed or read wrong.
+int two_lanes(int rank, int P, int device, std::shared_ptr<Store> store, uint64_t seed,
+              bool armed) {
+  FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
+  TransportInit ti;
+  ti.rank = rank;
+  ti.size = P;
+  ti.device = Device{DeviceType::kCUDA, device};
+  ti.store = std::move(store);
+  ti.name = armed ? "lanes-armed" : "lanes";
+  ti.timeout = std::chrono::seconds(armed ? 5 : 60);
+  NvlinkTransport t(ti, /*owned=*/true);
+  auto lane = std::dynamic_pointer_cast<NvlinkTransport>(t.async_lane());
+  NvlinkUlysses* engines[2] = {&t.engine(), &lane->engine()};
+  for (NvlinkUlysses* e : engines) {
+    e->set_flagged_max_bytes(kAll);
+    NvlinkUlysses::DebugFaults f;
+    f.one_lane_cap = armed;
+    e->set_debug_faults(f);
+  }
+  constexpr int64_t kB = 1, kS = 512, kH = 16, kD = 128, kE = 2;  // 2 MiB of bf16 per rank
+  const std::vector<int64_t> seq(static_cast<size_t>(P), kS), heads(static_cast<size_t>(P), kH / P);
+  cuda::Stream streams[2];
+  std::vector<cuda::DeviceBuffer> xs, outs;
+  std::vector<std::vector<std::byte>> want(2);
+  std::vector<size_t> out_bytes(2);
+  for (int l = 0; l < 2; ++l) {
+    plan::RankBuffers inputs(static_cast<size_t>(P));
+    for (int r = 0; r < P; ++r) {
+      std::mt19937_64 drng(seed + 1000 * static_cast<uint64_t>(l) + static_cast<uint64_t>(r));
+      inputs[r].resize(static_cast<size_t>(kB * kS * kH * kD * kE));
+      for (auto& byte : inputs[r]) byte = static_cast<std::byte>(drng());
+    }
+    want[l] = plan::reference_all_to_all_4d(0, kB, kD, kE, seq, heads, inputs)[rank];
+    out_bytes[l] = want[l].size();
+    xs.emplace_back(inputs[rank].size());
+    gpu_test::upload(xs.back().get(), inputs[rank].data(), inputs[rank].size());
+    outs.emplace_back(out_bytes[l]);
+    FASTCOMMS_CUDA_CHECK(cudaMemset(outs.back().get(), 0xA5, out_bytes[l]));
+  }
+  FASTCOMMS_CUDA_CHECK(cudaDeviceSynchronize());
+  const Device dev{DeviceType::kCUDA, device};
+  for (int k = 0; k < 2; ++k) {
+    const int l = rank == 0 ? k : 1 - k;  // rank 0: sync lane first; the others: async first
+    const TensorView x =
+        TensorView::contiguous(xs[l].get(), DType::kBFloat16, {kB, kS, kH, kD}, dev);
+    const TensorView out =
+        TensorView::contiguous(outs[l].get(), DType::kBFloat16, {kB, kS * P, kH / P, kD}, dev);
+    engines[l]->all_to_all_4d(x, out, UlyssesArgs{}, streams[l].get(), TransferEngine::kSM);
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int bad = 0;
+  for (int l = 0; l < 2; ++l) {
+    FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(streams[l].get()));
+    try {
+      engines[l]->check_errors();
+      std::vector<std::byte> got(out_bytes[l]);
+      FASTCOMMS_CUDA_CHECK(
+          cudaMemcpy(got.data(), outs[l].get(), got.size(), cudaMemcpyDeviceToHost));
+      if (got != want[l]) {
+        ++bad;
+        std::printf("two_lanes%s rank %d %s lane: output differs from the reference\n",
+                    armed ? " (armed control)" : "", rank, l == 0 ? "sync" : "async");
+      }
+    } catch (const Error& e) {
+      ++bad;
+      std::printf("two_lanes%s rank %d %s lane: %s\n", armed ? " (armed control)" : "", rank,
+                  l == 0 ? "sync" : "async", e.what());
+    }
+  }
+  lane->destroy();
+  t.destroy();
+  return bad ? 1 : 0;
+}
+
 // legacy_ordering: NOTE [legacy stream ordering] (fastcomms/cuda/runtime.hpp). 1 MiB of pageable
 // host memory uploaded while another stream's 64 MiB pinned upload keeps the copy engines busy,
 // then read at once by an SM copy on a non-blocking stream. Through gpu_test::upload every read
@@ -737,6 +839,24 @@ int main() {
     legacy_failed += !ok;
   }
   failed_worlds += legacy_failed != 0;
+  // NOTE [two lanes on one GPU]: the wiring (one rank), then the cross wait and its armed
+  // control (world 2, one rank per GPU).
+  {
+    const int bad = gpu_test::run_ranks(
+        1, ndev,
+        [&](int, int, int dev, std::shared_ptr<Store> store) { return lane_wiring(dev, store); });
+    std::printf("lane_wiring: %s\n", bad ? "FAILED" : "passed");
+    failed_worlds += bad != 0;
+  }
+  if (ndev < 2) {
+    std::printf("two_lanes: SKIPPED (needs a GPU per rank, found %d)\n", ndev);
+    ++skipped;
+  } else {
+    failed_worlds +=
+        armed_pair("two_lanes", ndev, 2, [&](int r, int size, int dev, auto store, bool armed) {
+          return two_lanes(r, size, dev, store, seed + 4242, armed);
+        });
+  }
   // window_race and ce_ordering, each with its armed control (world 2).
   failed_worlds +=
       armed_pair("window_race", ndev, 6, [&](int r, int size, int dev, auto store, bool armed) {
@@ -804,7 +924,7 @@ int main() {
     std::printf("memop_faults world %d: %s\n", P, bad ? "FAILED" : "passed");
     failed_worlds += bad != 0;
   }
-  std::printf("%d passed, %d failed, %d skipped\n", 14 - failed_worlds - skipped, failed_worlds,
+  std::printf("%d passed, %d failed, %d skipped\n", 16 - failed_worlds - skipped, failed_worlds,
               skipped);
   return failed_worlds ? 1 : 0;
 }
