@@ -697,6 +697,15 @@ class TorchComm(_OpaqueBase):
         self._observers: dict[int, object] = {}
         self._hook_ids = itertools.count()
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
+        self._refresh_fast()
+
+    def _refresh_fast(self) -> None:
+        """NOTE [process group fast path] (python/src/fast_ops.hpp): the C++ communicator a
+        process group over this one may call without Python in between, or None while Python
+        must see every op (hooks or observers registered, or no C++ communicator)."""
+        c = self._c
+        plain = not (self._pre_hooks or self._post_hooks or self._observers)
+        self._fast = c._native() if plain and isinstance(c, _C.Comm) else None
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -942,6 +951,7 @@ class TorchComm(_OpaqueBase):
         )
         c.set_timeout(self._options.timeout)  # the reconfigure timeout was for the rendezvous
         self._c = c
+        self._refresh_fast()
         self._reconf_uuids.add(uuid)
         return _DoneWork()
 
@@ -1011,7 +1021,13 @@ class TorchComm(_OpaqueBase):
             raise _TypeError(f"a hook must be callable, got {type(fn).__name__}")
         key = next(self._hook_ids)
         table[key] = fn
-        return RemovableHandle(lambda: table.pop(key, None))
+        self._refresh_fast()
+
+        def remove():
+            table.pop(key, None)
+            self._refresh_fast()
+
+        return RemovableHandle(remove)
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:

@@ -2,6 +2,8 @@
 // The Python binding: the only translation unit that includes torch. Tensors become non-owning
 // TensorViews; every Work returned to Python keeps its tensors alive until it completes; C++
 // errors map to Python exceptions here, in one place.
+#include <atomic>
+
 #include <pybind11/chrono.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -10,6 +12,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include "fast_ops.hpp"
 #include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/factory.hpp"
@@ -369,6 +372,90 @@ void order_after_current(c10::DeviceIndex device, const c10::Stream& side) {
 }
 #endif
 
+// NOTE [error mapping]: set by the module's init, used by its exception translator and the
+// process group fast path (the one mapping of C++ errors to Python exceptions).
+void (*set_python_error)(const Error& e) = nullptr;
+
+}  // namespace
+
+// NOTE [process group fast path] (src/fast_ops.hpp): the work the c10d backend holds.
+namespace fastcomms::python {
+struct FastWork {
+  PyWork pw;
+};
+}  // namespace fastcomms::python
+namespace {
+
+RedOpType fast_red(python::FastRed r) {
+  switch (r) {
+    case python::FastRed::kSum:
+      return RedOpType::kSum;
+    case python::FastRed::kAvg:
+      return RedOpType::kAvg;
+    case python::FastRed::kProduct:
+      return RedOpType::kProduct;
+    case python::FastRed::kMin:
+      return RedOpType::kMin;
+    case python::FastRed::kMax:
+      return RedOpType::kMax;
+    case python::FastRed::kBand:
+      return RedOpType::kBand;
+    case python::FastRed::kBor:
+      return RedOpType::kBor;
+    case python::FastRed::kBxor:
+      return RedOpType::kBxor;
+    case python::FastRed::kPremulSum:
+      return RedOpType::kPremulSum;
+  }
+  return RedOpType::kSum;
+}
+
+// Ops issued through the fast path (the tests check which path a call took).
+std::atomic<uint64_t> fast_calls{0};
+
+python::FastWork* fast_issue(void* comm, python::FastOp op, const at::Tensor& a,
+                             const at::Tensor& b, python::FastRed red, double factor) {
+  PyComm& c = *static_cast<PyComm*>(comm);
+  const auto o = [&c] { return c.opts(true, std::nullopt, std::nullopt); };
+  fast_calls.fetch_add(1, std::memory_order_relaxed);
+  try {
+    switch (op) {
+      case python::FastOp::kAllReduce:
+        return new python::FastWork{c.run(
+            {a}, [&] { return c.comm->all_reduce(view(a), to_op(fast_red(red), factor), o()); })};
+      case python::FastOp::kAllGatherSingle:
+        return new python::FastWork{
+            c.run({a, b}, [&] { return c.comm->all_gather_single(view(a), view(b), o()); })};
+      case python::FastOp::kReduceScatterSingle:
+        return new python::FastWork{c.run({a, b}, [&] {
+          return c.comm->reduce_scatter_single(view(a), view(b), to_op(fast_red(red), factor), o());
+        })};
+    }
+    PyErr_SetString(PyExc_RuntimeError, "fastcomms: unknown fast-path op");
+  } catch (const Error& e) {
+    set_python_error(e);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+bool fast_wait(python::FastWork* w, python::FastError* err) {
+  try {
+    w->pw.work->wait();
+    return true;
+  } catch (const Error& e) {
+    if (w->pw.abort_on_error && ProcessAbort::applies(e.code()))
+      w->pw.abort_on_error->abort_process(e.what());  // NOTE [process abort], as PyWork::wait
+    err->code = static_cast<int>(e.code());
+    err->message = e.what();
+  } catch (const std::exception& e) {
+    err->code = -1;
+    err->message = e.what();
+  }
+  return false;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -392,32 +479,53 @@ PYBIND11_MODULE(_C, m) {
   static PyObject* invalid_argument = both("ValueError", PyExc_ValueError);
   static PyObject* type_error = both("TypeError", PyExc_TypeError);
   static PyObject* timeout_error = both("TimeoutError", PyExc_TimeoutError);
+  set_python_error = [](const Error& e) {
+    switch (e.code()) {
+      case ErrorCode::kInvalidArgument:
+        PyErr_SetString(invalid_argument, e.what());
+        return;
+      case ErrorCode::kTypeError:
+        PyErr_SetString(type_error, e.what());
+        return;
+      case ErrorCode::kTimeout:
+        PyErr_SetString(timeout_error, e.what());
+        return;
+      case ErrorCode::kAborted:
+        py::set_error(aborted_error, e.what());
+        return;
+      case ErrorCode::kUnsupported:
+        py::set_error(unsupported_error, e.what());
+        return;
+      default:
+        py::set_error(backend_error, e.what());
+        return;
+    }
+  };
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      switch (e.code()) {
-        case ErrorCode::kInvalidArgument:
-          PyErr_SetString(invalid_argument, e.what());
-          return;
-        case ErrorCode::kTypeError:
-          PyErr_SetString(type_error, e.what());
-          return;
-        case ErrorCode::kTimeout:
-          PyErr_SetString(timeout_error, e.what());
-          return;
-        case ErrorCode::kAborted:
-          py::set_error(aborted_error, e.what());
-          return;
-        case ErrorCode::kUnsupported:
-          py::set_error(unsupported_error, e.what());
-          return;
-        default:
-          py::set_error(backend_error, e.what());
-          return;
-      }
+      set_python_error(e);
     }
   });
+  // NOTE [process group fast path] (src/fast_ops.hpp)
+  static const python::FastOps fast_ops = [] {
+    python::FastOps o;
+    o.issue = &fast_issue;
+    o.wait = &fast_wait;
+    o.completed = [](python::FastWork* w) { return w->pw.work->is_completed(); };
+    o.release = [](python::FastWork* w) { delete w; };
+    o.set_error = [](const python::FastError& e) {
+      if (e.code < 0)
+        PyErr_SetString(PyExc_RuntimeError, e.message.c_str());
+      else
+        set_python_error(Error(static_cast<ErrorCode>(e.code), e.message));
+    };
+    return o;
+  }();
+  m.attr("_fast_ops") = py::capsule(&fast_ops, python::kFastOpsCapsule);
+  m.def(
+      "_fast_calls", [] { return fast_calls.load(); }, "Ops the process group fast path issued");
 
   py::enum_<RedOpType>(m, "RedOpType")
       .value("SUM", RedOpType::kSum)
@@ -647,6 +755,9 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release release;
         return PyComm{Communicator::create(backend, rank, size, dev, o)};
       }))
+      // NOTE [process group fast path]: this communicator for fastcomms._c10d (not owned: the
+      // TorchComm keeps this object, and the capsule, together)
+      .def("_native", [](PyComm& c) { return py::capsule(&c, python::kFastCommCapsule); })
       .def("rank", [](const PyComm& c) { return c.comm->rank(); })
       .def("size", [](const PyComm& c) { return c.comm->size(); })
       .def("name", [](const PyComm& c) { return c.comm->name(); })

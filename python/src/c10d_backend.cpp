@@ -11,17 +11,20 @@
 // built against the pybind11 that torch ships (torch's include folder comes first), not the one
 // fastcomms._C uses: the Backend and Work objects cross into torch's own Python types, which
 // pybind11 shares only between modules built with the same pybind11 internals. It includes
-// nothing of fastcomms: the Python object does the work.
+// nothing of fastcomms: the Python object does the work, but for the collectives of NOTE
+// [process group fast path] (src/fast_ops.hpp), which go to fastcomms._C's table directly.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fast_ops.hpp"
 #include "python_state.hpp"
 
 namespace py = pybind11;
@@ -54,17 +57,116 @@ class HeldWork final : public c10d::Work {
   py::object py_work_;
 };
 
+namespace fp = fastcomms::python;
+
+// NOTE [process group fast path]: a work of fastcomms._C's table, with what get_future returns.
+class FastC10dWork final : public c10d::Work {
+ public:
+  FastC10dWork(const fp::FastOps* ops, fp::FastWork* w, std::vector<at::Tensor> result)
+      : ops_(ops), w_(w), result_(std::move(result)) {}
+  ~FastC10dWork() override {
+    if (fastcomms::python::usable()) {
+      py::gil_scoped_acquire gil;
+      ops_->release(w_);  // an unfinished op's tensors are parked in _C
+    }                     // else the interpreter is gone: left to the exiting process
+  }
+  bool wait(std::chrono::milliseconds) override {
+    fp::FastError err;
+    bool ok = false;
+    if (fastcomms::python::usable() && PyGILState_Check()) {
+      py::gil_scoped_release release;  // a caller holding the GIL: the abort hooks may need it
+      ok = ops_->wait(w_, &err);
+    } else {
+      ok = ops_->wait(w_, &err);
+    }
+    if (ok) return true;
+    py::gil_scoped_acquire gil;
+    ops_->set_error(err);  // the exception fastcomms raises for it
+    throw py::error_already_set();
+  }
+  bool isCompleted() override { return ops_->completed(w_); }
+  bool isSuccess() const override { return ops_->completed(w_); }
+  // As the Python path's work: waited (a CUDA op: the caller's stream waits), then done.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    wait(std::chrono::milliseconds(0));
+    auto fut =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    fut->markCompleted(c10::IValue(result_));
+    return fut;
+  }
+
+ private:
+  const fp::FastOps* ops_;
+  fp::FastWork* w_;
+  std::vector<at::Tensor> result_;
+};
+
+// torch's reduction as the table's; false for one it does not cover (then the Python path
+// decides: it knows every op and says what is wrong with the others).
+bool fast_red(const c10d::ReduceOp& op, fp::FastRed* red, double* factor) {
+  *factor = 1.0;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      *red = fp::FastRed::kSum;
+      return true;
+    case c10d::ReduceOp::AVG:
+      *red = fp::FastRed::kAvg;
+      return true;
+    case c10d::ReduceOp::PRODUCT:
+      *red = fp::FastRed::kProduct;
+      return true;
+    case c10d::ReduceOp::MIN:
+      *red = fp::FastRed::kMin;
+      return true;
+    case c10d::ReduceOp::MAX:
+      *red = fp::FastRed::kMax;
+      return true;
+    case c10d::ReduceOp::BAND:
+      *red = fp::FastRed::kBand;
+      return true;
+    case c10d::ReduceOp::BOR:
+      *red = fp::FastRed::kBor;
+      return true;
+    case c10d::ReduceOp::BXOR:
+      *red = fp::FastRed::kBxor;
+      return true;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (s == nullptr || s->tensor_factor.defined()) return false;  // a tensor factor: Python
+      *red = fp::FastRed::kPremulSum;
+      *factor = s->double_factor;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 class ForwardingBackend final : public c10d::Backend {
  public:
   ForwardingBackend(int rank, int size, py::object impl)
-      : c10d::Backend(rank, size), impl_(std::move(impl)) {}
+      : c10d::Backend(rank, size), impl_(std::move(impl)) {
+    // NOTE [process group fast path]: the communicator whose `_fast` each call reads, and _C's
+    // table (absent: every call takes the Python path)
+    comm_ = py::getattr(impl_, "comm", py::none());
+    py::object ops = py::module_::import("fastcomms._C").attr("_fast_ops");
+    auto* table =
+        static_cast<const fp::FastOps*>(PyCapsule_GetPointer(ops.ptr(), fp::kFastOpsCapsule));
+    if (table == nullptr) {
+      PyErr_Clear();
+    } else if (table->abi == fp::FastOps::kAbi) {
+      ops_ = table;
+    }
+  }
 
   ~ForwardingBackend() override {
     if (fastcomms::python::usable()) {
       py::gil_scoped_acquire gil;
       impl_ = py::object();
+      comm_ = py::object();
     } else {
       impl_.release();  // the interpreter is finalizing or gone: left to the exiting process
+      comm_.release();
     }
   }
 
@@ -80,6 +182,8 @@ class ForwardingBackend final : public c10d::Backend {
     return call("broadcast", t, o);
   }
   WorkPtr allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    if (t.size() == 1)
+      if (auto w = fast(fp::FastOp::kAllReduce, t[0], at::Tensor(), &o.reduceOp, t)) return w;
     return call("allreduce", t, o);
   }
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& t,
@@ -95,6 +199,7 @@ class ForwardingBackend final : public c10d::Backend {
   }
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
                           const c10d::AllgatherOptions& o) override {
+    if (auto w = fast(fp::FastOp::kAllGatherSingle, out, in, nullptr, {out})) return w;
     return call("_allgather_base", out, in, o);
   }
   WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
@@ -115,6 +220,7 @@ class ForwardingBackend final : public c10d::Backend {
   }
   WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                const c10d::ReduceScatterOptions& o) override {
+    if (auto w = fast(fp::FastOp::kReduceScatterSingle, out, in, &o.reduceOp, {out})) return w;
     return call("_reduce_scatter_base", out, in, o);
   }
   WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
@@ -147,6 +253,23 @@ class ForwardingBackend final : public c10d::Backend {
   void shutdown() override { call_void("shutdown"); }
 
  private:
+  // NOTE [process group fast path]: the op through _C's table, or null for the Python path.
+  WorkPtr fast(fp::FastOp op, const at::Tensor& a, const at::Tensor& b, const c10d::ReduceOp* r,
+               std::vector<at::Tensor> result) {
+    if (ops_ == nullptr) return nullptr;
+    fp::FastRed red = fp::FastRed::kSum;
+    double factor = 1.0;
+    if (r != nullptr && !fast_red(*r, &red, &factor)) return nullptr;
+    py::gil_scoped_acquire gil;
+    py::object handle = py::getattr(comm_, "_fast", py::none());
+    if (handle.is_none()) return nullptr;
+    void* comm = PyCapsule_GetPointer(handle.ptr(), fp::kFastCommCapsule);
+    if (comm == nullptr) throw py::error_already_set();
+    fp::FastWork* w = ops_->issue(comm, op, a, b, red, factor);
+    if (w == nullptr) throw py::error_already_set();  // the op's error, as fastcomms raises it
+    return c10::make_intrusive<FastC10dWork>(ops_, w, std::move(result));
+  }
+
   template <typename... Args>
   WorkPtr call(const char* name, Args&&... args) {
     py::gil_scoped_acquire gil;
@@ -159,6 +282,8 @@ class ForwardingBackend final : public c10d::Backend {
   }
 
   py::object impl_;
+  py::object comm_;                   // the TorchComm (None: no fast path)
+  const fp::FastOps* ops_ = nullptr;  // _C's table
 };
 
 }  // namespace

@@ -136,6 +136,93 @@ def process_group_ops(comm, rank, size):
     )
 
 
+def process_group_fast_path(comm, rank, size):
+    """NOTE [process group fast path]: all_reduce, all_gather_into_tensor and
+    reduce_scatter_tensor on a fastcomms process group reach the communicator from C++, bit for
+    bit what torch's own group gives; calls the table does not cover, and every call while the
+    communicator has Python hooks, take the Python path (the hooks see them)."""
+    import time
+
+    from fastcomms import _C
+
+    pg = _create_torchcomm_process_group(comm, "fc_fast")
+    dev = comm.get_device()
+    torch.manual_seed(7000 + rank)
+    n = 5 * size
+
+    def fast(fn):
+        before = _C._fast_calls()
+        fn()
+        return _C._fast_calls() - before
+
+    # integer-valued floats: any summation order gives the same bits
+    x = torch.randint(-50, 50, (n,), device=dev).float()
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG):
+        ours, theirs = x.clone(), x.clone()
+        assert fast(lambda op=op, t=ours: dist.all_reduce(t, op, group=pg)) == 1, op
+        dist.all_reduce(theirs, op)
+        assert _same(ours, theirs), op
+    out = torch.full((n * size,), float("nan"), device=dev)
+    assert fast(lambda: dist.all_gather_into_tensor(out, x, group=pg)) == 1
+    ref = torch.empty(n * size, device=dev)
+    dist.all_gather_into_tensor(ref, x)
+    assert _same(out, ref)
+    rs, rs_ref = torch.full((5,), float("nan"), device=dev), torch.empty(5, device=dev)
+    assert fast(lambda: dist.reduce_scatter_tensor(rs, x, group=pg)) == 1
+    dist.reduce_scatter_tensor(rs_ref, x)
+    assert _same(rs, rs_ref)
+    # PREMUL_SUM: a factor held as a number takes the fast path, one held in a tensor the
+    # Python path; both scale
+    for factor, path in ((0.5, 1), (torch.tensor(0.25), 0)):
+        t = x.clone()
+        op = dist._make_nccl_premul_sum(factor)
+        assert fast(lambda op=op, t=t: dist.all_reduce(t, op=op, group=pg)) == path
+        ref = x.clone()
+        dist.all_reduce(ref)
+        assert _same(t, ref * float(factor)), factor
+    # an async call: its work and future as the Python path's
+    t = x.clone()
+    w = dist.all_reduce(t, group=pg, async_op=True)
+    got = w.get_future().wait()
+    assert w.is_completed() and len(got) == 1 and got[0] is t
+    ref = x.clone()
+    dist.all_reduce(ref)
+    assert _same(t, ref)
+    # with a hook the Python path runs, so the hook sees the op; after its removal, fast again
+    seen = []
+    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append(name.value))
+    assert fast(lambda: dist.all_reduce(x.clone(), group=pg)) == 0
+    hook.remove()
+    assert seen == ["all_reduce"], seen
+    assert fast(lambda: dist.all_reduce(x.clone(), group=pg)) == 1
+    # an error is fastcomms' exception, on every rank, and the group works after it
+    with pytest.raises(TypeError, match="AVG needs a floating-point tensor"):
+        dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev), dist.ReduceOp.AVG, group=pg)
+    # a dropped unfinished work keeps its tensors until the op is done: rank 0 drops both while
+    # the others are late, then reuses the memory
+    big = 1 << 18
+    if rank == 0:
+        dropped = torch.full((big,), 1.0, device=dev)
+        dist.all_reduce(dropped, group=pg, async_op=True)
+        del dropped
+        junk = [torch.full((big,), 99.0, device=dev) for _ in range(8)]  # noqa: F841
+    else:
+        time.sleep(0.3)
+        t = torch.full((big,), float(rank + 1), device=dev)
+        dist.all_reduce(t, group=pg, async_op=True).wait()
+        want = 1.0 + sum(float(q + 1) for q in range(1, size))
+        assert torch.all(t == want), (t.min(), t.max(), want)
+    dist.barrier(group=pg)
+
+
+def test_process_group_fast_path(world):
+    world(process_group_fast_path, 2)
+
+
+def test_process_group_fast_path_world3(world):
+    world(process_group_fast_path, 3)
+
+
 def test_process_group_ops(world):
     world(process_group_ops, 2)
 

@@ -3,7 +3,9 @@
 small size, one GPU, world 1 (NCCL runs a one-rank communicator; what is measured is the issue
 path, not the transfer): torch.distributed's own NCCL process group against a fastcomms nccl
 communicator called directly (TorchComm, sync and async) and through a torch.distributed process
-group over it (fastcomms.device_mesh, the path DeviceMesh, FSDP2 and DDP take). Back-to-back calls
+group over it (fastcomms.device_mesh, the path DeviceMesh, FSDP2 and DDP take), and through a
+second such group with the C++ fast path off ("pg python": NOTE [process group fast path], the
+round trip through Python it replaces). Back-to-back calls
 timed with perf_counter (no synchronization inside a round), median of 7 rounds of 300.
 Usage: [PROFILE=1] python3 tools/gpu/bench_host_comm.py
 """
@@ -35,6 +37,17 @@ def main():
             timeout=datetime.timedelta(seconds=60),
         )
         pg = _create_torchcomm_process_group(comm, "host_pg")
+        # the same group kind with the fast path off (NOTE [process group fast path]): a second
+        # communicator whose process group must take the Python round trip, for the comparison
+        slow = fastcomms.new_comm(
+            "nccl",
+            dev,
+            "host_slow",
+            store=dist.PrefixStore("fc_slow", store),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        slow._fast = None
+        pg_py = _create_torchcomm_process_group(slow, "host_pg_py")
         t = torch.ones(1024, device=dev)
         out = torch.empty(1024, device=dev)
         sum_ = fastcomms.ReduceOp.SUM
@@ -44,16 +57,19 @@ def main():
                 "fastcomms": lambda: comm.all_reduce(t, sum_, False),
                 "fastcomms async": lambda: comm.all_reduce(t, sum_, True),
                 "fastcomms pg": lambda: dist.all_reduce(t, group=pg),
+                "fastcomms pg python": lambda: dist.all_reduce(t, group=pg_py),
             },
             "all_gather_into_tensor": {
                 "torch nccl": lambda: dist.all_gather_into_tensor(out, t),
                 "fastcomms": lambda: comm.all_gather_single(out, t, False),
                 "fastcomms pg": lambda: dist.all_gather_into_tensor(out, t, group=pg),
+                "fastcomms pg python": lambda: dist.all_gather_into_tensor(out, t, group=pg_py),
             },
             "reduce_scatter_tensor": {
                 "torch nccl": lambda: dist.reduce_scatter_tensor(out, t),
                 "fastcomms": lambda: comm.reduce_scatter_single(out, t, sum_, False),
                 "fastcomms pg": lambda: dist.reduce_scatter_tensor(out, t, group=pg),
+                "fastcomms pg python": lambda: dist.reduce_scatter_tensor(out, t, group=pg_py),
             },
         }
         print(
@@ -82,6 +98,7 @@ def main():
                 pstats.Stats(pr).sort_stats("tottime").print_stats(14)
         torch.cuda.synchronize()
         comm.finalize()
+        slow.finalize()
         dist.destroy_process_group()
 
 
