@@ -430,6 +430,9 @@ python::FastWork* fast_issue(void* comm, python::FastOp op, const at::Tensor& a,
         return new python::FastWork{c.run({a, b}, [&] {
           return c.comm->reduce_scatter_single(view(a), view(b), to_op(fast_red(red), factor), o());
         })};
+      case python::FastOp::kAllToAllSingle:
+        return new python::FastWork{
+            c.run({a, b}, [&] { return c.comm->all_to_all_single(view(a), view(b), o()); })};
     }
     PyErr_SetString(PyExc_RuntimeError, "fastcomms: unknown fast-path op");
   } catch (const Error& e) {

@@ -171,6 +171,13 @@ def process_group_fast_path(comm, rank, size):
     assert fast(lambda: dist.reduce_scatter_tensor(rs, x, group=pg)) == 1
     dist.reduce_scatter_tensor(rs_ref, x)
     assert _same(rs, rs_ref)
+    a2a, a2a_ref = torch.full((n,), float("nan"), device=dev), torch.empty(n, device=dev)
+    assert fast(lambda: dist.all_to_all_single(a2a, x, group=pg)) == 1
+    dist.all_to_all_single(a2a_ref, x)
+    assert _same(a2a, a2a_ref)
+    splits = [5] * size  # explicit splits: the Python path (all_to_all_v_single)
+    assert fast(lambda: dist.all_to_all_single(a2a, x, splits, splits, group=pg)) == 0
+    assert _same(a2a, a2a_ref)
     # PREMUL_SUM: a factor held as a number takes the fast path, one held in a tensor the
     # Python path; both scale
     for factor, path in ((0.5, 1), (torch.tensor(0.25), 0)):
