@@ -2,8 +2,8 @@
 """GPU tier of the process-group integration (issue 15): the CPU tier's checks of
 test_device_mesh.py (torch.distributed functions, functional collectives, DDP, FSDP2 over a
 DeviceMesh, tensor parallelism, a compiled fullgraph forward and backward) on the nccl and nvlink
-backends against torch's own NCCL group on the same data, plus a compiled step captured in a
-CUDA graph. World 2, one process per GPU. Skipped (saying why) without two GPUs."""
+backends against torch's own NCCL group on the same data, the process group's C++ fast path
+(NOTE [process group fast path]), plus a compiled step captured in a CUDA graph. World 2, one process per GPU. Skipped (saying why) without two GPUs."""
 
 import os
 import traceback
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 BODIES = (
     "process_group_ops",
+    "process_group_fast_path",
     "ddp_and_fsdp2",
     "tensor_parallel",
     "functional_compiled",
