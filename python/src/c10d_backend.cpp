@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,10 +66,9 @@ class FastC10dWork final : public c10d::Work {
   FastC10dWork(const fp::FastOps* ops, fp::FastWork* w, std::vector<at::Tensor> result)
       : ops_(ops), w_(w), result_(std::move(result)) {}
   ~FastC10dWork() override {
-    if (fastcomms::python::usable()) {
-      py::gil_scoped_acquire gil;
-      ops_->release(w_);  // an unfinished op's tensors are parked in _C
-    }                     // else the interpreter is gone: left to the exiting process
+    if (!fastcomms::python::usable()) return;  // the interpreter is gone: left to the exit
+    py::gil_scoped_acquire gil;
+    ops_->release(w_);  // an unfinished op's tensors are parked in _C
   }
   bool wait(std::chrono::milliseconds) override {
     fp::FastError err;
@@ -80,6 +80,7 @@ class FastC10dWork final : public c10d::Work {
       ok = ops_->wait(w_, &err);
     }
     if (ok) return true;
+    if (!fastcomms::python::usable()) throw std::runtime_error(err.message);
     py::gil_scoped_acquire gil;
     ops_->set_error(err);  // the exception fastcomms raises for it
     throw py::error_already_set();

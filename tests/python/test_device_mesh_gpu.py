@@ -3,7 +3,8 @@
 test_device_mesh.py (torch.distributed functions, functional collectives, DDP, FSDP2 over a
 DeviceMesh, tensor parallelism, a compiled fullgraph forward and backward) on the nccl and nvlink
 backends against torch's own NCCL group on the same data, the process group's C++ fast path
-(NOTE [process group fast path]), plus a compiled step captured in a CUDA graph. World 2, one process per GPU. Skipped (saying why) without two GPUs."""
+(NOTE [process group fast path]), plus a compiled step captured in a CUDA graph. World 2, one
+process per GPU. Skipped (saying why) without two GPUs."""
 
 import os
 import traceback
