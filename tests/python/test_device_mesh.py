@@ -222,8 +222,43 @@ def process_group_fast_path(comm, rank, size):
     dist.barrier(group=pg)
 
 
+def process_group_wait_errors(comm, rank, size):
+    """An error that comes at wait (a timeout: the other ranks never issue) is the same
+    fastcomms exception on the fast path as on the Python path (a hook forces that one)."""
+    import datetime
+
+    from fastcomms import _C
+
+    got = {}
+    for path in ("fast", "python"):
+        sub = comm.split(
+            list(range(size)), f"wait_err_{path}", timeout=datetime.timedelta(seconds=1)
+        )
+        hook = sub.register_pre_hook(lambda *a: None) if path == "python" else None
+        pg = _create_torchcomm_process_group(sub, f"fc_wait_err_{path}")
+        if rank == 0:
+            before = _C._fast_calls()
+            w = dist.all_reduce(torch.ones(8), group=pg, async_op=True)
+            assert (_C._fast_calls() - before) == (1 if path == "fast" else 0), path
+            with pytest.raises(Exception) as info:
+                w.wait()
+            got[path] = (type(info.value), str(info.value))
+        if hook is not None:
+            hook.remove()
+        dist.barrier()  # torch's own group: the others wait here while rank 0 times out
+        sub.abort()
+    if rank == 0:
+        (fast_t, fast_m), (py_t, py_m) = got["fast"], got["python"]
+        assert fast_t is py_t and issubclass(fast_t, TimeoutError), (fast_t, py_t)
+        assert "all_reduce" in fast_m and "all_reduce" in py_m, (fast_m, py_m)
+
+
 def test_process_group_fast_path(world):
     world(process_group_fast_path, 2)
+
+
+def test_process_group_wait_errors(world):
+    world(process_group_wait_errors, 2)
 
 
 def test_process_group_fast_path_world3(world):
