@@ -214,7 +214,7 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
     // each rank of the group on it (itself included), twice where there are several (a sync call
     // and an async call, on the group's two lanes, may be in flight together).
     ranks_here_ = static_cast<int>(std::count(buses.begin(), buses.end(), std::string(bus)));
-    gpu_grids_.store(ranks_here_ > 1 ? 2 * ranks_here_ : 1);  // one lane until an async lane
+    gpu_grids_.store(one_lane_grids());  // until an async lane exists
     std::sort(buses.begin(), buses.end());
     const bool shared = std::adjacent_find(buses.begin(), buses.end()) != buses.end();
     memops_why_ = !mine ? no_memops
@@ -401,7 +401,7 @@ void* NvlinkUlysses::peer_window(const void* local, int q) const {
 
 int NvlinkUlysses::launch_grids() const {
   // NOTE [two lanes on one GPU]: the control grids as before the second lane counted
-  if (faults_.one_lane_cap) return ranks_here_ > 1 ? 2 * ranks_here_ : 1;
+  if (faults_.one_lane_cap) return one_lane_grids();
   return gpu_grids_.load();
 }
 

@@ -304,6 +304,9 @@ class NvlinkUlysses {
   int ranks_here_ = 1;
   std::atomic<int> gpu_grids_{1};
   int launch_grids() const;  // gpu_grids_, or as with one lane under DebugFaults::one_lane_cap
+  // the grids with one lane: each rank here, twice where several share the GPU (their lanes are
+  // counted from the start there)
+  int one_lane_grids() const { return ranks_here_ > 1 ? 2 * ranks_here_ : 1; }
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

@@ -386,35 +386,35 @@ struct FastWork {
 }  // namespace fastcomms::python
 namespace {
 
-RedOpType fast_red(python::FastRed r) {
+// torch's reduction as ours (the backend passes every kind but UNUSED).
+RedOpType fast_red(c10d::ReduceOp::RedOpType r) {
   switch (r) {
-    case python::FastRed::kSum:
-      return RedOpType::kSum;
-    case python::FastRed::kAvg:
+    case c10d::ReduceOp::AVG:
       return RedOpType::kAvg;
-    case python::FastRed::kProduct:
+    case c10d::ReduceOp::PRODUCT:
       return RedOpType::kProduct;
-    case python::FastRed::kMin:
+    case c10d::ReduceOp::MIN:
       return RedOpType::kMin;
-    case python::FastRed::kMax:
+    case c10d::ReduceOp::MAX:
       return RedOpType::kMax;
-    case python::FastRed::kBand:
+    case c10d::ReduceOp::BAND:
       return RedOpType::kBand;
-    case python::FastRed::kBor:
+    case c10d::ReduceOp::BOR:
       return RedOpType::kBor;
-    case python::FastRed::kBxor:
+    case c10d::ReduceOp::BXOR:
       return RedOpType::kBxor;
-    case python::FastRed::kPremulSum:
+    case c10d::ReduceOp::PREMUL_SUM:
       return RedOpType::kPremulSum;
+    default:
+      return RedOpType::kSum;
   }
-  return RedOpType::kSum;
 }
 
 // Ops issued through the fast path (the tests check which path a call took).
 std::atomic<uint64_t> fast_calls{0};
 
 python::FastWork* fast_issue(void* comm, python::FastOp op, const at::Tensor& a,
-                             const at::Tensor& b, python::FastRed red, double factor) {
+                             const at::Tensor& b, c10d::ReduceOp::RedOpType red, double factor) {
   PyComm& c = *static_cast<PyComm*>(comm);
   const auto o = [&c] { return c.opts(true, std::nullopt, std::nullopt); };
   fast_calls.fetch_add(1, std::memory_order_relaxed);

@@ -18,7 +18,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -102,45 +101,16 @@ class FastC10dWork final : public c10d::Work {
   std::vector<at::Tensor> result_;
 };
 
-// torch's reduction as the table's; false for one it does not cover (then the Python path
-// decides: it knows every op and says what is wrong with the others).
-bool fast_red(const c10d::ReduceOp& op, fp::FastRed* red, double* factor) {
+// Whether the table covers torch's reduction `op` (else the Python path decides: it knows every
+// op and says what is wrong with the others); PREMUL_SUM's factor into `factor`.
+bool fast_red(const c10d::ReduceOp& op, double* factor) {
   *factor = 1.0;
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      *red = fp::FastRed::kSum;
-      return true;
-    case c10d::ReduceOp::AVG:
-      *red = fp::FastRed::kAvg;
-      return true;
-    case c10d::ReduceOp::PRODUCT:
-      *red = fp::FastRed::kProduct;
-      return true;
-    case c10d::ReduceOp::MIN:
-      *red = fp::FastRed::kMin;
-      return true;
-    case c10d::ReduceOp::MAX:
-      *red = fp::FastRed::kMax;
-      return true;
-    case c10d::ReduceOp::BAND:
-      *red = fp::FastRed::kBand;
-      return true;
-    case c10d::ReduceOp::BOR:
-      *red = fp::FastRed::kBor;
-      return true;
-    case c10d::ReduceOp::BXOR:
-      *red = fp::FastRed::kBxor;
-      return true;
-    case c10d::ReduceOp::PREMUL_SUM: {
-      const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      if (s == nullptr || s->tensor_factor.defined()) return false;  // a tensor factor: Python
-      *red = fp::FastRed::kPremulSum;
-      *factor = s->double_factor;
-      return true;
-    }
-    default:
-      return false;
-  }
+  if (op.op_ == c10d::ReduceOp::UNUSED) return false;
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return true;
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (s == nullptr || s->tensor_factor.defined()) return false;  // a tensor factor: Python
+  *factor = s->double_factor;
+  return true;
 }
 
 class ForwardingBackend final : public c10d::Backend {
@@ -260,9 +230,9 @@ class ForwardingBackend final : public c10d::Backend {
   WorkPtr fast(fp::FastOp op, const at::Tensor& a, const at::Tensor& b, const c10d::ReduceOp* r,
                std::vector<at::Tensor> result) {
     if (ops_ == nullptr) return nullptr;
-    fp::FastRed red = fp::FastRed::kSum;
     double factor = 1.0;
-    if (r != nullptr && !fast_red(*r, &red, &factor)) return nullptr;
+    if (r != nullptr && !fast_red(*r, &factor)) return nullptr;
+    const auto red = r != nullptr ? r->op_ : c10d::ReduceOp::SUM;
     py::gil_scoped_acquire gil;
     py::object handle = py::getattr(comm_, "_fast", py::none());
     if (handle.is_none()) return nullptr;

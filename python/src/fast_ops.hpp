@@ -19,6 +19,7 @@
 // a Python error. Both modules build with torch's headers and ABI flag, so at::Tensor and
 // std::string are the same types on both sides.
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <string>
 
@@ -33,9 +34,6 @@ enum class FastOp : int {
   kAllToAllSingle = 3,  // equal splits only
 };
 
-/// The reduction, by torch's names (each side maps it to its own enum).
-enum class FastRed : int { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor, kPremulSum };
-
 struct FastError {
   int code = -1;  ///< fastcomms' ErrorCode, or -1 for another exception (a RuntimeError)
   std::string message;
@@ -46,10 +44,10 @@ struct FastOps {
   int abi = kAbi;
   /// Issues `op` async on the communicator `comm` (the capsule's pointer) on the caller's
   /// current stream: all_reduce(a), all_gather_single(out a, in b), reduce_scatter_single(out a,
-  /// in b), all_to_all_single(out a, in b). GIL held. Null with a Python error set when the op
-  /// raised.
-  FastWork* (*issue)(void* comm, FastOp op, const at::Tensor& a, const at::Tensor& b, FastRed red,
-                     double factor) = nullptr;
+  /// in b), all_to_all_single(out a, in b); `red` is torch's reduction (never UNUSED),
+  /// `factor` PREMUL_SUM's. GIL held. Null with a Python error set when the op raised.
+  FastWork* (*issue)(void* comm, FastOp op, const at::Tensor& a, const at::Tensor& b,
+                     c10d::ReduceOp::RedOpType red, double factor) = nullptr;
   /// Waits as TorchWork.wait does (a CUDA op: the caller's stream waits). No GIL needed. False
   /// with `err` filled when the op failed.
   bool (*wait)(FastWork* w, FastError* err) = nullptr;

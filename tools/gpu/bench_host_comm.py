@@ -29,25 +29,22 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         store = dist.FileStore(os.path.join(d, "s"), 1)
         dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
-        comm = fastcomms.new_comm(
-            "nccl",
-            dev,
-            "host",
-            store=dist.PrefixStore("fc", store),
-            timeout=datetime.timedelta(seconds=60),
-        )
-        pg = _create_torchcomm_process_group(comm, "host_pg")
+
+        def comm_and_group(name):
+            c = fastcomms.new_comm(
+                "nccl",
+                dev,
+                name,
+                store=dist.PrefixStore(name, store),
+                timeout=datetime.timedelta(seconds=60),
+            )
+            return c, _create_torchcomm_process_group(c, f"{name}_pg")
+
+        comm, pg = comm_and_group("host")
         # the same group kind with the fast path off (NOTE [process group fast path]): a second
         # communicator whose process group must take the Python round trip, for the comparison
-        slow = fastcomms.new_comm(
-            "nccl",
-            dev,
-            "host_slow",
-            store=dist.PrefixStore("fc_slow", store),
-            timeout=datetime.timedelta(seconds=60),
-        )
+        slow, pg_py = comm_and_group("host_slow")
         slow._fast = None
-        pg_py = _create_torchcomm_process_group(slow, "host_pg_py")
         t = torch.ones(1024, device=dev)
         out = torch.empty(1024, device=dev)
         sum_ = fastcomms.ReduceOp.SUM
