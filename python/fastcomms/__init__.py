@@ -25,6 +25,28 @@ try:  # torch.compile takes instances of these classes as opaque objects (NOTE [
 except ImportError:  # pragma: no cover
     _OpaqueBase = object
 
+
+_compiled = None  # the module, once a communicator exists
+
+
+def _compiling() -> bool:  # NOTE [compiled communicator methods]; rebound by _load_compiled
+    return torch.compiler.is_compiling()
+
+
+def _load_compiled():
+    """NOTE [compiled communicator methods]: imports ``_compiled`` (its custom op) when the first
+    communicator is made, not at import: torch imports this package while it initializes itself
+    where a ``torchcomms`` alias points here, and neither ``torch.compiler`` nor
+    ``torch.library`` exists then."""
+    global _compiled, _compiling
+    import importlib
+
+    _register_opaque()  # (its op takes a TorchComm)
+    _compiled = importlib.import_module(f"{__name__}._compiled")  # (the name is bound: None)
+    _compiling = torch.compiler.is_compiling
+    return _compiled
+
+
 __path__ = extend_path(__path__, __name__)  # the built extension may live in a build tree
 
 
@@ -300,6 +322,8 @@ class BatchSendRecv:
             timeout = getattr(options, "timeout", None) or timeout
         ops = [(op.is_send, op.tensor, op.peer) for op in self.ops]
         comm = self._comm
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.batch(comm, ops, hints, timeout)
         return comm._run(
             _ht.OpName.batch_op_issue,
             lambda: _ht.BatchOpIssuePreHookArgs(len(ops), async_op),
@@ -673,6 +697,13 @@ class _Unconfigured:
         )
 
 
+def _unpickle_comm(backend: str, name: str, device: str):
+    raise _TypeError(
+        f"a TorchComm ({backend} communicator {name!r} on {device}) cannot be unpickled: it is a "
+        f"handle on another process's connections; make one with fastcomms.new_comm"
+    )
+
+
 class TorchComm(_OpaqueBase):
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
@@ -686,6 +717,12 @@ class TorchComm(_OpaqueBase):
         memo[id(self)] = self
         return self
 
+    def __reduce__(self):
+        # A communicator cannot travel to another process: pickling one gives bytes that name it
+        # (inductor's graph cache pickles its graphs' inputs to make a key, NOTE [compiled
+        # communicator methods]), and unpickling them raises.
+        return _unpickle_comm, (self.get_backend(), self.get_name(), self._device.type)
+
     def __init__(
         self, c: _C.Comm, device: torch.device, options: CommOptions | None = None
     ) -> None:
@@ -698,6 +735,7 @@ class TorchComm(_OpaqueBase):
         self._hook_ids = itertools.count()
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
         self._refresh_fast()
+        (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
     def _refresh_fast(self) -> None:
         """NOTE [process group fast path] (python/src/fast_ops.hpp): the C++ communicator a
@@ -1031,6 +1069,8 @@ class TorchComm(_OpaqueBase):
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(self, "send", (), (tensor,), (dst,), (), hints, timeout)
         return self._run(
             _ht.OpName.send,
             lambda: _ht.SendPreHookArgs(tensor, dst, async_op),
@@ -1038,6 +1078,8 @@ class TorchComm(_OpaqueBase):
         )
 
     def recv(self, tensor, src, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(self, "recv", (tensor,), (), (src,), (), hints, timeout)
         return self._run(
             _ht.OpName.recv,
             lambda: _ht.RecvPreHookArgs(tensor, src, async_op),
@@ -1049,6 +1091,8 @@ class TorchComm(_OpaqueBase):
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, tensor, root, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(self, "broadcast", (tensor,), (), (root,), (), hints, timeout)
         return self._run(
             _ht.OpName.broadcast,
             lambda: _ht.BroadcastPreHookArgs(tensor, root, async_op),
@@ -1056,6 +1100,9 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_reduce(self, tensor, op, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            n, f = _compiled.reduction(op)
+            return _compiled.call(self, "all_reduce", (tensor,), (), n, f, hints, timeout)
         t, f = _op(op)
         return self._run(
             _ht.OpName.all_reduce,
@@ -1064,6 +1111,9 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce(self, tensor, root, op, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            n, f = _compiled.reduction(op)
+            return _compiled.call(self, "reduce", (tensor,), (), n + [root], f, hints, timeout)
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce,
@@ -1072,6 +1122,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather(self, tensor_list, tensor, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout
+            )
         outs = list(tensor_list)
         return self._run(
             _ht.OpName.all_gather,
@@ -1082,6 +1136,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather_v(self, tensor_list, tensor, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout
+            )
         outs = list(tensor_list)
         return self._run(
             _ht.OpName.all_gather_v,
@@ -1092,6 +1150,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "all_gather_single", (output,), (input,), (), (), hints, timeout
+            )
         return self._run(
             _ht.OpName.all_gather_single,
             lambda: _ht.AllGatherSinglePreHookArgs(input, output, async_op),
@@ -1101,6 +1163,11 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter(self, output, input_list, op, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            n, f = _compiled.reduction(op)
+            return _compiled.call(
+                self, "reduce_scatter", (output,), input_list, n, f, hints, timeout
+            )
         t, f = _op(op)
         ins = list(input_list)
         return self._run(
@@ -1112,6 +1179,11 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter_v(self, output, input_list, op, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            n, f = _compiled.reduction(op)
+            return _compiled.call(
+                self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout
+            )
         t, f = _op(op)
         ins = list(input_list)
         return self._run(
@@ -1123,6 +1195,11 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter_single(self, output, input, op, async_op, hints=None, timeout=None):  # noqa: A002
+        if _compiling():  # NOTE [compiled communicator methods]
+            n, f = _compiled.reduction(op)
+            return _compiled.call(
+                self, "reduce_scatter_single", (output,), (input,), n, f, hints, timeout
+            )
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce_scatter_single,
@@ -1133,6 +1210,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "all_to_all_single", (output,), (input,), (), (), hints, timeout
+            )
         return self._run(
             _ht.OpName.all_to_all_single,
             lambda: _ht.AllToAllSinglePreHookArgs(input, output, async_op),
@@ -1151,6 +1232,11 @@ class TorchComm(_OpaqueBase):
         hints=None,
         timeout=None,
     ):
+        if _compiling():  # NOTE [compiled communicator methods]
+            n = list(output_split_sizes or []) + list(input_split_sizes or [])
+            return _compiled.call(
+                self, "all_to_all_v_single", (output,), (input,), n, (), hints, timeout
+            )
         outs = list(output_split_sizes or [])
         ins = list(input_split_sizes or [])
         return self._run(
@@ -1162,6 +1248,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "all_to_all", output_tensor_list, input_tensor_list, (), (), hints, timeout
+            )
         outs, ins = list(output_tensor_list), list(input_tensor_list)
         return self._run(
             _ht.OpName.all_to_all,
@@ -1170,6 +1260,8 @@ class TorchComm(_OpaqueBase):
         )
 
     def barrier(self, async_op, hints=None, timeout=None) -> TorchWork:
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(self, "barrier", (), (), (), (), hints, timeout)
         return self._run(
             _ht.OpName.barrier,
             lambda: _ht.BarrierPreHookArgs(async_op),
@@ -1177,6 +1269,17 @@ class TorchComm(_OpaqueBase):
         )
 
     def scatter(self, output_tensor, input_tensor_list, root, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self,
+                "scatter",
+                (output_tensor,),
+                input_tensor_list or (),
+                (root,),
+                (),
+                hints,
+                timeout,
+            )
         ins = list(input_tensor_list or [])
         return self._run(
             _ht.OpName.scatter,
@@ -1187,6 +1290,17 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather(self, output_tensor_list, input_tensor, root, async_op, hints=None, timeout=None):
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self,
+                "gather",
+                output_tensor_list or (),
+                (input_tensor,),
+                (root,),
+                (),
+                hints,
+                timeout,
+            )
         outs = list(output_tensor_list or [])
         return self._run(
             _ht.OpName.gather,
@@ -1197,6 +1311,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather_single(self, output, input, root, async_op, hints=None, timeout=None):  # noqa: A002
+        if _compiling():  # NOTE [compiled communicator methods]
+            return _compiled.call(
+                self, "gather_single", (output,), (input,), (root,), (), hints, timeout
+            )
         return self._run(
             _ht.OpName.gather_single,
             lambda: _ht.GatherSinglePreHookArgs(input, output, root, async_op),
@@ -1292,20 +1410,59 @@ def _process_group_name(self):
 TorchComm._ulysses_group = property(_ulysses_group)
 TorchComm._process_group_name = property(_process_group_name)
 
-try:
-    from torch._library.opaque_object import MemberType as _MemberType
-    from torch._library.opaque_object import register_opaque_type as _register_opaque_type
+# NOTE [compiled communicator methods]: the methods whose bodies Dynamo traces
+_COMPILED_METHODS = (
+    "send",
+    "recv",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_v",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_v",
+    "reduce_scatter_single",
+    "all_to_all_single",
+    "all_to_all_v_single",
+    "all_to_all",
+    "barrier",
+    "scatter",
+    "gather",
+    "gather_single",
+    "batch_op_create",
+)
 
-    _register_opaque_type(
+
+def _register_opaque() -> None:
+    """TorchComm as an opaque reference type of torch.compile. Tried at import and again by
+    ``_load_compiled``: where torch imports this package while it initializes itself (a
+    ``torchcomms`` alias), torch's opaque-type registry is not importable yet, and the module
+    that torch imports later is a fresh one."""
+    try:
+        from torch._library.opaque_object import MemberType, is_opaque_type, register_opaque_type
+    except ImportError:  # an older torch, or torch still initializing: not traceable (yet)
+        return
+    if is_opaque_type(TorchComm):
+        return
+    register_opaque_type(
         TorchComm,
         typ="reference",
         members={
-            "_ulysses_group": _MemberType.USE_REAL,
-            "_process_group_name": _MemberType.USE_REAL,
+            "_ulysses_group": MemberType.USE_REAL,
+            "_process_group_name": MemberType.USE_REAL,
+            # NOTE [compiled communicator methods]: constants while tracing, and the methods
+            # whose bodies Dynamo traces
+            **dict.fromkeys(
+                ("get_rank", "get_size", "get_name", "get_backend", "get_device"),
+                MemberType.USE_REAL,
+            ),
+            **dict.fromkeys(_COMPILED_METHODS, MemberType.INLINED),
         },
     )
-except ImportError:  # pragma: no cover - an older torch: communicators are not traceable
-    pass
+
+
+_register_opaque()
 
 
 def _listen_on(addr: str, port: int, rank: int, size: int):

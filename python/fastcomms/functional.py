@@ -111,15 +111,26 @@ def all_to_all_single_autograd(tensor, output_split_sizes, input_split_sizes, co
     )
 
 
-def is_torch_compile_supported(min_version=None, _current_version=None) -> bool:
-    """torchcomms' check for compiling the communicator's own methods: False in fastcomms (see
-    ``is_torch_compile_supported_and_enabled``)."""
-    return False
+# NOTE [compiled communicator methods] needs opaque objects whose methods Dynamo inlines: torch 2.11
+MIN_PYTORCH_VERSION_FOR_COMPILE = "2.11.0.dev0"
 
 
-def is_torch_compile_supported_and_enabled(min_version=None, _current_version=None) -> bool:
-    """torchcomms' switch for tracing the communicator's own methods (``comm.all_reduce(...)``
-    inside ``torch.compile``). fastcomms traces the functional ops of this module and the Ulysses
-    op instead, not the methods, so this is False (code that asks skips its method-compiling
-    path, as it does on a torch that torchcomms' compile support does not cover)."""
-    return False
+def is_torch_compile_supported(
+    min_version: str = MIN_PYTORCH_VERSION_FOR_COMPILE, _current_version: str | None = None
+) -> bool:
+    """torchcomms' check: whether this torch (or ``_current_version``) is at least
+    ``min_version``, the first torch whose compiler traces the communicator's own methods
+    (``comm.all_reduce(t, op, async_op)`` inside ``torch.compile(fullgraph=True)``)."""
+    from torch.torch_version import TorchVersion
+
+    current = torch.__version__ if _current_version is None else _current_version
+    return TorchVersion(current) >= (min_version or MIN_PYTORCH_VERSION_FOR_COMPILE)
+
+
+def is_torch_compile_supported_and_enabled(
+    min_version: str = MIN_PYTORCH_VERSION_FOR_COMPILE, _current_version: str | None = None
+) -> bool:
+    """torchcomms' switch for the communicator's methods under torch.compile. torchcomms also
+    asks for ``TORCHCOMMS_PATCH_FOR_COMPILE=1``; fastcomms needs no patching, so this is
+    ``is_torch_compile_supported``."""
+    return is_torch_compile_supported(min_version, _current_version)

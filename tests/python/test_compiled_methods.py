@@ -1,0 +1,275 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The communicator's own methods inside torch.compile(fullgraph=True, backend="inductor")
+(NOTE [compiled communicator methods]): every collective and point-to-point method, sync and
+async, gives bit for bit what the same call gives eagerly, on random data, with no graph break,
+no eager call first and no recompilation across calls; a rank's calls keep their program order
+where ranks run different code (a send and a receive in opposite orders); hooks see each call;
+errors are the eager call's. gloo, 2 and 3 processes."""
+
+import fastcomms
+import pytest
+import torch
+import torch._dynamo
+from fastcomms import ReduceOp
+from torch._dynamo.utils import counters
+
+TIMEOUT = fastcomms.Timeout(seconds=120)
+HINTS = {"purpose": "test", "x": "y"}
+
+
+def _same(a, b):
+    """Bit for bit, where NaN (the poison of an output nothing should write) matches NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    return torch.equal(a, b)
+
+
+def _cases(comm, rank, size):
+    """name -> (fn(comm, async_op, *tensors), tensor factory): fn calls one method (and waits
+    when async) on the tensors, which the call writes in place."""
+    n = 4 * size
+    g = torch.Generator().manual_seed(7000 + 31 * rank)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def ints(*shape):
+        return torch.randint(-50, 50, shape, generator=g, dtype=torch.int32)
+
+    def waited(w, async_op):
+        if async_op:
+            w.wait()
+
+    root = size - 1
+    return {
+        "all_reduce": (
+            lambda c, a, t: waited(c.all_reduce(t, ReduceOp.SUM, a), a),
+            lambda: [rnd(n)],
+        ),
+        "all_reduce_max_int": (
+            lambda c, a, t: waited(c.all_reduce(t, ReduceOp.MAX, a), a),
+            lambda: [ints(n)],
+        ),
+        "all_reduce_premul_sum": (
+            lambda c, a, t: waited(c.all_reduce(t, ReduceOp.PREMUL_SUM(0.5), a), a),
+            lambda: [rnd(n)],
+        ),
+        "all_reduce_hints_timeout": (
+            lambda c, a, t: waited(
+                c.all_reduce(t, ReduceOp.SUM, a, hints=HINTS, timeout=TIMEOUT), a
+            ),
+            lambda: [rnd(n)],
+        ),
+        "reduce": (
+            lambda c, a, t: waited(c.reduce(t, root, ReduceOp.SUM, a), a),
+            lambda: [rnd(n)],
+        ),
+        "broadcast": (lambda c, a, t: waited(c.broadcast(t, root, a), a), lambda: [rnd(n)]),
+        "all_gather": (
+            lambda c, a, x, *outs: waited(c.all_gather(list(outs), x, a), a),
+            lambda: [rnd(3), *(torch.full((3,), float("nan")) for _ in range(size))],
+        ),
+        "all_gather_single": (
+            lambda c, a, o, x: waited(c.all_gather_single(o, x, a), a),
+            lambda: [torch.full((3 * size,), float("nan")), rnd(3)],
+        ),
+        "reduce_scatter": (
+            lambda c, a, o, *ins: waited(c.reduce_scatter(o, list(ins), ReduceOp.SUM, a), a),
+            lambda: [torch.full((3,), float("nan")), *(rnd(3) for _ in range(size))],
+        ),
+        "reduce_scatter_single": (
+            lambda c, a, o, x: waited(c.reduce_scatter_single(o, x, ReduceOp.MIN, a), a),
+            lambda: [torch.full((3,), float("nan")), rnd(3 * size)],
+        ),
+        "all_to_all_single": (
+            lambda c, a, o, x: waited(c.all_to_all_single(o, x, a), a),
+            lambda: [torch.full((2 * size,), float("nan")), rnd(2 * size)],
+        ),
+        # rank r sends q + 1 elements to rank q, so receives r + 1 from everyone
+        "all_to_all_v_single": (
+            lambda c, a, o, x: waited(
+                c.all_to_all_v_single(o, x, [rank + 1] * size, [q + 1 for q in range(size)], a),
+                a,
+            ),
+            lambda: [
+                torch.full((size * (rank + 1),), float("nan")),
+                rnd(sum(q + 1 for q in range(size))),
+            ],
+        ),
+        "all_to_all": (
+            lambda c, a, *ts: waited(c.all_to_all(list(ts[:size]), list(ts[size:]), a), a),
+            lambda: [
+                *(torch.full((2,), float("nan")) for _ in range(size)),
+                *(rnd(2) for _ in range(size)),
+            ],
+        ),
+        "scatter": (
+            lambda c, a, o, *ins: waited(c.scatter(o, list(ins) if rank == 0 else [], 0, a), a),
+            lambda: [torch.full((3,), float("nan")), *(rnd(3) for _ in range(size))],
+        ),
+        "gather": (
+            lambda c, a, x, *outs: waited(c.gather(list(outs) if rank == 0 else [], x, 0, a), a),
+            lambda: [rnd(3), *(torch.full((3,), float("nan")) for _ in range(size))],
+        ),
+        "barrier_then_add": (
+            lambda c, a, t: (waited(c.barrier(a, hints=HINTS, timeout=TIMEOUT), a), t.add_(1)),
+            lambda: [rnd(n)],
+        ),
+    }
+
+
+def compiled_methods(comm, rank, size):
+    for name, (fn, make) in _cases(comm, rank, size).items():
+        for async_op in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+
+            def step(*ts, fn=fn, async_op=async_op):
+                fn(comm, async_op, *ts)
+                return ts[0] * 2  # a use of the first written tensor inside the graph
+
+            compiled = torch.compile(step, fullgraph=True, backend="inductor")
+            for call in range(3):  # fresh data each call: no recompilation
+                ts = make()
+                ref = [t.clone() for t in ts]
+                got = [t.clone() for t in ts]
+                r_out = step(*ref)
+                c_out = compiled(*got)
+                where = f"{name} async={async_op} call {call}"
+                assert _same(r_out, c_out), where
+                for i, (a, b) in enumerate(zip(ref, got, strict=True)):
+                    assert _same(a, b), f"{where} tensor {i}"
+            assert counters["stats"]["unique_graphs"] == 1, (name, dict(counters["stats"]))
+            assert not counters["graph_break"], (name, dict(counters["graph_break"]))
+
+
+def test_compiled_methods(world):
+    world(compiled_methods, 2)
+
+
+def test_compiled_methods_world3(world):
+    world(compiled_methods, 3)
+
+
+def program_order(comm, rank, size):
+    """Even ranks send then receive, odd ranks receive then send, then a barrier and an
+    all_reduce whose result nothing in the graph reads: each rank's calls must run in the order
+    written (a reordered send/receive pair hangs until the timeout)."""
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    send_t = torch.arange(5.0) + 100 * rank
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(s, r, t, async_op):
+        if rank % 2 == 0:
+            a = comm.send(s, nxt, async_op)
+            b = comm.recv(r, prv, async_op)
+        else:
+            b = comm.recv(r, prv, async_op)
+            a = comm.send(s, nxt, async_op)
+        if async_op:
+            a.wait()
+            b.wait()
+        comm.barrier(False)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        return r + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    for i in range(10):
+        r, t = torch.zeros(5), torch.full((3,), float(rank + i))
+        out = compiled(send_t + i, r, t, i % 2 == 1)
+        assert torch.equal(r, torch.arange(5.0) + 100 * prv + i), (i, r)
+        assert torch.equal(out, r + 1)
+        assert torch.equal(t, torch.full((3,), float(sum(q + i for q in range(size)))))
+    # async_op is a constant of the trace: one graph for each value, none per call
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+
+
+def test_program_order(world):
+    world(program_order, 2)
+
+
+def test_program_order_world3(world):
+    world(program_order, 3)
+
+
+def batch_and_hooks(comm, rank, size):
+    """A batch filled and issued inside the graph; pre-hooks and post-hooks see every call of
+    every run of the compiled function (the eager call runs inside the op)."""
+    torch._dynamo.reset()
+    seen = []
+    pre = comm.register_pre_hook(lambda name, op_id, args: seen.append(("pre", str(name))))
+    post = comm.register_post_hook(lambda op_id, args: seen.append(("post", op_id)))
+    peers = [q for q in range(size) if q != rank]
+
+    def step(sends, recvs, async_op):
+        batch = comm.batch_op_create()
+        for t, q in zip(sends, peers, strict=True):
+            batch.send(t, q)
+        for t, q in zip(recvs, peers, strict=True):
+            batch.recv(t, q)
+        w = batch.issue(async_op)
+        if async_op:
+            w.wait()
+        return [t * 1 for t in recvs]
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    for i in range(3):
+        sends = [torch.full((4,), float(100 * rank + q + i)) for q in peers]
+        recvs = [torch.zeros(4) for _ in peers]
+        seen.clear()
+        compiled(sends, recvs, False)
+        for t, q in zip(recvs, peers, strict=True):
+            assert torch.equal(t, torch.full((4,), float(100 * q + rank + i))), (i, q, t)
+        assert [k for k, _ in seen] == ["pre", "post"], seen
+        assert "batch" in seen[0][1], seen
+    pre.remove()
+    post.remove()
+
+
+def test_batch_and_hooks(world):
+    world(batch_and_hooks, 2)
+
+
+def test_batch_and_hooks_world3(world):
+    world(batch_and_hooks, 3)
+
+
+def compiled_errors(comm, rank, size):
+    """A bad argument inside a compiled function raises what the eager call raises (the rank,
+    the op, the argument), at run time, on every rank; the communicator stays usable."""
+    torch._dynamo.reset()
+    t = torch.ones(3)
+    with pytest.raises(ValueError) as eager:
+        comm.broadcast(t, size + 5, False)
+
+    def step(t):
+        comm.broadcast(t, size + 5, False)
+        return t
+
+    with pytest.raises(ValueError) as compiled:
+        torch.compile(step, fullgraph=True, backend="inductor")(t)
+    assert f"rank {rank}" in str(compiled.value) and str(size + 5) in str(compiled.value)
+    assert type(compiled.value) is type(eager.value)
+    comm.barrier(False)
+    x = torch.full((2,), float(rank))
+    comm.all_reduce(x, ReduceOp.SUM, False)
+    assert torch.equal(x, torch.full((2,), float(sum(range(size)))))
+
+
+def test_compiled_errors(world):
+    world(compiled_errors, 2)
+
+
+def test_is_torch_compile_supported():
+    from fastcomms.functional import (
+        is_torch_compile_supported,
+        is_torch_compile_supported_and_enabled,
+    )
+
+    assert is_torch_compile_supported() and is_torch_compile_supported_and_enabled()
+    assert not is_torch_compile_supported(_current_version="2.10.0")
+    assert is_torch_compile_supported("2.11.0.dev0", _current_version="2.11.0+cu130")
+    assert not is_torch_compile_supported("2.12.0.dev0", _current_version="2.11.0")
