@@ -37,6 +37,7 @@ from . import RedOpType, ReduceOp, TorchComm, _DoneWork, _op
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it
 
+
 def ensure_token(device: torch.device) -> None:
     """Eager: the order token of ``device``, made once."""
     key = str(device)

@@ -6,6 +6,8 @@ no eager call first and no recompilation across calls; a rank's calls keep their
 where ranks run different code (a send and a receive in opposite orders); hooks see each call;
 errors are the eager call's. gloo, 2 and 3 processes."""
 
+import os
+
 import fastcomms
 import pytest
 import torch
@@ -30,13 +32,20 @@ def _cases(comm, rank, size):
     """name -> (fn(comm, async_op, *tensors), tensor factory): fn calls one method (and waits
     when async) on the tensors, which the call writes in place."""
     n = 4 * size
-    g = torch.Generator().manual_seed(7000 + 31 * rank)
+    dev = comm.get_device()
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh data every run, printed for a replay
+    print(f"[rank {rank}] compiled methods: seed {seed}", flush=True)
+    g = torch.Generator().manual_seed(seed + 31 * rank)
+    nan = float("nan")
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g).to(dev)
 
     def ints(*shape):
-        return torch.randint(-50, 50, shape, generator=g, dtype=torch.int32)
+        return torch.randint(-50, 50, shape, generator=g, dtype=torch.int32).to(dev)
+
+    def poison(*shape):
+        return torch.full(shape, nan, device=dev)
 
     def waited(w, async_op):
         if async_op:
@@ -69,23 +78,23 @@ def _cases(comm, rank, size):
         "broadcast": (lambda c, a, t: waited(c.broadcast(t, root, a), a), lambda: [rnd(n)]),
         "all_gather": (
             lambda c, a, x, *outs: waited(c.all_gather(list(outs), x, a), a),
-            lambda: [rnd(3), *(torch.full((3,), float("nan")) for _ in range(size))],
+            lambda: [rnd(3), *(poison(3) for _ in range(size))],
         ),
         "all_gather_single": (
             lambda c, a, o, x: waited(c.all_gather_single(o, x, a), a),
-            lambda: [torch.full((3 * size,), float("nan")), rnd(3)],
+            lambda: [poison(3 * size), rnd(3)],
         ),
         "reduce_scatter": (
             lambda c, a, o, *ins: waited(c.reduce_scatter(o, list(ins), ReduceOp.SUM, a), a),
-            lambda: [torch.full((3,), float("nan")), *(rnd(3) for _ in range(size))],
+            lambda: [poison(3), *(rnd(3) for _ in range(size))],
         ),
         "reduce_scatter_single": (
             lambda c, a, o, x: waited(c.reduce_scatter_single(o, x, ReduceOp.MIN, a), a),
-            lambda: [torch.full((3,), float("nan")), rnd(3 * size)],
+            lambda: [poison(3), rnd(3 * size)],
         ),
         "all_to_all_single": (
             lambda c, a, o, x: waited(c.all_to_all_single(o, x, a), a),
-            lambda: [torch.full((2 * size,), float("nan")), rnd(2 * size)],
+            lambda: [poison(2 * size), rnd(2 * size)],
         ),
         # rank r sends q + 1 elements to rank q, so receives r + 1 from everyone
         "all_to_all_v_single": (
@@ -94,24 +103,24 @@ def _cases(comm, rank, size):
                 a,
             ),
             lambda: [
-                torch.full((size * (rank + 1),), float("nan")),
+                poison(size * (rank + 1)),
                 rnd(sum(q + 1 for q in range(size))),
             ],
         ),
         "all_to_all": (
             lambda c, a, *ts: waited(c.all_to_all(list(ts[:size]), list(ts[size:]), a), a),
             lambda: [
-                *(torch.full((2,), float("nan")) for _ in range(size)),
+                *(poison(2) for _ in range(size)),
                 *(rnd(2) for _ in range(size)),
             ],
         ),
         "scatter": (
             lambda c, a, o, *ins: waited(c.scatter(o, list(ins) if rank == 0 else [], 0, a), a),
-            lambda: [torch.full((3,), float("nan")), *(rnd(3) for _ in range(size))],
+            lambda: [poison(3), *(rnd(3) for _ in range(size))],
         ),
         "gather": (
             lambda c, a, x, *outs: waited(c.gather(list(outs) if rank == 0 else [], x, 0, a), a),
-            lambda: [rnd(3), *(torch.full((3,), float("nan")) for _ in range(size))],
+            lambda: [rnd(3), *(poison(3) for _ in range(size))],
         ),
         "barrier_then_add": (
             lambda c, a, t: (waited(c.barrier(a, hints=HINTS, timeout=TIMEOUT), a), t.add_(1)),

@@ -167,3 +167,29 @@ def test_tensor_register(backend):
     if not fastcomms.is_backend_built(backend):
         pytest.skip(f"this build has no {backend} backend")
     spawn(_registered_tensors, 1, backend, timeout=120)
+
+
+def _one_rank_compiled(rank, size, path, errq, backend):
+    """NOTE [compiled communicator methods] on a CUDA backend: every method of a world of one
+    compiled (inductor) against its eager call, bit for bit, CUDA tensors, one graph per case."""
+    _hang_guard()
+    try:
+        import test_compiled_methods
+
+        _, comm = _one_rank_comm(backend, "c1", path)
+        test_compiled_methods.compiled_methods(comm, 0, 1)
+        torch.cuda.synchronize()
+        comm.finalize()
+        print(f"[{backend}] world-1 compiled methods: every case bit-exact, one graph each")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_world_one_compiled_methods(backend):
+    import fastcomms
+
+    if not fastcomms.is_backend_built(backend):
+        pytest.skip(f"this build has no {backend} backend")
+    spawn(_one_rank_compiled, 1, backend, timeout=600)

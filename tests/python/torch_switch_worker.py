@@ -35,6 +35,25 @@ dist.broadcast(b, src=size - 1)
 assert torch.equal(b, parts[size - 1])
 assert torch.equal(funcol.all_reduce(x, "sum", world).wait(), t)
 
+# torch imported fastcomms while it initialized itself (through the alias), before its registry
+# of opaque types could be imported: the communicator is registered once one exists, so the
+# communicator's methods compile here too (NOTE [compiled communicator methods])
+import fastcomms  # noqa: E402
+from torch._library.opaque_object import is_opaque_type  # noqa: E402
+
+assert is_opaque_type(fastcomms.TorchComm), "TorchComm is not an opaque type of torch.compile"
+
+
+def _step(v):
+    comm.all_reduce(v, fastcomms.ReduceOp.SUM, False)
+    return v + 0
+
+
+y = x.clone()
+assert torch.equal(torch.compile(_step, fullgraph=True, backend="eager")(y), t) and torch.equal(
+    y, t
+)
+
 # a group of some of the ranks: its members meet alone, non-members take no part
 members = [0, size - 1]
 sub = dist.new_group(members)
