@@ -697,7 +697,7 @@ class _Unconfigured:
         )
 
 
-def _unpickle_comm(backend: str, name: str, device: str):
+def _unpickle_comm(backend: str, name: str, device: str, code_key: str = ""):
     raise _TypeError(
         f"a TorchComm ({backend} communicator {name!r} on {device}) cannot be unpickled: it is a "
         f"handle on another process's connections; make one with fastcomms.new_comm"
@@ -720,8 +720,10 @@ class TorchComm(_OpaqueBase):
     def __reduce__(self):
         # A communicator cannot travel to another process: pickling one gives bytes that name it
         # (inductor's graph cache pickles its graphs' inputs to make a key, NOTE [compiled
-        # communicator methods]), and unpickling them raises.
-        return _unpickle_comm, (self.get_backend(), self.get_name(), self._device.type)
+        # communicator methods]: the key then also names the code that compiled calls run, so a
+        # cached graph of another fastcomms is not reused), and unpickling them raises.
+        key = (_compiled or _load_compiled()).code_key()
+        return _unpickle_comm, (self.get_backend(), self.get_name(), self._device.type, key)
 
     def __init__(
         self, c: _C.Comm, device: torch.device, options: CommOptions | None = None

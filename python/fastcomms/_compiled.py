@@ -21,6 +21,20 @@ returns the next one, a data dependency no scheduler may break. The token of eac
 in ``_tokens``, made when a communicator is made (so the first compile sees it and the second
 call does not recompile); the compiled graph reads it and stores the next.
 
+Kept: the op is registered as side-effectful (``torch.fx.node.has_side_effect``), so no pass
+drops a call whose results this rank does not read. Its integer and float lists always end with
+one pad element: torch's autograd for custom ops takes an empty list of numbers for a list of
+tensors, which left the backward of calls without numbers untraced (their gradient silently 0).
+
+Gradients: a call whose tensors' adjoint is a collective (all_reduce and the reduce_scatters
+with SUM, AVG or PREMUL_SUM; broadcast; the all_gathers; the all_to_alls) has that collective on
+the gradients as its backward, one more node of the same op; any other call's backward raises
+when it runs (not while the compiler traces it). Eagerly the methods do not take part in autograd
+at all (they write the tensors' data), as in torchcomms without its compile patch.
+
+The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
+a digest of this file), so a graph cached by other code is not reused; unpickling raises.
+
 ``async_op=True`` gives a finished work (``wait()`` does nothing): the call is complete in
 stream order where it stands in the graph, so compute between the call and its ``wait()`` does
 not overlap it. For overlap under compile, use fastcomms.functional (torch's functional
@@ -30,12 +44,24 @@ collectives, which inductor schedules) or the Ulysses op.
 from __future__ import annotations
 
 import datetime
+import functools
+import hashlib
 
 import torch
 
 from . import RedOpType, ReduceOp, TorchComm, _DoneWork, _op
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it
+
+
+@functools.cache
+def code_key() -> str:
+    """The version and a digest of this module: what a compiled call runs (its op, its
+    gradients), for the graph cache's key (TorchComm.__reduce__)."""
+    from . import __version__
+
+    with open(__file__, "rb") as f:
+        return f"{__version__}:{hashlib.sha256(f.read()).hexdigest()[:16]}"
 
 
 def ensure_token(device: torch.device) -> None:
@@ -113,17 +139,26 @@ def comm_call(
 ) -> list[torch.Tensor]:
     """One communicator call of a compiled graph (NOTE [compiled communicator methods]):
     returns the next order token, then ``mutated`` as the call leaves them."""
+    if method == "refuse":  # the backward of a call without a gradient (hints: why)
+        raise RuntimeError(hints)
     outs = [t.clone() for t in mutated]
     kw = {"hints": _unpack_hints(hints)}
     if timeout_s >= 0:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)
-    _RUN[method](comm, outs, list(inputs), list(ints), list(floats), kw)
+    _RUN[method](comm, outs, list(inputs), list(ints)[:-1], list(floats)[:-1], kw)
     return [order.new_empty(0), *outs]
 
 
 @comm_call.register_fake
 def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
     return [order.new_empty(0), *(torch.empty_like(t) for t in mutated)]
+
+
+# Never dead code: a call whose results this rank does not read (the gradient of a broadcast on
+# the other ranks, a send) must still run, or its peers wait for it. (Not the effects system:
+# with registered effects inductor threads its own tokens, and its peak-memory reordering
+# ignored them.)
+torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -150,8 +185,8 @@ def call(comm, method, mutated, inputs, ints=(), floats=(), hints=None, timeout=
         method,
         mutated,
         list(inputs),
-        list(ints),
-        list(floats),
+        [*ints, 0],  # (each list ends with a pad: never empty, NOTE above)
+        [*floats, 0.0],
         _pack_hints(hints),
         _seconds(timeout),
     )
@@ -174,3 +209,141 @@ def batch(comm, ops, hints=None, timeout=None):
     sends = [t for s, t, _ in ops if s]
     recvs = [t for s, t, _ in ops if not s]
     return call(comm, "batch", recvs, sends, flags + peers, (), hints, timeout)
+
+
+# -- autograd: the adjoint collective of each call ---------------------------------------------
+# A method's call is differentiable where its tensors' adjoint is a collective on the same
+# communicator (the linear ones: sums, averages and pre-scaled sums; movement): the backward is
+# that collective on the gradients, one more node of the same op in the backward graph. Written
+# tensors that the call overwrites get no gradient; the tensor an all_reduce or a broadcast
+# updates in place passes its gradient through the adjoint.
+_LINEAR = (RedOpType.SUM.value, RedOpType.AVG.value, RedOpType.PREMUL_SUM.value)
+
+
+def _grad_call(comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0):
+    ref = (list(mutated) + list(inputs))[0]
+    return comm_call(
+        ref.new_empty(0),
+        comm,
+        method,
+        list(mutated),
+        list(inputs),
+        [*ints, 0],  # (the pad, as in call())
+        [*floats, 0.0],
+        hints,
+        timeout_s,
+    )[1:]
+
+
+def _scale(ints, floats, size) -> float:
+    """The factor a linear reduction applies to each rank's term."""
+    if ints[0] == RedOpType.AVG.value:
+        return 1.0 / size
+    return floats[0] if ints[0] == RedOpType.PREMUL_SUM.value else 1.0
+
+
+def _setup_context(ctx, inputs, output):
+    _, comm, method, mutated, ins, ints, floats, hints, timeout_s = inputs
+    ctx.call = (comm, method, list(ints)[:-1], list(floats)[:-1], hints, timeout_s)
+    ctx.n_mutated, ctx.n_inputs = len(mutated), len(ins)
+    ctx.out_meta = [(tuple(t.shape), t.dtype, t.device) for t in mutated]
+    ctx.in_shapes = [tuple(t.shape) for t in ins]
+    ctx.device = comm.get_device()
+
+
+def _not_differentiable(comm, method, why):
+    return RuntimeError(
+        f"[rank {comm.get_rank()}/{comm.get_size()}] {method} inside torch.compile: {why}; "
+        f"the differentiable calls are all_reduce and reduce_scatter with SUM, AVG or "
+        f"PREMUL_SUM, broadcast, the all_gathers and the all_to_alls"
+    )
+
+
+def _backward(ctx, grads):
+    comm, method, ints, floats, hints, timeout_s = ctx.call
+    g = [  # grads[0] is the token's
+        torch.zeros(s, dtype=d, device=v) if t is None else t.contiguous()
+        for t, (s, d, v) in zip(grads[1:], ctx.out_meta, strict=True)
+    ]
+    n, rank = comm.get_size(), comm.get_rank()
+    d_mut: list = [None] * ctx.n_mutated
+    d_in: list = [None] * ctx.n_inputs
+    kw = {"hints": hints, "timeout_s": timeout_s}
+    if method in ("all_reduce", "reduce_scatter", "reduce_scatter_v", "reduce_scatter_single"):
+        if ints[0] not in _LINEAR:
+            why = f"its reduction ({RedOpType(ints[0])}) is not linear"
+            return _refusal(ctx, comm, method, why, g)
+    if method == "all_reduce":
+        d_mut = _grad_call(comm, "all_reduce", [g[0]], [], ints, floats, **kw)
+    elif method == "broadcast":
+        (s,) = _grad_call(comm, "all_reduce", [g[0]], [], [RedOpType.SUM.value], [1.0], **kw)
+        d_mut = [s if rank == ints[0] else torch.zeros_like(s)]
+    elif method in ("all_gather", "all_gather_v"):
+        (d,) = _grad_call(
+            comm,
+            "reduce_scatter" if method == "all_gather" else "reduce_scatter_v",
+            [g[0].new_empty(ctx.in_shapes[0])],
+            g,
+            [RedOpType.SUM.value],
+            [1.0],
+            **kw,
+        )
+        d_in = [d]
+    elif method == "all_gather_single":
+        d_in = _grad_call(
+            comm,
+            "reduce_scatter_single",
+            [g[0].new_empty(ctx.in_shapes[0])],
+            g,
+            [RedOpType.SUM.value],
+            [1.0],
+            **kw,
+        )
+    elif method in ("reduce_scatter", "reduce_scatter_v"):
+        outs = [g[0].new_empty(s) for s in ctx.in_shapes]
+        name = "all_gather" if method == "reduce_scatter" else "all_gather_v"
+        f = _scale(ints, floats, n)
+        d_in = [t * f if f != 1.0 else t for t in _grad_call(comm, name, outs, [g[0]], **kw)]
+    elif method == "reduce_scatter_single":
+        f = _scale(ints, floats, n)
+        (d,) = _grad_call(
+            comm, "all_gather_single", [g[0].new_empty(ctx.in_shapes[0])], [g[0]], **kw
+        )
+        d_in = [d * f if f != 1.0 else d]
+    elif method == "all_to_all_single":
+        d_in = _grad_call(
+            comm, "all_to_all_single", [g[0].new_empty(ctx.in_shapes[0])], [g[0]], **kw
+        )
+    elif method == "all_to_all_v_single":
+        half = len(ints) // 2  # the splits swap: what came from a rank goes back to it
+        d_in = _grad_call(
+            comm,
+            "all_to_all_v_single",
+            [g[0].new_empty(ctx.in_shapes[0])],
+            [g[0]],
+            ints[half:] + ints[:half],
+            **kw,
+        )
+    elif method == "all_to_all":
+        d_in = _grad_call(
+            comm,
+            "all_to_all",
+            [t.new_empty(s) for t, s in zip(g, ctx.in_shapes, strict=True)],
+            g,
+            **kw,
+        )
+    else:
+        return _refusal(ctx, comm, method, "it has no gradient formula", g)
+    return None, None, None, list(d_mut), list(d_in), None, None, None, None
+
+
+def _refusal(ctx, comm, method, why, g):
+    """The backward of a call without a gradient: a node that raises when the backward runs
+    (on every rank alike), not while the compiler traces it, so a compiled forward whose
+    backward never runs compiles."""
+    msg = str(_not_differentiable(comm, method, why))
+    res = comm_call(torch.empty(0, device=ctx.device), comm, "refuse", g, [], [0], [0.0], msg, -1.0)
+    return None, None, None, list(res[1:]), [None] * ctx.n_inputs, None, None, None, None
+
+
+comm_call.register_autograd(_backward, setup_context=_setup_context)

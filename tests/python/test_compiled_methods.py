@@ -273,6 +273,8 @@ def test_compiled_errors(world):
 
 
 def test_is_torch_compile_supported():
+    """True on this torch (the methods compile, NOTE [compiled communicator methods]); the
+    version rule as torchcomms states it."""
     from fastcomms.functional import (
         is_torch_compile_supported,
         is_torch_compile_supported_and_enabled,
@@ -282,3 +284,138 @@ def test_is_torch_compile_supported():
     assert not is_torch_compile_supported(_current_version="2.10.0")
     assert is_torch_compile_supported("2.11.0.dev0", _current_version="2.11.0+cu130")
     assert not is_torch_compile_supported("2.12.0.dev0", _current_version="2.11.0")
+
+
+def compiled_backward(comm, rank, size):
+    """The differentiable methods through a compiled function's backward: x.grad equals the
+    gradient torch.distributed.nn.functional gives on torch's own gloo group, bit for bit
+    (integer-valued data, so every sum is exact in any order; the averages to rounding, the two
+    dividing at different points); a reduction that is not linear refuses the backward when it
+    runs, saying why."""
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as tdnn
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"[rank {rank}] compiled backward: seed {seed}", flush=True)
+    g = torch.Generator().manual_seed(seed + 31 * rank)
+
+    def ints_like(n):
+        return torch.randint(-8, 8, (n,), generator=g).float()
+
+    m = 2 * size
+    ins, outs = [q + 1 for q in range(size)], [rank + 1] * size  # uneven all_to_all_v splits
+    root = size - 1
+
+    def ours_ar(op):
+        return lambda x: (lambda b: (comm.all_reduce(b, op, False), b)[1])(x * 1.0)
+
+    cases = {  # name -> (input size, ours(x) -> output(s), reference(x) -> output(s))
+        "all_reduce_sum": (m, ours_ar(ReduceOp.SUM), lambda x: tdnn.all_reduce(x * 1.0)),
+        "all_reduce_avg": (m, ours_ar(ReduceOp.AVG), lambda x: tdnn.all_reduce(x * 1.0) / size),
+        "all_reduce_premul": (
+            m,
+            ours_ar(ReduceOp.PREMUL_SUM(0.5)),
+            lambda x: tdnn.all_reduce(x * 0.5),
+        ),
+        "broadcast": (
+            m,
+            lambda x: (lambda b: (comm.broadcast(b, root, False), b)[1])(x * 1.0),
+            lambda x: tdnn.broadcast(x * 1.0, src=root),
+        ),
+        "all_gather": (
+            m,
+            lambda x: (lambda o: (comm.all_gather(o, x * 1.0, False), o)[1])(
+                [torch.zeros(m) for _ in range(size)]
+            ),
+            lambda x: list(tdnn.all_gather(x * 1.0)),
+        ),
+        "all_gather_single": (
+            m,
+            lambda x: (lambda o: (comm.all_gather_single(o, x * 1.0, False), o)[1])(
+                torch.zeros(m * size)
+            ),
+            lambda x: torch.cat(tdnn.all_gather(x * 1.0)),
+        ),
+        "reduce_scatter": (
+            m * size,
+            lambda x: (
+                lambda o: (
+                    comm.reduce_scatter(o, list((x * 1.0).chunk(size)), ReduceOp.SUM, False),
+                    o,
+                )[1]
+            )(torch.zeros(m)),
+            lambda x: tdnn.reduce_scatter(torch.zeros(m), list((x * 1.0).chunk(size))),
+        ),
+        "reduce_scatter_single_avg": (
+            m * size,
+            lambda x: (
+                lambda o: (comm.reduce_scatter_single(o, x * 1.0, ReduceOp.AVG, False), o)[1]
+            )(torch.zeros(m)),
+            lambda x: tdnn.reduce_scatter(torch.zeros(m), list((x * 1.0).chunk(size))) / size,
+        ),
+        "all_to_all_single": (
+            m,
+            lambda x: (lambda o: (comm.all_to_all_single(o, x * 1.0, False), o)[1])(torch.zeros(m)),
+            lambda x: tdnn.all_to_all_single(torch.zeros(m), x * 1.0),
+        ),
+        "all_to_all_v_single": (
+            sum(ins),
+            lambda x: (lambda o: (comm.all_to_all_v_single(o, x * 1.0, outs, ins, False), o)[1])(
+                torch.zeros(sum(outs))
+            ),
+            lambda x: tdnn.all_to_all_single(torch.zeros(sum(outs)), x * 1.0, outs, ins),
+        ),
+        "all_to_all": (
+            m,
+            lambda x: (lambda o: (comm.all_to_all(o, list((x * 1.0).chunk(size)), False), o)[1])(
+                [torch.zeros(2) for _ in range(size)]
+            ),
+            lambda x: list(
+                tdnn.all_to_all([torch.zeros(2) for _ in range(size)], list(x.chunk(size)))
+            ),
+        ),
+    }
+
+    def loss_of(out, w):
+        outs_ = out if isinstance(out, list) else [out]
+        return sum((o * wi).sum() for o, wi in zip(outs_, w, strict=True))
+
+    for name, (n, ours, ref) in cases.items():
+        torch._dynamo.reset()
+        x0 = ints_like(n)
+        with torch.no_grad():
+            probe = ref(x0.clone())
+        w = [
+            ints_like(t.numel()).view(t.shape)
+            for t in (probe if isinstance(probe, list) else [probe])
+        ]
+        x_ref = x0.clone().requires_grad_()
+        loss_of(ref(x_ref), w).backward()
+        x_ours = x0.clone().requires_grad_()
+        compiled = torch.compile(
+            lambda x, ours=ours, w=w: loss_of(ours(x), w), fullgraph=True, backend="inductor"
+        )
+        loss = compiled(x_ours)
+        loss.backward()
+        ref_loss = loss_of(ref(x0.clone()), w)
+        if "avg" in name:  # an average of exact sums: the same up to where each rounds
+            torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-6, atol=1e-5)
+        else:
+            assert torch.equal(x_ours.grad, x_ref.grad), (name, x_ours.grad, x_ref.grad)
+            assert torch.equal(loss.detach(), ref_loss), name
+    dist.barrier()
+
+    torch._dynamo.reset()
+    x = ints_like(m).requires_grad_()
+    loss = torch.compile(lambda x: ours_ar(ReduceOp.MAX)(x).sum(), fullgraph=True)(x)
+    with pytest.raises(RuntimeError, match="not linear"):
+        loss.backward()
+
+
+def test_compiled_backward(world):
+    world(compiled_backward, 2)
+
+
+def test_compiled_backward_world3(world):
+    world(compiled_backward, 3)

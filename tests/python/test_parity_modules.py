@@ -260,12 +260,6 @@ def test_monitored_barrier(size):
     spawn(_monitored_worker, size, timeout=120)
 
 
-def test_is_torch_compile_supported_and_enabled():
-    from fastcomms.functional import is_torch_compile_supported_and_enabled
-
-    assert is_torch_compile_supported_and_enabled() is False
-
-
 def test_extension_errors_are_runtime_errors_too():
     """torchcomms raises RuntimeError for bad arguments; ours are ValueError (TypeError,
     TimeoutError) and RuntimeError at once."""
