@@ -697,10 +697,12 @@ class _Unconfigured:
         )
 
 
-def _unpickle_comm(backend: str, name: str, device: str, code_key: str = ""):
+def _unpickle_comm(backend: str, name: str, where, code_key: str = ""):
+    rank, size, device = where
     raise _TypeError(
-        f"a TorchComm ({backend} communicator {name!r} on {device}) cannot be unpickled: it is a "
-        f"handle on another process's connections; make one with fastcomms.new_comm"
+        f"a TorchComm ({backend} communicator {name!r}, rank {rank} of {size} on {device}) cannot "
+        f"be unpickled: it is a handle on another process's connections; make one with "
+        f"fastcomms.new_comm"
     )
 
 
@@ -720,10 +722,16 @@ class TorchComm(_OpaqueBase):
     def __reduce__(self):
         # A communicator cannot travel to another process: pickling one gives bytes that name it
         # (inductor's graph cache pickles its graphs' inputs to make a key, NOTE [compiled
-        # communicator methods]: the key then also names the code that compiled calls run, so a
-        # cached graph of another fastcomms is not reused), and unpickling them raises.
+        # communicator methods]), and unpickling them raises. The key names what a compiled
+        # graph may have baked in while tracing: the rank and size (a broadcast's gradient is
+        # traced per rank, so ranks must not share a cached graph), the device and the code
+        # that compiled calls run (a graph cached by another fastcomms is not reused).
         key = (_compiled or _load_compiled()).code_key()
-        return _unpickle_comm, (self.get_backend(), self.get_name(), self._device.type, key)
+        try:
+            where = (self.get_rank(), self.get_size(), str(self._device))
+        except Exception:  # noqa: BLE001 - not configured yet (enable_reconfigure): no ranks
+            where = (-1, 0, str(self._device))
+        return _unpickle_comm, (self.get_backend(), self.get_name(), where, key)
 
     def __init__(
         self, c: _C.Comm, device: torch.device, options: CommOptions | None = None

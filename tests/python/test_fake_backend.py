@@ -75,4 +75,6 @@ def test_package_surface_as_torchcomms():
     assert fastcomms.hooks.FlightRecorderHook and fastcomms.objcol.all_gather_object
     import fastcomms.functional
 
-    assert fastcomms.functional.is_torch_compile_supported() is False
+    assert (
+        fastcomms.functional.is_torch_compile_supported() is True
+    )  # (NOTE [compiled communicator methods])
