@@ -38,9 +38,11 @@ def main() -> None:
             return t + 1
 
         compiled = torch.compile(step, fullgraph=True, backend="inductor")
-        print(f"torch {torch.__version__}, fastcomms {fastcomms.__version__}, "
-              f"{os.cpu_count()} CPUs; us per call, median of {args.rounds} rounds of "
-              f"{args.calls} calls")
+        print(
+            f"torch {torch.__version__}, fastcomms {fastcomms.__version__}, "
+            f"{os.cpu_count()} CPUs; us per call, median of {args.rounds} rounds of "
+            f"{args.calls} calls"
+        )
         print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'ratio':>7}")
         for n in (int(v) for v in args.sizes.split(",")):
             t = torch.randn(n)
