@@ -1420,8 +1420,8 @@ def _process_group_name(self):
 TorchComm._ulysses_group = property(_ulysses_group)
 TorchComm._process_group_name = property(_process_group_name)
 
-# NOTE [compiled communicator methods]: the methods whose bodies Dynamo traces
-_COMPILED_METHODS = (
+# The communicator's operations (its methods of those names; the "fake" backend's ops too)
+_COLLECTIVE_METHODS = (
     "send",
     "recv",
     "broadcast",
@@ -1440,8 +1440,9 @@ _COMPILED_METHODS = (
     "scatter",
     "gather",
     "gather_single",
-    "batch_op_create",
 )
+# NOTE [compiled communicator methods]: the methods whose bodies Dynamo traces
+_COMPILED_METHODS = (*_COLLECTIVE_METHODS, "batch_op_create")
 
 
 def _register_opaque() -> None:

@@ -175,18 +175,33 @@ def _seconds(timeout) -> float:
     return float(timeout)
 
 
+def _issue(order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0):
+    """One node of the op; each number list ends with a pad, so none is empty (NOTE above)."""
+    return comm_call(
+        order,
+        comm,
+        method,
+        list(mutated),
+        list(inputs),
+        [*ints, 0],
+        [*floats, 0.0],
+        hints,
+        timeout_s,
+    )
+
+
 def call(comm, method, mutated, inputs, ints=(), floats=(), hints=None, timeout=None):
     """Traced: the node of one call, its results copied back; a finished work."""
     mutated = list(mutated)
     key = str(comm.get_device())
-    res = comm_call(
+    res = _issue(
         _tokens[key],
         comm,
         method,
         mutated,
-        list(inputs),
-        [*ints, 0],  # (each list ends with a pad: never empty, NOTE above)
-        [*floats, 0.0],
+        inputs,
+        ints,
+        floats,
         _pack_hints(hints),
         _seconds(timeout),
     )
@@ -221,18 +236,10 @@ _LINEAR = (RedOpType.SUM.value, RedOpType.AVG.value, RedOpType.PREMUL_SUM.value)
 
 
 def _grad_call(comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0):
-    ref = (list(mutated) + list(inputs))[0]
-    return comm_call(
-        ref.new_empty(0),
-        comm,
-        method,
-        list(mutated),
-        list(inputs),
-        [*ints, 0],  # (the pad, as in call())
-        [*floats, 0.0],
-        hints,
-        timeout_s,
-    )[1:]
+    """A backward's collective: its results (its token starts no chain; the op is kept anyway)."""
+    order = (list(mutated) + list(inputs))[0].new_empty(0)
+    res = _issue(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s)
+    return res[1:]
 
 
 def _scale(ints, floats, size) -> float:
@@ -342,7 +349,7 @@ def _refusal(ctx, comm, method, why, g):
     (on every rank alike), not while the compiler traces it, so a compiled forward whose
     backward never runs compiles."""
     msg = str(_not_differentiable(comm, method, why))
-    res = comm_call(torch.empty(0, device=ctx.device), comm, "refuse", g, [], [0], [0.0], msg, -1.0)
+    res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], hints=msg)
     return None, None, None, list(res[1:]), [None] * ctx.n_inputs, None, None, None, None
 
 

@@ -6,29 +6,9 @@ communicators (hooks, flight recorder, process groups, tracing) in a single proc
 
 from __future__ import annotations
 
-from . import TorchCommBackend
+from . import _COLLECTIVE_METHODS, TorchCommBackend
 
-_OPS = (
-    "send",
-    "recv",
-    "batch_op_issue",
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "all_gather_v",
-    "all_gather_single",
-    "reduce_scatter",
-    "reduce_scatter_v",
-    "reduce_scatter_single",
-    "all_to_all_single",
-    "all_to_all_v_single",
-    "all_to_all",
-    "barrier",
-    "scatter",
-    "gather",
-    "gather_single",
-)
+_OPS = ("batch_op_issue", *_COLLECTIVE_METHODS)
 
 
 class FakeBackend(TorchCommBackend):

@@ -7,6 +7,7 @@ where ranks run different code (a send and a receive in opposite orders); hooks 
 errors are the eager call's. gloo, 2 and 3 processes."""
 
 import os
+import pickle
 
 import fastcomms
 import pytest
@@ -267,6 +268,11 @@ def compiled_errors(comm, rank, size):
         torch.compile(step, fullgraph=True, backend="inductor")(t)
     assert f"rank {rank}" in str(compiled.value) and str(size + 5) in str(compiled.value)
     assert type(compiled.value) is type(eager.value)
+    # a communicator pickles to bytes naming it (the graph cache's key: its rank among them)
+    # and refuses to unpickle
+    blob = pickle.dumps(comm)
+    with pytest.raises(TypeError, match=f"rank {rank} of {size}.*cannot be unpickled"):
+        pickle.loads(blob)
     comm.barrier(False)
     x = torch.full((2,), float(rank))
     comm.all_reduce(x, ReduceOp.SUM, False)
