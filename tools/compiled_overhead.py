@@ -1,12 +1,22 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""What a communicator method costs inside a compiled function against the same call eagerly
-(NOTE [compiled communicator methods]): world 1 over gloo on CPU, ``comm.all_reduce(t, SUM,
-False)`` then ``t + 1``, eager and compiled (inductor, fullgraph), for a few sizes; the compiled
-call pays the clone of the written tensor, the copy back and the graph's own overhead. Rounds of
-N back-to-back calls, the two kinds interleaved round by round, medians after a warm-up; no device
-needed. A benchmark, not a test.
+"""What a communicator method costs inside a compiled function against the same call eagerly,
+and how much of an async call a compiled function hides (NOTE [compiled communicator methods],
+NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, with
+``--backend nccl``, over NCCL on cuda:0.
 
-Usage: python3 tools/compiled_overhead.py [--calls 2000] [--rounds 7] [--sizes 16,65536,1048576]"""
+- host: ``comm.all_reduce(t, SUM, False)`` then ``t + 1``, eager and compiled (inductor,
+  fullgraph), for a few sizes; rounds of N back-to-back calls, the two kinds interleaved round by
+  round, medians after a warm-up (on CUDA, a synchronize ends each round).
+- overlap: inside one compiled function, ``all_gather_single`` of ``--overlap-mib`` (a copy at
+  world 1, on the communicator's own stream or thread) beside a chain of matrix products on the
+  caller's stream; "gemm" the chain alone, "comm" the call alone, "async" both with
+  ``async_op=True`` and the wait after the chain, "sync" both with ``async_op=False``; each timed
+  per call (CUDA events on CUDA), interleaved rounds, medians; hidden = (gemm + comm - async) /
+  comm.
+
+A benchmark, not a test. Usage: python3 tools/compiled_overhead.py [--backend gloo|nccl]
+[--calls 2000] [--rounds 7] [--sizes 16,65536,1048576] [--only host,overlap] [--overlap-mib 64]
+[--gemm 1024] [--chain 4]"""
 
 import argparse
 import os
@@ -18,46 +28,128 @@ import torch
 import torch.distributed as dist
 
 
+def _host(comm, args, dev, sync):
+    import fastcomms
+
+    def step(t):
+        comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
+        return t + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    print(f"host: us per call, median of {args.rounds} rounds of {args.calls} calls")
+    print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'ratio':>7}")
+    for n in (int(v) for v in args.sizes.split(",")):
+        t = torch.randn(n, device=dev)
+        for fn in (step, compiled):  # warm-up (and the compile)
+            for _ in range(20):
+                fn(t)
+        times = {"eager": [], "compiled": []}
+        for _ in range(args.rounds):
+            for name, fn in (("eager", step), ("compiled", compiled)):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    fn(t)
+                sync()
+                times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
+        e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
+        print(f"{n:>10} {e:>10.2f} {c:>10.2f} {c / e:>6.2f}x")
+
+
+def _overlap(comm, args, dev, sync):
+    n = args.overlap_mib * 2**20 // 4
+    src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
+    a = torch.randn(args.gemm, args.gemm, device=dev) / args.gemm**0.5
+
+    def chain(x):
+        for _ in range(args.chain):
+            x = x @ a
+        return x
+
+    def gemm(x):
+        return chain(x)
+
+    def comm_only(x):
+        comm.all_gather_single(dst, src, True).wait()
+        return x + 1
+
+    def both(x, async_op):
+        w = comm.all_gather_single(dst, src, async_op)
+        y = chain(x)
+        w.wait()
+        return y
+
+    fns = {
+        "gemm": torch.compile(gemm, fullgraph=True),
+        "comm": torch.compile(comm_only, fullgraph=True),
+        "async": torch.compile(lambda x: both(x, True), fullgraph=True),
+        "sync": torch.compile(lambda x: both(x, False), fullgraph=True),
+    }
+    cuda = dev.type == "cuda"
+
+    def timed(fn):
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn(a)
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) * 1e3
+        t0 = time.perf_counter()
+        fn(a)
+        return (time.perf_counter() - t0) * 1e6
+
+    for fn in fns.values():  # the compiles, a warm-up
+        for _ in range(3):
+            fn(a)
+    sync()
+    assert torch.equal(dst, src), "all_gather_single at world 1 copies its input"
+    times = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for k, fn in fns.items():
+            times[k].extend(timed(fn) for _ in range(5))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    hidden = (med["gemm"] + med["comm"] - med["async"]) / med["comm"]
+    hidden_sync = (med["gemm"] + med["comm"] - med["sync"]) / med["comm"]
+    print(
+        f"overlap: all_gather_single {args.overlap_mib} MiB beside {args.chain} matmuls "
+        f"{args.gemm}^3 float32, us per call, median of {args.rounds} rounds of 5"
+    )
+    print("  " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()))
+    print(f"  hidden: async {hidden:.1%}, sync {hidden_sync:.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--sizes", default="16,65536,1048576", help="float32 elements, comma-separated")
+    ap.add_argument("--only", default="host,overlap")
+    ap.add_argument("--overlap-mib", type=int, default=64)
+    ap.add_argument("--gemm", type=int, default=1024)
+    ap.add_argument("--chain", type=int, default=4)
     args = ap.parse_args()
 
     import fastcomms
 
+    dev = torch.device("cuda:0" if args.backend == "nccl" else "cpu")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     os.environ.setdefault("TORCHCOMM_RANK", "0")
     os.environ.setdefault("TORCHCOMM_SIZE", "1")
     with tempfile.TemporaryDirectory() as d:
         store = dist.FileStore(os.path.join(d, "store"), 1)
-        comm = fastcomms.new_comm("gloo", torch.device("cpu"), "overhead", store=store)
-
-        def step(t):
-            comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
-            return t + 1
-
-        compiled = torch.compile(step, fullgraph=True, backend="inductor")
+        comm = fastcomms.new_comm(args.backend, dev, "overhead", store=store)
+        gpu = f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""
         print(
-            f"torch {torch.__version__}, fastcomms {fastcomms.__version__}, "
-            f"{os.cpu_count()} CPUs; us per call, median of {args.rounds} rounds of "
-            f"{args.calls} calls"
+            f"torch {torch.__version__}, fastcomms {fastcomms.__version__}, {args.backend}, "
+            f"{os.cpu_count()} CPUs{gpu}"
         )
-        print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'ratio':>7}")
-        for n in (int(v) for v in args.sizes.split(",")):
-            t = torch.randn(n)
-            for fn in (step, compiled):  # warm-up (and the compile)
-                for _ in range(20):
-                    fn(t)
-            times = {"eager": [], "compiled": []}
-            for _ in range(args.rounds):
-                for name, fn in (("eager", step), ("compiled", compiled)):
-                    t0 = time.perf_counter()
-                    for _ in range(args.calls):
-                        fn(t)
-                    times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
-            e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
-            print(f"{n:>10} {e:>10.2f} {c:>10.2f} {c / e:>6.2f}x")
+        only = args.only.split(",")
+        if "host" in only:
+            _host(comm, args, dev, sync)
+        if "overlap" in only:
+            _overlap(comm, args, dev, sync)
         comm.finalize()
 
 

@@ -323,7 +323,7 @@ class BatchSendRecv:
         ops = [(op.is_send, op.tensor, op.peer) for op in self.ops]
         comm = self._comm
         if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.batch(comm, ops, hints, timeout)
+            return _compiled.batch(comm, ops, hints, timeout, async_op)
         return comm._run(
             _ht.OpName.batch_op_issue,
             lambda: _ht.BatchOpIssuePreHookArgs(len(ops), async_op),
@@ -1080,7 +1080,7 @@ class TorchComm(_OpaqueBase):
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "send", (), (tensor,), (dst,), (), hints, timeout)
+            return _compiled.call(self, "send", (), (tensor,), (dst,), (), hints, timeout, async_op)
         return self._run(
             _ht.OpName.send,
             lambda: _ht.SendPreHookArgs(tensor, dst, async_op),
@@ -1089,7 +1089,7 @@ class TorchComm(_OpaqueBase):
 
     def recv(self, tensor, src, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "recv", (tensor,), (), (src,), (), hints, timeout)
+            return _compiled.call(self, "recv", (tensor,), (), (src,), (), hints, timeout, async_op)
         return self._run(
             _ht.OpName.recv,
             lambda: _ht.RecvPreHookArgs(tensor, src, async_op),
@@ -1102,7 +1102,9 @@ class TorchComm(_OpaqueBase):
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, tensor, root, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "broadcast", (tensor,), (), (root,), (), hints, timeout)
+            return _compiled.call(
+                self, "broadcast", (tensor,), (), (root,), (), hints, timeout, async_op
+            )
         return self._run(
             _ht.OpName.broadcast,
             lambda: _ht.BroadcastPreHookArgs(tensor, root, async_op),
@@ -1112,7 +1114,7 @@ class TorchComm(_OpaqueBase):
     def all_reduce(self, tensor, op, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(self, "all_reduce", (tensor,), (), n, f, hints, timeout)
+            return _compiled.call(self, "all_reduce", (tensor,), (), n, f, hints, timeout, async_op)
         t, f = _op(op)
         return self._run(
             _ht.OpName.all_reduce,
@@ -1123,7 +1125,9 @@ class TorchComm(_OpaqueBase):
     def reduce(self, tensor, root, op, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(self, "reduce", (tensor,), (), n + [root], f, hints, timeout)
+            return _compiled.call(
+                self, "reduce", (tensor,), (), n + [root], f, hints, timeout, async_op
+            )
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce,
@@ -1134,7 +1138,7 @@ class TorchComm(_OpaqueBase):
     def all_gather(self, tensor_list, tensor, async_op, hints=None, timeout=None):
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout
+                self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout, async_op
             )
         outs = list(tensor_list)
         return self._run(
@@ -1148,7 +1152,7 @@ class TorchComm(_OpaqueBase):
     def all_gather_v(self, tensor_list, tensor, async_op, hints=None, timeout=None):
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout
+                self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout, async_op
             )
         outs = list(tensor_list)
         return self._run(
@@ -1162,7 +1166,7 @@ class TorchComm(_OpaqueBase):
     def all_gather_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "all_gather_single", (output,), (input,), (), (), hints, timeout
+                self, "all_gather_single", (output,), (input,), (), (), hints, timeout, async_op
             )
         return self._run(
             _ht.OpName.all_gather_single,
@@ -1176,7 +1180,7 @@ class TorchComm(_OpaqueBase):
         if _compiling():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
             return _compiled.call(
-                self, "reduce_scatter", (output,), input_list, n, f, hints, timeout
+                self, "reduce_scatter", (output,), input_list, n, f, hints, timeout, async_op
             )
         t, f = _op(op)
         ins = list(input_list)
@@ -1192,7 +1196,7 @@ class TorchComm(_OpaqueBase):
         if _compiling():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
             return _compiled.call(
-                self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout
+                self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout, async_op
             )
         t, f = _op(op)
         ins = list(input_list)
@@ -1208,7 +1212,7 @@ class TorchComm(_OpaqueBase):
         if _compiling():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
             return _compiled.call(
-                self, "reduce_scatter_single", (output,), (input,), n, f, hints, timeout
+                self, "reduce_scatter_single", (output,), (input,), n, f, hints, timeout, async_op
             )
         t, f = _op(op)
         return self._run(
@@ -1222,7 +1226,7 @@ class TorchComm(_OpaqueBase):
     def all_to_all_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "all_to_all_single", (output,), (input,), (), (), hints, timeout
+                self, "all_to_all_single", (output,), (input,), (), (), hints, timeout, async_op
             )
         return self._run(
             _ht.OpName.all_to_all_single,
@@ -1245,7 +1249,7 @@ class TorchComm(_OpaqueBase):
         if _compiling():  # NOTE [compiled communicator methods]
             n = list(output_split_sizes or []) + list(input_split_sizes or [])
             return _compiled.call(
-                self, "all_to_all_v_single", (output,), (input,), n, (), hints, timeout
+                self, "all_to_all_v_single", (output,), (input,), n, (), hints, timeout, async_op
             )
         outs = list(output_split_sizes or [])
         ins = list(input_split_sizes or [])
@@ -1260,7 +1264,15 @@ class TorchComm(_OpaqueBase):
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op, hints=None, timeout=None):
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "all_to_all", output_tensor_list, input_tensor_list, (), (), hints, timeout
+                self,
+                "all_to_all",
+                output_tensor_list,
+                input_tensor_list,
+                (),
+                (),
+                hints,
+                timeout,
+                async_op,
             )
         outs, ins = list(output_tensor_list), list(input_tensor_list)
         return self._run(
@@ -1271,7 +1283,7 @@ class TorchComm(_OpaqueBase):
 
     def barrier(self, async_op, hints=None, timeout=None) -> TorchWork:
         if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "barrier", (), (), (), (), hints, timeout)
+            return _compiled.call(self, "barrier", (), (), (), (), hints, timeout, async_op)
         return self._run(
             _ht.OpName.barrier,
             lambda: _ht.BarrierPreHookArgs(async_op),
@@ -1289,6 +1301,7 @@ class TorchComm(_OpaqueBase):
                 (),
                 hints,
                 timeout,
+                async_op,
             )
         ins = list(input_tensor_list or [])
         return self._run(
@@ -1310,6 +1323,7 @@ class TorchComm(_OpaqueBase):
                 (),
                 hints,
                 timeout,
+                async_op,
             )
         outs = list(output_tensor_list or [])
         return self._run(
@@ -1323,7 +1337,7 @@ class TorchComm(_OpaqueBase):
     def gather_single(self, output, input, root, async_op, hints=None, timeout=None):  # noqa: A002
         if _compiling():  # NOTE [compiled communicator methods]
             return _compiled.call(
-                self, "gather_single", (output,), (input,), (root,), (), hints, timeout
+                self, "gather_single", (output,), (input,), (root,), (), hints, timeout, async_op
             )
         return self._run(
             _ht.OpName.gather_single,

@@ -5,13 +5,35 @@ inside ``torch.compile(fullgraph=True)``).
 NOTE [compiled communicator methods]: a TorchComm is an opaque reference type whose collective
 methods are registered as inlined members, so Dynamo traces each method's Python body; under
 compilation that body comes here instead of to the C++ communicator. Every call becomes one node
-of a single custom op, ``fastcomms::comm_call``: a functional op that takes the communicator (an
-opaque graph input), the method's name, the tensors it writes (``mutated``) and reads
-(``inputs``), its integer and float arguments, hints and timeout, and returns fresh tensors that
-the method then copies back into the caller's tensors (``t.copy_(...)``, which the compiler turns
-into an in-place update of the graph input). At run time the op clones the written tensors, runs
-the eager method on the clones with ``async_op=False`` (hooks, the flight recorder and errors as
-in eager mode) and returns them.
+of a custom op that takes the communicator (an opaque graph input), the method's name, the
+tensors it writes (``mutated``) and reads (``inputs``), its integer and float arguments, hints
+and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
+eager mode). Which op:
+
+- NOTE [compiled calls in place]: where no tensor of the call needs a gradient, ``comm_call_``
+  (or ``comm_start_``, below), which declares that it writes ``mutated``; functionalization
+  turns it into a functional node and inductor re-inplaces it, so the eager method writes the
+  caller's tensors themselves: no clone, no copy back.
+- Where one does, ``fastcomms::comm_call``: a functional op (custom ops that mutate cannot have
+  a gradient formula) that clones the written tensors, runs the method on the clones and returns
+  them; the method copies them back into the caller's tensors (``t.copy_(...)``, which the
+  compiler turns into an in-place update of the graph input). Such a call is synchronous even
+  with ``async_op=True``.
+
+NOTE [compiled async calls]: ``async_op=True`` (no gradient) issues the call through
+``comm_start_`` with the eager method's ``async_op=True`` and registers its work with torch's
+work registry on each tensor it writes (on a ``done`` tensor it returns where it writes none);
+the traced work's ``wait()`` puts torch's ``_c10d_functional.wait_tensor`` on those tensors where
+the program calls it, and every later read of them follows that wait. So what the program does
+between the call and its ``wait()`` runs while the call is in flight (on CUDA backends the wait
+orders the caller's stream after the call, the host does not block). Inductor places these
+waits as it places those of torch's functional collectives (each is a ``wait_tensor`` on a
+tensor written in place; its ``reorder_for_compute_comm_overlap`` passes that sink waits move
+ours too, while the call's node is not a collective kernel to the passes that raise those). Why in
+place: with clones (a draft of this did so), inductor's peak-memory reordering pulled each wait
+up to free its clone sooner, before the compute it was meant to hide. A call never
+waited inside the compiled function still writes its tensors when it completes, as an eager call
+never waited; its registry entry stays until a ``wait_tensor`` on them.
 
 Order: a rank must issue its communicator calls in program order (a send and a receive that the
 compiler swapped on one rank hang against the peer), and torch 2.11's inductor reorders nodes
@@ -26,19 +48,15 @@ drops a call whose results this rank does not read. Its integer and float lists 
 one pad element: torch's autograd for custom ops takes an empty list of numbers for a list of
 tensors, which left the backward of calls without numbers untraced (their gradient silently 0).
 
-Gradients: a call whose tensors' adjoint is a collective (all_reduce and the reduce_scatters
-with SUM, AVG or PREMUL_SUM; broadcast; the all_gathers; the all_to_alls) has that collective on
-the gradients as its backward, one more node of the same op; any other call's backward raises
-when it runs (not while the compiler traces it). Eagerly the methods do not take part in autograd
-at all (they write the tensors' data), as in torchcomms without its compile patch.
+Gradients: a call of ``comm_call`` whose tensors' adjoint is a collective (all_reduce and the
+reduce_scatters with SUM, AVG or PREMUL_SUM; broadcast; the all_gathers; the all_to_alls) has
+that collective on the gradients as its backward, one more node of the same op; any other
+call's backward raises when it runs (not while the compiler traces it). Eagerly the methods do
+not take part in autograd at all (they write the tensors' data), as in torchcomms without its
+compile patch.
 
 The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
 a digest of this file), so a graph cached by other code is not reused; unpickling raises.
-
-``async_op=True`` gives a finished work (``wait()`` does nothing): the call is complete in
-stream order where it stands in the graph, so compute between the call and its ``wait()`` does
-not overlap it. For overlap under compile, use fastcomms.functional (torch's functional
-collectives, which inductor schedules) or the Ulysses op.
 """
 
 from __future__ import annotations
@@ -50,6 +68,7 @@ import hashlib
 import torch
 
 from . import RedOpType, ReduceOp, TorchComm, _DoneWork, _op
+from .ulysses import _register_work, _RegisteredWork
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it
 
@@ -75,38 +94,38 @@ def _red(n: list[int], f: list[float]) -> ReduceOp:
     return ReduceOp(RedOpType(n[0]), f[0])
 
 
-# method -> the eager call on the clones: fn(comm, outs, ins, ints, floats, kw)
+# method -> the eager call on the clones: fn(comm, outs, ins, ints, floats, async_op, kw)
 _RUN = {
-    "send": lambda c, o, i, n, f, kw: c.send(i[0], n[0], False, **kw),
-    "recv": lambda c, o, i, n, f, kw: c.recv(o[0], n[0], False, **kw),
-    "broadcast": lambda c, o, i, n, f, kw: c.broadcast(o[0], n[0], False, **kw),
-    "all_reduce": lambda c, o, i, n, f, kw: c.all_reduce(o[0], _red(n, f), False, **kw),
-    "reduce": lambda c, o, i, n, f, kw: c.reduce(o[0], n[1], _red(n, f), False, **kw),
-    "all_gather": lambda c, o, i, n, f, kw: c.all_gather(o, i[0], False, **kw),
-    "all_gather_v": lambda c, o, i, n, f, kw: c.all_gather_v(o, i[0], False, **kw),
-    "all_gather_single": lambda c, o, i, n, f, kw: c.all_gather_single(o[0], i[0], False, **kw),
-    "reduce_scatter": lambda c, o, i, n, f, kw: c.reduce_scatter(o[0], i, _red(n, f), False, **kw),
-    "reduce_scatter_v": lambda c, o, i, n, f, kw: c.reduce_scatter_v(
-        o[0], i, _red(n, f), False, **kw
+    "send": lambda c, o, i, n, f, a, kw: c.send(i[0], n[0], a, **kw),
+    "recv": lambda c, o, i, n, f, a, kw: c.recv(o[0], n[0], a, **kw),
+    "broadcast": lambda c, o, i, n, f, a, kw: c.broadcast(o[0], n[0], a, **kw),
+    "all_reduce": lambda c, o, i, n, f, a, kw: c.all_reduce(o[0], _red(n, f), a, **kw),
+    "reduce": lambda c, o, i, n, f, a, kw: c.reduce(o[0], n[1], _red(n, f), a, **kw),
+    "all_gather": lambda c, o, i, n, f, a, kw: c.all_gather(o, i[0], a, **kw),
+    "all_gather_v": lambda c, o, i, n, f, a, kw: c.all_gather_v(o, i[0], a, **kw),
+    "all_gather_single": lambda c, o, i, n, f, a, kw: c.all_gather_single(o[0], i[0], a, **kw),
+    "reduce_scatter": lambda c, o, i, n, f, a, kw: c.reduce_scatter(o[0], i, _red(n, f), a, **kw),
+    "reduce_scatter_v": lambda c, o, i, n, f, a, kw: c.reduce_scatter_v(
+        o[0], i, _red(n, f), a, **kw
     ),
-    "reduce_scatter_single": lambda c, o, i, n, f, kw: c.reduce_scatter_single(
-        o[0], i[0], _red(n, f), False, **kw
+    "reduce_scatter_single": lambda c, o, i, n, f, a, kw: c.reduce_scatter_single(
+        o[0], i[0], _red(n, f), a, **kw
     ),
-    "all_to_all_single": lambda c, o, i, n, f, kw: c.all_to_all_single(o[0], i[0], False, **kw),
+    "all_to_all_single": lambda c, o, i, n, f, a, kw: c.all_to_all_single(o[0], i[0], a, **kw),
     # ints: the output splits then the input splits, each half of the list
-    "all_to_all_v_single": lambda c, o, i, n, f, kw: c.all_to_all_v_single(
-        o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :], False, **kw
+    "all_to_all_v_single": lambda c, o, i, n, f, a, kw: c.all_to_all_v_single(
+        o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :], a, **kw
     ),
-    "all_to_all": lambda c, o, i, n, f, kw: c.all_to_all(o, i, False, **kw),
-    "barrier": lambda c, o, i, n, f, kw: c.barrier(False, **kw),
-    "scatter": lambda c, o, i, n, f, kw: c.scatter(o[0], i, n[0], False, **kw),
-    "gather": lambda c, o, i, n, f, kw: c.gather(o, i[0], n[0], False, **kw),
-    "gather_single": lambda c, o, i, n, f, kw: c.gather_single(o[0], i[0], n[0], False, **kw),
-    "batch": lambda c, o, i, n, f, kw: _run_batch(c, o, i, n, kw),
+    "all_to_all": lambda c, o, i, n, f, a, kw: c.all_to_all(o, i, a, **kw),
+    "barrier": lambda c, o, i, n, f, a, kw: c.barrier(a, **kw),
+    "scatter": lambda c, o, i, n, f, a, kw: c.scatter(o[0], i, n[0], a, **kw),
+    "gather": lambda c, o, i, n, f, a, kw: c.gather(o, i[0], n[0], a, **kw),
+    "gather_single": lambda c, o, i, n, f, a, kw: c.gather_single(o[0], i[0], n[0], a, **kw),
+    "batch": lambda c, o, i, n, f, a, kw: _run_batch(c, o, i, n, a, kw),
 }
 
 
-def _run_batch(comm, outs, ins, n, kw):
+def _run_batch(comm, outs, ins, n, async_op, kw):
     """ints: one flag per op (1 send, 0 receive) then one peer per op, in the batch's order."""
     half = len(n) // 2
     batch, si, ri = comm.batch_op_create(), iter(ins), iter(outs)
@@ -115,7 +134,7 @@ def _run_batch(comm, outs, ins, n, kw):
             batch.send(next(si), peer)
         else:
             batch.recv(next(ri), peer)
-    return batch.issue(False, **kw)
+    return batch.issue(async_op, **kw)
 
 
 def _unpack_hints(hints: str) -> dict[str, str] | None:
@@ -123,6 +142,19 @@ def _unpack_hints(hints: str) -> dict[str, str] | None:
         return None
     parts = hints.split("\x1f")
     return dict(zip(parts[0::2], parts[1::2], strict=True))
+
+
+def _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op, in_place=False):
+    """The eager method on clones of ``mutated`` (on ``mutated`` itself ``in_place``): (the
+    tensors it wrote, its work)."""
+    if method == "refuse":  # the backward of a call without a gradient (hints: why)
+        raise RuntimeError(hints)
+    outs = list(mutated) if in_place else [t.clone() for t in mutated]
+    kw = {"hints": _unpack_hints(hints)}
+    if timeout_s >= 0:
+        kw["timeout"] = datetime.timedelta(seconds=timeout_s)
+    work = _RUN[method](comm, outs, list(inputs), list(ints)[:-1], list(floats)[:-1], async_op, kw)
+    return outs, work
 
 
 @torch.library.custom_op("fastcomms::comm_call", mutates_args=())
@@ -139,13 +171,7 @@ def comm_call(
 ) -> list[torch.Tensor]:
     """One communicator call of a compiled graph (NOTE [compiled communicator methods]):
     returns the next order token, then ``mutated`` as the call leaves them."""
-    if method == "refuse":  # the backward of a call without a gradient (hints: why)
-        raise RuntimeError(hints)
-    outs = [t.clone() for t in mutated]
-    kw = {"hints": _unpack_hints(hints)}
-    if timeout_s >= 0:
-        kw["timeout"] = datetime.timedelta(seconds=timeout_s)
-    _RUN[method](comm, outs, list(inputs), list(ints)[:-1], list(floats)[:-1], kw)
+    outs, _ = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, False)
     return [order.new_empty(0), *outs]
 
 
@@ -154,11 +180,64 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
     return [order.new_empty(0), *(torch.empty_like(t) for t in mutated)]
 
 
+@torch.library.custom_op("fastcomms::comm_call_", mutates_args=("mutated",))
+def comm_call_(
+    order: torch.Tensor,
+    comm: TorchComm,
+    method: str,
+    mutated: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    ints: list[int],
+    floats: list[float],
+    hints: str,
+    timeout_s: float,
+) -> torch.Tensor:
+    """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]): the next
+    order token."""
+    _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, False, in_place=True)
+    return order.new_empty(0)
+
+
+@comm_call_.register_fake
+def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
+    return order.new_empty(0)
+
+
+@torch.library.custom_op("fastcomms::comm_start_", mutates_args=("mutated",))
+def comm_start_(
+    order: torch.Tensor,
+    comm: TorchComm,
+    method: str,
+    mutated: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    ints: list[int],
+    floats: list[float],
+    hints: str,
+    timeout_s: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An ``async_op=True`` call of a compiled graph (NOTE [compiled async calls]), writing
+    ``mutated`` in place: issues it and returns the next order token and the call's done
+    tensor; the call is registered on each written tensor (on done where there are none)."""
+    _, work = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, True, True)
+    done = order.new_empty(0)
+    registered = _RegisteredWork(done, None, work)
+    for t in mutated or [done]:
+        _register_work(t, registered)
+    return order.new_empty(0), done
+
+
+@comm_start_.register_fake
+def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
+    return order.new_empty(0), order.new_empty(0)
+
+
 # Never dead code: a call whose results this rank does not read (the gradient of a broadcast on
 # the other ranks, a send) must still run, or its peers wait for it. (Not the effects system:
 # with registered effects inductor threads its own tokens, and its peak-memory reordering
 # ignored them.)
 torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
+torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call_.default)
+torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_start_.default)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -175,9 +254,12 @@ def _seconds(timeout) -> float:
     return float(timeout)
 
 
-def _issue(order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0):
-    """One node of the op; each number list ends with a pad, so none is empty (NOTE above)."""
-    return comm_call(
+def _issue(
+    order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0, op=None
+):
+    """One node of the op (``comm_call`` unless ``op``); each number list ends with a pad, so
+    none is empty (NOTE above)."""
+    return (op or comm_call)(
         order,
         comm,
         method,
@@ -190,40 +272,66 @@ def _issue(order, comm, method, mutated, inputs, ints=(), floats=(), hints="", t
     )
 
 
-def call(comm, method, mutated, inputs, ints=(), floats=(), hints=None, timeout=None):
-    """Traced: the node of one call, its results copied back; a finished work."""
+def call(
+    comm, method, mutated, inputs, ints=(), floats=(), hints=None, timeout=None, async_op=False
+):
+    """Traced: the node of one call. Synchronous: its results in the caller's tensors, a finished
+    work; ``async_op`` (where no tensor needs a gradient): the work whose ``wait()`` waits for
+    them (NOTE [compiled async calls])."""
     mutated = list(mutated)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs])
     key = str(comm.get_device())
-    res = _issue(
-        _tokens[key],
-        comm,
-        method,
-        mutated,
-        inputs,
-        ints,
-        floats,
-        _pack_hints(hints),
-        _seconds(timeout),
-    )
+    args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
+    if async_op and not grad and _register_work is not None:
+        token, done = _issue(_tokens[key], comm, method, *args, op=comm_start_)
+        _tokens[key] = token
+        return _TracedWork(mutated, done)
+    if mutated and not grad:  # NOTE [compiled calls in place]
+        _tokens[key] = _issue(_tokens[key], comm, method, *args, op=comm_call_)
+        return _DoneWork()
+    res = _issue(_tokens[key], comm, method, *args)
     _tokens[key] = res[0]
     for dst, src in zip(mutated, res[1:], strict=True):
         dst.copy_(src)
     return _DoneWork()
 
 
-def reduction(op) -> tuple[list[int], list[float]]:
-    """Traced: a ReduceOp (or RedOpType) as the op's ints and floats."""
-    t, f = _op(op)
-    return [t.value], [f]
+class _TracedWork:
+    """The work of an ``async_op=True`` call while Dynamo traces it: ``wait()`` puts torch's
+    ``wait_tensor`` (a collective's wait to inductor) on each tensor the call writes (on its
+    done tensor where there are none) at the point of the program where it is called, and
+    the caller's later reads of those tensors after it."""
+
+    def __init__(self, mutated, done):
+        self._pending = (mutated, done)
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        mutated, done = self._pending
+        self._pending = None
+        if not mutated:
+            torch.ops._c10d_functional.wait_tensor(done)
+        for t in mutated:
+            t.copy_(torch.ops._c10d_functional.wait_tensor(t))
+
+    def is_completed(self) -> bool:
+        return self._pending is None
 
 
-def batch(comm, ops, hints=None, timeout=None):
+def batch(comm, ops, hints=None, timeout=None, async_op=False):
     """Traced: a batch's (is_send, tensor, peer) list as one call."""
     flags = [1 if s else 0 for s, _, _ in ops]
     peers = [p for _, _, p in ops]
     sends = [t for s, t, _ in ops if s]
     recvs = [t for s, t, _ in ops if not s]
-    return call(comm, "batch", recvs, sends, flags + peers, (), hints, timeout)
+    return call(comm, "batch", recvs, sends, flags + peers, (), hints, timeout, async_op)
+
+
+def reduction(op) -> tuple[list[int], list[float]]:
+    """Traced: a ReduceOp (or RedOpType) as the op's ints and floats."""
+    t, f = _op(op)
+    return [t.value], [f]
 
 
 # -- autograd: the adjoint collective of each call ---------------------------------------------

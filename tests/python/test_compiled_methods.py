@@ -8,6 +8,7 @@ errors are the eager call's. gloo, 2 and 3 processes."""
 
 import os
 import pickle
+import time
 
 import fastcomms
 import pytest
@@ -435,3 +436,73 @@ def test_compiled_backward(world):
 
 def test_compiled_backward_world3(world):
     world(compiled_backward, 3)
+
+
+_stamps: list[float] = []
+
+
+@torch.library.custom_op("fastcomms_test::stamp", mutates_args=())
+def _stamp(after: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Records when it runs; ``after`` orders it after a node (the order token of a call)."""
+    _stamps.append(time.monotonic())
+    return x.clone()
+
+
+@_stamp.register_fake
+def _(after, x):
+    return torch.empty_like(x)
+
+
+torch.fx.node.has_side_effect(torch.ops.fastcomms_test.stamp.default)
+
+
+def async_overlap(comm, rank, size):
+    """NOTE [compiled async calls]: an ``async_op=True`` call inside a compiled function does not
+    hold the function up until its ``wait()``. The last rank joins the all_reduce DELAY seconds
+    late; on the other ranks a node between the call and its wait() (ordered after the call
+    through the call's order token) runs at once, and the wait() returns only after the last
+    rank joined, with the sum. The control: the same function with async_op=False must run that
+    node only after the delay (it fails the "at once" check every run)."""
+    from fastcomms import _compiled
+
+    delay, key = 1.0, str(comm.get_device())
+
+    def step(t, x, async_op):
+        w = comm.all_reduce(t, ReduceOp.SUM, async_op)
+        y = _stamp(_compiled._tokens[key], x)
+        w.wait()
+        return y + t[0]
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    for async_op in (True, False):  # the second is the control
+        torch._dynamo.reset()
+        compiled(torch.ones(8), torch.ones(2), async_op)  # compiled here, not in the timed call
+        for i in range(2):
+            t = torch.full((8,), float(rank + i))
+            comm.barrier(False)
+            if rank == size - 1:
+                time.sleep(delay)
+            _stamps.clear()
+            t0 = time.monotonic()
+            out = compiled(t, torch.ones(2), async_op)
+            t1 = time.monotonic()
+            total = float(sum(q + i for q in range(size)))
+            assert torch.equal(t, torch.full((8,), total)), (async_op, i, t)
+            assert torch.equal(out, torch.full((2,), total + 1.0)), (async_op, i, out)
+            if rank == size - 1:
+                continue
+            at = _stamps[0] - t0
+            print(f"[rank {rank}] async={async_op}: node at {at:.3f} s, done at {t1 - t0:.3f} s")
+            assert t1 - t0 > 0.5 * delay, (async_op, t1 - t0)  # the wait waited for the late rank
+            if async_op:
+                assert at < 0.25 * delay, f"the node waited for the call ({at:.3f} s)"
+            else:  # the control: a synchronous call holds the node back
+                assert at > 0.5 * delay, f"control: the node ran before the call ({at:.3f} s)"
+
+
+def test_async_overlap(world):
+    world(async_overlap, 2)
+
+
+def test_async_overlap_world3(world):
+    world(async_overlap, 3)
