@@ -136,8 +136,10 @@ def _cases(comm, rank, size):
     }
 
 
-def compiled_methods(comm, rank, size):
+def compiled_methods(comm, rank, size, backend="inductor", only=None):
     for name, (fn, make) in _cases(comm, rank, size).items():
+        if only is not None and name not in only:
+            continue
         for async_op in (False, True):
             torch._dynamo.reset()
             counters.clear()
@@ -146,7 +148,7 @@ def compiled_methods(comm, rank, size):
                 fn(comm, async_op, *ts)
                 return ts[0] * 2  # a use of the first written tensor inside the graph
 
-            compiled = torch.compile(step, fullgraph=True, backend="inductor")
+            compiled = torch.compile(step, fullgraph=True, backend=backend)
             for call in range(3):  # fresh data each call: no recompilation
                 ts = make()
                 ref = [t.clone() for t in ts]
@@ -167,6 +169,18 @@ def test_compiled_methods(world):
 
 def test_compiled_methods_world3(world):
     world(compiled_methods, 3)
+
+
+def other_backends(comm, rank, size):
+    """The same cases under Dynamo's "eager" backend (the in-place op runs as traced) and
+    "aot_eager" (functionalized, not re-inplaced: the op runs on clones that are copied back)."""
+    only = ("all_reduce", "all_reduce_of_a_view", "all_gather", "broadcast", "barrier_then_add")
+    for backend in ("eager", "aot_eager"):
+        compiled_methods(comm, rank, size, backend, only)
+
+
+def test_other_backends(world):
+    world(other_backends, 2)
 
 
 def program_order(comm, rank, size):
