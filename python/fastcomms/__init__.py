@@ -33,6 +33,12 @@ def _compiling() -> bool:  # NOTE [compiled communicator methods]; rebound by _l
     return torch.compiler.is_compiling()
 
 
+def _eager_grad() -> bool:
+    """NOTE [eager autograd]: torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1`` makes its eager
+    methods differentiable where a tensor of the call needs a gradient; read at each call."""
+    return os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE") == "1"
+
+
 def _load_compiled():
     """NOTE [compiled communicator methods]: imports ``_compiled`` (its custom op) when the first
     communicator is made, not at import: torch imports this package while it initializes itself
@@ -1079,8 +1085,13 @@ class TorchComm(_OpaqueBase):
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "send", (), (tensor,), (dst,), (), hints, timeout, async_op)
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "send", (), (tensor,), (dst,), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.send,
             lambda: _ht.SendPreHookArgs(tensor, dst, async_op),
@@ -1088,8 +1099,13 @@ class TorchComm(_OpaqueBase):
         )
 
     def recv(self, tensor, src, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "recv", (tensor,), (), (src,), (), hints, timeout, async_op)
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "recv", (tensor,), (), (src,), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.recv,
             lambda: _ht.RecvPreHookArgs(tensor, src, async_op),
@@ -1101,10 +1117,13 @@ class TorchComm(_OpaqueBase):
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, tensor, root, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "broadcast", (tensor,), (), (root,), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "broadcast", (tensor,), (), (root,), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.broadcast,
             lambda: _ht.BroadcastPreHookArgs(tensor, root, async_op),
@@ -1112,9 +1131,14 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_reduce(self, tensor, op, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(self, "all_reduce", (tensor,), (), n, f, hints, timeout, async_op)
+            if (
+                w := _compiled.call(
+                    self, "all_reduce", (tensor,), (), n, f, hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         t, f = _op(op)
         return self._run(
             _ht.OpName.all_reduce,
@@ -1123,11 +1147,14 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce(self, tensor, root, op, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(
-                self, "reduce", (tensor,), (), n + [root], f, hints, timeout, async_op
-            )
+            if (
+                w := _compiled.call(
+                    self, "reduce", (tensor,), (), n + [root], f, hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce,
@@ -1136,10 +1163,13 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather(self, tensor_list, tensor, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         outs = list(tensor_list)
         return self._run(
             _ht.OpName.all_gather,
@@ -1150,10 +1180,13 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather_v(self, tensor_list, tensor, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         outs = list(tensor_list)
         return self._run(
             _ht.OpName.all_gather_v,
@@ -1164,10 +1197,13 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "all_gather_single", (output,), (input,), (), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "all_gather_single", (output,), (input,), (), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.all_gather_single,
             lambda: _ht.AllGatherSinglePreHookArgs(input, output, async_op),
@@ -1177,11 +1213,14 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter(self, output, input_list, op, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(
-                self, "reduce_scatter", (output,), input_list, n, f, hints, timeout, async_op
-            )
+            if (
+                w := _compiled.call(
+                    self, "reduce_scatter", (output,), input_list, n, f, hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         t, f = _op(op)
         ins = list(input_list)
         return self._run(
@@ -1193,11 +1232,14 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter_v(self, output, input_list, op, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(
-                self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout, async_op
-            )
+            if (
+                w := _compiled.call(
+                    self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         t, f = _op(op)
         ins = list(input_list)
         return self._run(
@@ -1209,11 +1251,22 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter_single(self, output, input, op, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n, f = _compiled.reduction(op)
-            return _compiled.call(
-                self, "reduce_scatter_single", (output,), (input,), n, f, hints, timeout, async_op
-            )
+            if (
+                w := _compiled.call(
+                    self,
+                    "reduce_scatter_single",
+                    (output,),
+                    (input,),
+                    n,
+                    f,
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce_scatter_single,
@@ -1224,10 +1277,13 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "all_to_all_single", (output,), (input,), (), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self, "all_to_all_single", (output,), (input,), (), (), hints, timeout, async_op
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.all_to_all_single,
             lambda: _ht.AllToAllSinglePreHookArgs(input, output, async_op),
@@ -1246,11 +1302,22 @@ class TorchComm(_OpaqueBase):
         hints=None,
         timeout=None,
     ):
-        if _compiling():  # NOTE [compiled communicator methods]
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
             n = list(output_split_sizes or []) + list(input_split_sizes or [])
-            return _compiled.call(
-                self, "all_to_all_v_single", (output,), (input,), n, (), hints, timeout, async_op
-            )
+            if (
+                w := _compiled.call(
+                    self,
+                    "all_to_all_v_single",
+                    (output,),
+                    (input,),
+                    n,
+                    (),
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         outs = list(output_split_sizes or [])
         ins = list(input_split_sizes or [])
         return self._run(
@@ -1262,18 +1329,21 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self,
-                "all_to_all",
-                output_tensor_list,
-                input_tensor_list,
-                (),
-                (),
-                hints,
-                timeout,
-                async_op,
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self,
+                    "all_to_all",
+                    output_tensor_list,
+                    input_tensor_list,
+                    (),
+                    (),
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         outs, ins = list(output_tensor_list), list(input_tensor_list)
         return self._run(
             _ht.OpName.all_to_all,
@@ -1291,18 +1361,21 @@ class TorchComm(_OpaqueBase):
         )
 
     def scatter(self, output_tensor, input_tensor_list, root, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self,
-                "scatter",
-                (output_tensor,),
-                input_tensor_list or (),
-                (root,),
-                (),
-                hints,
-                timeout,
-                async_op,
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self,
+                    "scatter",
+                    (output_tensor,),
+                    input_tensor_list or (),
+                    (root,),
+                    (),
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         ins = list(input_tensor_list or [])
         return self._run(
             _ht.OpName.scatter,
@@ -1313,18 +1386,21 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather(self, output_tensor_list, input_tensor, root, async_op, hints=None, timeout=None):
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self,
-                "gather",
-                output_tensor_list or (),
-                (input_tensor,),
-                (root,),
-                (),
-                hints,
-                timeout,
-                async_op,
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self,
+                    "gather",
+                    output_tensor_list or (),
+                    (input_tensor,),
+                    (root,),
+                    (),
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         outs = list(output_tensor_list or [])
         return self._run(
             _ht.OpName.gather,
@@ -1335,10 +1411,21 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather_single(self, output, input, root, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(
-                self, "gather_single", (output,), (input,), (root,), (), hints, timeout, async_op
-            )
+        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
+            if (
+                w := _compiled.call(
+                    self,
+                    "gather_single",
+                    (output,),
+                    (input,),
+                    (root,),
+                    (),
+                    hints,
+                    timeout,
+                    async_op,
+                )
+            ) is not None:  # NOTE [eager autograd]
+                return w
         return self._run(
             _ht.OpName.gather_single,
             lambda: _ht.GatherSinglePreHookArgs(input, output, root, async_op),

@@ -52,8 +52,17 @@ Gradients: a call of ``comm_call`` whose tensors' adjoint is a collective (all_r
 reduce_scatters with SUM, AVG or PREMUL_SUM; broadcast; the all_gathers; the all_to_alls) has
 that collective on the gradients as its backward, one more node of the same op; any other
 call's backward raises when it runs (not while the compiler traces it). Eagerly the methods do
-not take part in autograd at all (they write the tensors' data), as in torchcomms without its
-compile patch.
+not take part in autograd (they write the tensors' data), as in torchcomms without its compile
+patch, except under NOTE [eager autograd].
+
+NOTE [eager autograd]: with torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1``, an eager call one
+of whose tensors needs a gradient (grad mode on) runs as ``comm_call`` too: the functional op and
+its gradient formula, its results copied into the caller's tensors with autograd recording the
+copy, and it returns the tensor it wrote (a list where it writes several) as a ``_Result``,
+which is also its work; as torchcomms does under that patch, sync or async alike. A written
+tensor that is a leaf needing a gradient (a parameter being broadcast) cannot be written in
+place under autograd, so that call, and every call without such a tensor or without the
+variable, is the plain eager call, which writes the data outside autograd.
 
 The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
 a digest of this file), so a graph cached by other code is not reused; unpickling raises.
@@ -280,6 +289,25 @@ def call(
     them (NOTE [compiled async calls])."""
     mutated = list(mutated)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs])
+    if not torch.compiler.is_compiling():  # NOTE [eager autograd]: None, the eager call, if not
+        if not grad or not mutated or any(t.is_leaf and t.requires_grad for t in mutated):
+            return None
+        order = torch.empty(0, device=comm.get_device())
+        res = _issue(
+            order,
+            comm,
+            method,
+            mutated,
+            inputs,
+            ints,
+            floats,
+            _pack_hints(hints),
+            _seconds(timeout),
+        )
+        for dst, src in zip(mutated, res[1:], strict=True):
+            dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
+        out = [t.as_subclass(_Result) for t in mutated]
+        return out[0] if len(out) == 1 else out
     key = str(comm.get_device())
     args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
     if async_op and not grad and _register_work is not None:
@@ -294,6 +322,20 @@ def call(
     for dst, src in zip(mutated, res[1:], strict=True):
         dst.copy_(src)
     return _DoneWork()
+
+
+class _Result(torch.Tensor):
+    """What an eager differentiable call returns (NOTE [eager autograd]): the tensor it wrote,
+    with the call's history, which is also its work (the call is complete: ``wait()`` returns
+    the tensor). Operations on it give plain tensors."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def wait(self) -> torch.Tensor:
+        return self
+
+    def is_completed(self) -> bool:
+        return True
 
 
 class _TracedWork:

@@ -312,17 +312,13 @@ def test_is_torch_compile_supported():
     assert not is_torch_compile_supported("2.12.0.dev0", _current_version="2.11.0")
 
 
-def compiled_backward(comm, rank, size):
-    """The differentiable methods through a compiled function's backward: x.grad equals the
-    gradient torch.distributed.nn.functional gives on torch's own gloo group, bit for bit
-    (integer-valued data, so every sum is exact in any order; the averages to rounding, the two
-    dividing at different points); a reduction that is not linear refuses the backward when it
-    runs, saying why."""
-    import torch.distributed as dist
+def _backward_cases(comm, rank, size, what):
+    """name -> (input size, ours(x) -> output(s), reference(x) -> output(s)), and the helpers:
+    the differentiable calls against torch.distributed.nn.functional on torch's gloo group."""
     import torch.distributed.nn.functional as tdnn
 
     seed = int.from_bytes(os.urandom(4), "little")
-    print(f"[rank {rank}] compiled backward: seed {seed}", flush=True)
+    print(f"[rank {rank}] {what}: seed {seed}", flush=True)
     g = torch.Generator().manual_seed(seed + 31 * rank)
 
     def ints_like(n):
@@ -406,6 +402,18 @@ def compiled_backward(comm, rank, size):
         outs_ = out if isinstance(out, list) else [out]
         return sum((o * wi).sum() for o, wi in zip(outs_, w, strict=True))
 
+    return cases, ints_like, loss_of, ours_ar, m
+
+
+def compiled_backward(comm, rank, size):
+    """The differentiable methods through a compiled function's backward: x.grad equals the
+    gradient torch.distributed.nn.functional gives on torch's own gloo group, bit for bit
+    (integer-valued data, so every sum is exact in any order; the averages to rounding, the two
+    dividing at different points); a reduction that is not linear refuses the backward when it
+    runs, saying why."""
+    import torch.distributed as dist
+
+    cases, ints_like, loss_of, ours_ar, m = _backward_cases(comm, rank, size, "compiled backward")
     # the broadcast twice: its gradient is traced per rank, and the second compile finds the
     # first in inductor's graph cache, which every rank of the host shares; a key without the
     # rank gave the root the other ranks' gradient (0) from the cache
@@ -520,3 +528,70 @@ def test_async_overlap(world):
 
 def test_async_overlap_world3(world):
     world(async_overlap, 3)
+
+
+def eager_autograd(comm, rank, size):
+    """NOTE [eager autograd]: with TORCHCOMMS_PATCH_FOR_COMPILE=1, the eager methods are
+    differentiable where a tensor of the call needs a gradient: x.grad as
+    torch.distributed.nn.functional gives it (the cases of compiled_backward, bit for bit); an
+    async call returns the tensor it wrote, which is also its work (torchcomms' pattern
+    ``b = comm.all_reduce(b, op, async_op=True); b.sum().backward()``); a parameter (a leaf) is
+    still broadcast in place. The control: the same all_reduce without the variable writes the
+    data outside autograd, and its gradient differs (that check fails every run with size > 1)."""
+    import torch.distributed as dist
+
+    cases, ints_like, loss_of, ours_ar, m = _backward_cases(comm, rank, size, "eager autograd")
+    os.environ["TORCHCOMMS_PATCH_FOR_COMPILE"] = "1"
+    try:
+        for name, (n, ours, ref) in cases.items():
+            x0 = ints_like(n)
+            with torch.no_grad():
+                probe = ref(x0.clone())
+            w = [
+                ints_like(t.numel()).view(t.shape)
+                for t in (probe if isinstance(probe, list) else [probe])
+            ]
+            x_ref = x0.clone().requires_grad_()
+            loss_of(ref(x_ref), w).backward()
+            x_ours = x0.clone().requires_grad_()
+            loss = loss_of(ours(x_ours), w)
+            loss.backward()
+            if "avg" in name:
+                torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-6, atol=1e-6)
+            else:
+                assert torch.equal(x_ours.grad, x_ref.grad), (name, x_ours.grad, x_ref.grad)
+            assert torch.equal(loss.detach(), loss_of(ref(x0.clone()), w).detach()), name
+
+        x = ints_like(m).requires_grad_()
+        b = comm.all_reduce(x * 1.0, ReduceOp.SUM, True)  # the returned tensor is the work
+        assert b.wait() is b and b.is_completed()
+        b.sum().backward()
+        assert torch.equal(x.grad, torch.full((m,), float(size))), x.grad
+        outs = comm.all_gather([torch.zeros(m) for _ in range(size)], x * 2.0, True)
+        assert isinstance(outs, list) and len(outs) == size
+        x.grad = None
+        sum(o.sum() for o in outs).backward()
+        assert torch.equal(x.grad, torch.full((m,), 2.0 * size)), x.grad
+
+        p = torch.nn.Parameter(torch.full((3,), float(rank)))  # a leaf: written outside autograd
+        assert isinstance(comm.broadcast(p, 0, False), fastcomms.TorchWork)
+        assert torch.equal(p.detach(), torch.zeros(3)) and p.grad_fn is None
+        with torch.no_grad():  # no gradient wanted: the plain eager call
+            assert isinstance(comm.all_reduce(x * 1.0, ReduceOp.SUM, False), fastcomms.TorchWork)
+    finally:
+        del os.environ["TORCHCOMMS_PATCH_FOR_COMPILE"]
+
+    x = ints_like(m).requires_grad_()  # the control: no variable, no gradient through the call
+    b = x * 1.0
+    comm.all_reduce(b, ReduceOp.SUM, False)
+    b.sum().backward()
+    assert not torch.equal(x.grad, torch.full((m,), float(size))) or size == 1, x.grad
+    dist.barrier()
+
+
+def test_eager_autograd(world):
+    world(eager_autograd, 2)
+
+
+def test_eager_autograd_world3(world):
+    world(eager_autograd, 3)
