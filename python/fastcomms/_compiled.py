@@ -10,8 +10,8 @@ tensors it writes (``mutated``) and reads (``inputs``), its integer and float ar
 and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
 eager mode). Which op:
 
-- NOTE [compiled calls in place]: where no tensor of the call needs a gradient, ``comm_call_``
-  (or ``comm_start_``, below), which declares that it writes ``mutated``; functionalization
+- NOTE [compiled calls in place]: where no tensor of the call needs a gradient, ``comm_call_``,
+  which declares that it writes ``mutated``; functionalization
   turns it into a functional node and inductor re-inplaces it, so the eager method writes the
   caller's tensors themselves: no clone, no copy back.
 - Where one does, ``fastcomms::comm_call``: a functional op (custom ops that mutate cannot have
@@ -21,7 +21,7 @@ eager mode). Which op:
   with ``async_op=True``.
 
 NOTE [compiled async calls]: ``async_op=True`` (no gradient) issues the call through
-``comm_start_`` with the eager method's ``async_op=True`` and registers its work with torch's
+``comm_call_`` with the eager method's ``async_op=True`` and registers its work with torch's
 work registry on each tensor it writes (on a ``done`` tensor it returns where it writes none);
 the traced work's ``wait()`` puts torch's ``_c10d_functional.wait_tensor`` on those tensors where
 the program calls it, and every later read of them follows that wait. So what the program does
@@ -200,43 +200,22 @@ def comm_call_(
     floats: list[float],
     hints: str,
     timeout_s: float,
-) -> torch.Tensor:
-    """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]): the next
-    order token."""
-    _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, False, in_place=True)
-    return order.new_empty(0)
-
-
-@comm_call_.register_fake
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
-    return order.new_empty(0)
-
-
-@torch.library.custom_op("fastcomms::comm_start_", mutates_args=("mutated",))
-def comm_start_(
-    order: torch.Tensor,
-    comm: TorchComm,
-    method: str,
-    mutated: list[torch.Tensor],
-    inputs: list[torch.Tensor],
-    ints: list[int],
-    floats: list[float],
-    hints: str,
-    timeout_s: float,
+    async_op: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An ``async_op=True`` call of a compiled graph (NOTE [compiled async calls]), writing
-    ``mutated`` in place: issues it and returns the next order token and the call's done
-    tensor; the call is registered on each written tensor (on done where there are none)."""
-    _, work = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, True, True)
+    """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]): the next
+    order token and the call's done tensor. ``async_op`` (NOTE [compiled async calls]): issued,
+    not waited; its work registered on each written tensor (on done where there are none)."""
+    _, work = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op, True)
     done = order.new_empty(0)
-    registered = _RegisteredWork(done, None, work)
-    for t in mutated or [done]:
-        _register_work(t, registered)
+    if async_op:
+        registered = _RegisteredWork(done, None, work)
+        for t in mutated or [done]:
+            _register_work(t, registered)
     return order.new_empty(0), done
 
 
-@comm_start_.register_fake
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
+@comm_call_.register_fake
+def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
     return order.new_empty(0), order.new_empty(0)
 
 
@@ -246,7 +225,6 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # ignored them.)
 torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
 torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call_.default)
-torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_start_.default)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -264,21 +242,13 @@ def _seconds(timeout) -> float:
 
 
 def _issue(
-    order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0, op=None
+    order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0, **in_place
 ):
-    """One node of the op (``comm_call`` unless ``op``); each number list ends with a pad, so
-    none is empty (NOTE above)."""
-    return (op or comm_call)(
-        order,
-        comm,
-        method,
-        list(mutated),
-        list(inputs),
-        [*ints, 0],
-        [*floats, 0.0],
-        hints,
-        timeout_s,
-    )
+    """One node of ``comm_call`` (of ``comm_call_`` given ``async_op=``); each number list ends
+    with a pad, so none is empty (NOTE above)."""
+    op = comm_call_ if in_place else comm_call
+    args = (order, comm, method, list(mutated), list(inputs), [*ints, 0], [*floats, 0.0])
+    return op(*args, hints, timeout_s, *in_place.values())
 
 
 def call(
@@ -289,34 +259,21 @@ def call(
     them (NOTE [compiled async calls])."""
     mutated = list(mutated)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs])
+    args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
     if not torch.compiler.is_compiling():  # NOTE [eager autograd]: None, the eager call, if not
         if not grad or not mutated or any(t.is_leaf and t.requires_grad for t in mutated):
             return None
-        order = torch.empty(0, device=comm.get_device())
-        res = _issue(
-            order,
-            comm,
-            method,
-            mutated,
-            inputs,
-            ints,
-            floats,
-            _pack_hints(hints),
-            _seconds(timeout),
-        )
+        res = _issue(torch.empty(0, device=comm.get_device()), comm, method, *args)
         for dst, src in zip(mutated, res[1:], strict=True):
             dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
         out = [t.as_subclass(_Result) for t in mutated]
         return out[0] if len(out) == 1 else out
     key = str(comm.get_device())
-    args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
-    if async_op and not grad and _register_work is not None:
-        token, done = _issue(_tokens[key], comm, method, *args, op=comm_start_)
+    async_op = async_op and not grad and _register_work is not None
+    if async_op or (mutated and not grad):  # NOTE [compiled calls in place]
+        token, done = _issue(_tokens[key], comm, method, *args, async_op=async_op)
         _tokens[key] = token
-        return _TracedWork(mutated, done)
-    if mutated and not grad:  # NOTE [compiled calls in place]
-        _tokens[key] = _issue(_tokens[key], comm, method, *args, op=comm_call_)
-        return _DoneWork()
+        return _TracedWork(mutated, done) if async_op else _DoneWork()
     res = _issue(_tokens[key], comm, method, *args)
     _tokens[key] = res[0]
     for dst, src in zip(mutated, res[1:], strict=True):

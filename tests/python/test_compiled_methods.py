@@ -78,6 +78,14 @@ def _cases(comm, rank, size):
             lambda c, a, t: waited(c.all_reduce(t[2:-3], ReduceOp.SUM, a), a),
             lambda: [rnd(n + 5)],
         ),
+        # a read of the tensor before the call, used after it: the call, written in place, must
+        # not overwrite the tensor before that read
+        "read_before_all_reduce": (
+            lambda c, a, t: (lambda y: (waited(c.all_reduce(t, ReduceOp.SUM, a), a), t.add_(y)))(
+                t * 3
+            ),
+            lambda: [rnd(n)],
+        ),
         "reduce": (
             lambda c, a, t: waited(c.reduce(t, root, ReduceOp.SUM, a), a),
             lambda: [rnd(n)],
@@ -174,7 +182,14 @@ def test_compiled_methods_world3(world):
 def other_backends(comm, rank, size):
     """The same cases under Dynamo's "eager" backend (the in-place op runs as traced) and
     "aot_eager" (functionalized, not re-inplaced: the op runs on clones that are copied back)."""
-    only = ("all_reduce", "all_reduce_of_a_view", "all_gather", "broadcast", "barrier_then_add")
+    only = (
+        "all_reduce",
+        "all_reduce_of_a_view",
+        "read_before_all_reduce",
+        "all_gather",
+        "broadcast",
+        "barrier_then_add",
+    )
     for backend in ("eager", "aot_eager"):
         compiled_methods(comm, rank, size, backend, only)
 
@@ -405,6 +420,30 @@ def _backward_cases(comm, rank, size, what):
     return cases, ints_like, loss_of, ours_ar, m
 
 
+def _check_against_reference(name, n, run, ref, ints_like, loss_of):
+    """x.grad and the loss of ``run(x, w)`` (ours) equal those of the reference on fresh data:
+    bit for bit, or to rounding for an average (an average of exact sums, the two dividing at
+    different points)."""
+    x0 = ints_like(n)
+    with torch.no_grad():
+        probe = ref(x0.clone())
+    w = [
+        ints_like(t.numel()).view(t.shape) for t in (probe if isinstance(probe, list) else [probe])
+    ]
+    x_ref = x0.clone().requires_grad_()
+    loss_of(ref(x_ref), w).backward()
+    x_ours = x0.clone().requires_grad_()
+    loss = run(x_ours, w)
+    loss.backward()
+    ref_loss = loss_of(ref(x0.clone()), w).detach()
+    if "avg" in name:
+        torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-6, atol=1e-5)
+    else:
+        assert torch.equal(x_ours.grad, x_ref.grad), (name, x_ours.grad, x_ref.grad)
+        assert torch.equal(loss.detach(), ref_loss), name
+
+
 def compiled_backward(comm, rank, size):
     """The differentiable methods through a compiled function's backward: x.grad equals the
     gradient torch.distributed.nn.functional gives on torch's own gloo group, bit for bit
@@ -421,28 +460,16 @@ def compiled_backward(comm, rank, size):
     for name, (n, ours, ref) in runs:
         torch._dynamo.reset()
         dist.barrier()  # every rank's first compile wrote the cache before any second one reads
-        x0 = ints_like(n)
-        with torch.no_grad():
-            probe = ref(x0.clone())
-        w = [
-            ints_like(t.numel()).view(t.shape)
-            for t in (probe if isinstance(probe, list) else [probe])
-        ]
-        x_ref = x0.clone().requires_grad_()
-        loss_of(ref(x_ref), w).backward()
-        x_ours = x0.clone().requires_grad_()
-        compiled = torch.compile(
-            lambda x, ours=ours, w=w: loss_of(ours(x), w), fullgraph=True, backend="inductor"
+        _check_against_reference(
+            name,
+            n,
+            lambda x, w, ours=ours: torch.compile(
+                lambda x: loss_of(ours(x), w), fullgraph=True, backend="inductor"
+            )(x),
+            ref,
+            ints_like,
+            loss_of,
         )
-        loss = compiled(x_ours)
-        loss.backward()
-        ref_loss = loss_of(ref(x0.clone()), w)
-        if "avg" in name:  # an average of exact sums: the same up to where each rounds
-            torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-6, atol=1e-5)
-        else:
-            assert torch.equal(x_ours.grad, x_ref.grad), (name, x_ours.grad, x_ref.grad)
-            assert torch.equal(loss.detach(), ref_loss), name
     dist.barrier()
 
     torch._dynamo.reset()
@@ -544,23 +571,8 @@ def eager_autograd(comm, rank, size):
     os.environ["TORCHCOMMS_PATCH_FOR_COMPILE"] = "1"
     try:
         for name, (n, ours, ref) in cases.items():
-            x0 = ints_like(n)
-            with torch.no_grad():
-                probe = ref(x0.clone())
-            w = [
-                ints_like(t.numel()).view(t.shape)
-                for t in (probe if isinstance(probe, list) else [probe])
-            ]
-            x_ref = x0.clone().requires_grad_()
-            loss_of(ref(x_ref), w).backward()
-            x_ours = x0.clone().requires_grad_()
-            loss = loss_of(ours(x_ours), w)
-            loss.backward()
-            if "avg" in name:
-                torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-6, atol=1e-6)
-            else:
-                assert torch.equal(x_ours.grad, x_ref.grad), (name, x_ours.grad, x_ref.grad)
-            assert torch.equal(loss.detach(), loss_of(ref(x0.clone()), w).detach()), name
+            run = (lambda ours: lambda x, w: loss_of(ours(x), w))(ours)
+            _check_against_reference(name, n, run, ref, ints_like, loss_of)
 
         x = ints_like(m).requires_grad_()
         b = comm.all_reduce(x * 1.0, ReduceOp.SUM, True)  # the returned tensor is the work
