@@ -242,13 +242,23 @@ def _seconds(timeout) -> float:
 
 
 def _issue(
-    order, comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0, **in_place
+    order,
+    comm,
+    method,
+    mutated,
+    inputs,
+    ints=(),
+    floats=(),
+    hints="",
+    timeout_s=-1.0,
+    async_op=None,
 ):
-    """One node of ``comm_call`` (of ``comm_call_`` given ``async_op=``); each number list ends
-    with a pad, so none is empty (NOTE above)."""
-    op = comm_call_ if in_place else comm_call
-    args = (order, comm, method, list(mutated), list(inputs), [*ints, 0], [*floats, 0.0])
-    return op(*args, hints, timeout_s, *in_place.values())
+    """One node of ``comm_call``, or of ``comm_call_`` where ``async_op`` is given; each number
+    list ends with a pad, so none is empty (NOTE above)."""
+    args = (order, comm, method, list(mutated), list(inputs), [*ints, 0], [*floats, 0.0], hints)
+    if async_op is None:
+        return comm_call(*args, timeout_s)
+    return comm_call_(*args, timeout_s, async_op)
 
 
 def call(
@@ -259,10 +269,11 @@ def call(
     them (NOTE [compiled async calls])."""
     mutated = list(mutated)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs])
+    eager = not torch.compiler.is_compiling()  # NOTE [eager autograd]: None, the eager call, if not
+    if eager and (not grad or not mutated or any(t.is_leaf and t.requires_grad for t in mutated)):
+        return None
     args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
-    if not torch.compiler.is_compiling():  # NOTE [eager autograd]: None, the eager call, if not
-        if not grad or not mutated or any(t.is_leaf and t.requires_grad for t in mutated):
-            return None
+    if eager:
         res = _issue(torch.empty(0, device=comm.get_device()), comm, method, *args)
         for dst, src in zip(mutated, res[1:], strict=True):
             dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
