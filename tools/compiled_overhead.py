@@ -5,8 +5,8 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
 ``--backend nccl``, over NCCL on cuda:0.
 
 - host: ``comm.all_reduce(t, SUM, False)`` then ``t + 1``, eager and compiled (inductor,
-  fullgraph), for a few sizes; rounds of N back-to-back calls, the two kinds interleaved round by
-  round, medians after a warm-up (on CUDA, a synchronize ends each round).
+  fullgraph), and the compiled ``t + 1`` alone (torch's own cost per compiled call), for a few
+  sizes; rounds of N back-to-back calls, the three interleaved round by round, medians after a warm-up (on CUDA, a synchronize ends each round).
 - overlap: inside one compiled function, ``all_gather_single`` of ``--overlap-mib`` (a copy at
   world 1, on the communicator's own stream or thread) beside a chain of matrix products on the
   caller's stream; "gemm" the chain alone, "comm" the call alone, "async" both with
@@ -35,25 +35,33 @@ def _host(comm, args, dev, sync):
         comm.all_reduce(t, fastcomms.ReduceOp.SUM, False)
         return t + 1
 
-    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    def alone(t):  # what torch's compiled frame costs without the call
+        return t + 1
+
+    fns = {
+        "eager": step,
+        "compiled": torch.compile(step, fullgraph=True, backend="inductor"),
+        "alone": torch.compile(alone, fullgraph=True, backend="inductor"),
+    }
     print(f"host: us per call, median of {args.rounds} rounds of {args.calls} calls")
-    print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'ratio':>7}")
+    print("  alone: the compiled t + 1 without the call; call: compiled - alone")
+    print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'alone':>8} {'call':>8} {'ratio':>7}")
     for n in (int(v) for v in args.sizes.split(",")):
         t = torch.randn(n, device=dev)
-        for fn in (step, compiled):  # warm-up (and the compile)
+        for fn in fns.values():  # warm-up (and the compile)
             for _ in range(20):
                 fn(t)
-        times = {"eager": [], "compiled": []}
+        times = {k: [] for k in fns}
         for _ in range(args.rounds):
-            for name, fn in (("eager", step), ("compiled", compiled)):
+            for name, fn in fns.items():
                 sync()
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
                     fn(t)
                 sync()
                 times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
-        e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
-        print(f"{n:>10} {e:>10.2f} {c:>10.2f} {c / e:>6.2f}x")
+        e, c, a = (statistics.median(times[k]) for k in fns)
+        print(f"{n:>10} {e:>10.2f} {c:>10.2f} {a:>8.2f} {c - a:>8.2f} {c / e:>6.2f}x")
 
 
 def _overlap(comm, args, dev, sync):

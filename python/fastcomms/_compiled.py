@@ -75,6 +75,7 @@ import functools
 import hashlib
 
 import torch
+from torch._library.opaque_object import get_opaque_type_name
 
 from . import RedOpType, ReduceOp, TorchComm, _DoneWork, _op
 from .ulysses import _register_work, _RegisteredWork
@@ -189,23 +190,26 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
     return [order.new_empty(0), *(torch.empty_like(t) for t in mutated)]
 
 
-@torch.library.custom_op("fastcomms::comm_call_", mutates_args=("mutated",))
-def comm_call_(
-    order: torch.Tensor,
-    comm: TorchComm,
-    method: str,
-    mutated: list[torch.Tensor],
-    inputs: list[torch.Tensor],
-    ints: list[int],
-    floats: list[float],
-    hints: str,
-    timeout_s: float,
-    async_op: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# NOTE [in-place op registration]: ``comm_call_`` is defined through torch.library.Library with
+# one kernel for every backend (CompositeExplicitAutograd), not through ``custom_op``: a custom
+# op runs three Python kernels per call (autograd, ADInplaceOrView, backend), which on the 2-core
+# CPU machine cost about 40 us more per call than this one kernel (measured, docs/benchmarks.md).
+# It needs no autograd kernel (``call`` takes it only where no tensor needs a gradient); the
+# version bump that ADInplaceOrView would make is made here.
+_lib = torch.library.Library("fastcomms", "FRAGMENT")
+_lib.define(
+    f"comm_call_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
+    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
+    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
+)
+
+
+def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
     """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]): the next
     order token and the call's done tensor. ``async_op`` (NOTE [compiled async calls]): issued,
     not waited; its work registered on each written tensor (on done where there are none)."""
     _, work = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op, True)
+    torch.autograd.graph.increment_version(mutated)
     done = order.new_empty(0)
     if async_op:
         registered = _RegisteredWork(done, None, work)
@@ -214,9 +218,15 @@ def comm_call_(
     return order.new_empty(0), done
 
 
-@comm_call_.register_fake
+_lib.impl("comm_call_", _comm_call_, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("fastcomms::comm_call_", lib=_lib)
 def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
     return order.new_empty(0), order.new_empty(0)
+
+
+comm_call_ = torch.ops.fastcomms.comm_call_.default
 
 
 # Never dead code: a call whose results this rank does not read (the gradient of a broadcast on
@@ -224,7 +234,7 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, asyn
 # with registered effects inductor threads its own tokens, and its peak-memory reordering
 # ignored them.)
 torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
-torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call_.default)
+torch.fx.node.has_side_effect(comm_call_)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
