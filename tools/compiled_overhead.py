@@ -6,7 +6,8 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
 
 - host: ``comm.all_reduce(t, SUM, False)`` then ``t + 1``, eager and compiled (inductor,
   fullgraph), and the compiled ``t + 1`` alone (torch's own cost per compiled call), for a few
-  sizes; rounds of N back-to-back calls, the three interleaved round by round, medians after a warm-up (on CUDA, a synchronize ends each round).
+  sizes; rounds of N back-to-back calls, the three interleaved round by round, medians after a
+  warm-up (on CUDA, a synchronize ends each round).
 - overlap: inside one compiled function, ``all_gather_single`` of ``--overlap-mib`` (a copy at
   world 1, on the communicator's own stream or thread) beside a chain of matrix products on the
   caller's stream; "gemm" the chain alone, "comm" the call alone, "async" both with
