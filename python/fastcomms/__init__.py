@@ -1009,6 +1009,19 @@ class TorchComm(_OpaqueBase):
         self._reconf_uuids.add(uuid)
         return _DoneWork()
 
+    def _traced(self, method, mutated, inputs, ints, async_op, hints, timeout, op=None):
+        """NOTE [compiled communicator methods]: while Dynamo traces a method, the call as a node
+        of the graph (its work); eagerly, the differentiable call's result under NOTE [eager
+        autograd]; else None: the method makes the plain eager call. ``op``: a reduction, whose
+        type goes first in the ints and whose factor is the float."""
+        if not (_compiling() or _eager_grad()):
+            return None
+        floats = ()
+        if op is not None:
+            n, floats = _compiled.reduction(op)
+            ints = (*n, *ints)
+        return _compiled.call(self, method, mutated, inputs, ints, floats, hints, timeout, async_op)
+
     # -- hooks ---------------------------------------------------------------------------------
     # NOTE [python hooks]: hooks run here, where the call's tensors are at hand, as torchcomms
     # calls them: pre-hooks fn(OpName, op_id, <Op>PreHookArgs), post-hooks fn(op_id,
@@ -1085,13 +1098,8 @@ class TorchComm(_OpaqueBase):
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensor, dst, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "send", (), (tensor,), (dst,), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (w := self._traced("send", (), (tensor,), (dst,), async_op, hints, timeout)) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.send,
             lambda: _ht.SendPreHookArgs(tensor, dst, async_op),
@@ -1099,13 +1107,8 @@ class TorchComm(_OpaqueBase):
         )
 
     def recv(self, tensor, src, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "recv", (tensor,), (), (src,), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (w := self._traced("recv", (tensor,), (), (src,), async_op, hints, timeout)) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.recv,
             lambda: _ht.RecvPreHookArgs(tensor, src, async_op),
@@ -1117,13 +1120,10 @@ class TorchComm(_OpaqueBase):
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, tensor, root, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "broadcast", (tensor,), (), (root,), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced("broadcast", (tensor,), (), (root,), async_op, hints, timeout)
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.broadcast,
             lambda: _ht.BroadcastPreHookArgs(tensor, root, async_op),
@@ -1131,14 +1131,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_reduce(self, tensor, op, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n, f = _compiled.reduction(op)
-            if (
-                w := _compiled.call(
-                    self, "all_reduce", (tensor,), (), n, f, hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced("all_reduce", (tensor,), (), (), async_op, hints, timeout, op)
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         t, f = _op(op)
         return self._run(
             _ht.OpName.all_reduce,
@@ -1147,14 +1143,10 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce(self, tensor, root, op, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n, f = _compiled.reduction(op)
-            if (
-                w := _compiled.call(
-                    self, "reduce", (tensor,), (), n + [root], f, hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced("reduce", (tensor,), (), (root,), async_op, hints, timeout, op)
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce,
@@ -1163,47 +1155,33 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_gather(self, tensor_list, tensor, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "all_gather", tensor_list, (tensor,), (), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
-        outs = list(tensor_list)
-        return self._run(
-            _ht.OpName.all_gather,
-            lambda: _ht.AllGatherPreHookArgs(tensor, outs, async_op),
-            lambda: TorchWork(
-                self._c.all_gather(outs, tensor, False, async_op, _ms(timeout), hints)
-            ),
-        )
+        return self._all_gather(False, tensor_list, tensor, async_op, hints, timeout)
 
     def all_gather_v(self, tensor_list, tensor, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "all_gather_v", tensor_list, (tensor,), (), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        return self._all_gather(True, tensor_list, tensor, async_op, hints, timeout)
+
+    def _all_gather(self, v, tensor_list, tensor, async_op, hints, timeout):
+        """all_gather and (``v``: sizes may differ per rank) all_gather_v."""
+        method = "all_gather_v" if v else "all_gather"
+        if (
+            w := self._traced(method, tensor_list, (tensor,), (), async_op, hints, timeout)
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         outs = list(tensor_list)
+        pre = _ht.AllGatherVPreHookArgs if v else _ht.AllGatherPreHookArgs
         return self._run(
-            _ht.OpName.all_gather_v,
-            lambda: _ht.AllGatherVPreHookArgs(tensor, outs, async_op),
-            lambda: TorchWork(
-                self._c.all_gather(outs, tensor, True, async_op, _ms(timeout), hints)
-            ),
+            getattr(_ht.OpName, method),
+            lambda: pre(tensor, outs, async_op),
+            lambda: TorchWork(self._c.all_gather(outs, tensor, v, async_op, _ms(timeout), hints)),
         )
 
     def all_gather_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "all_gather_single", (output,), (input,), (), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "all_gather_single", (output,), (input,), (), async_op, hints, timeout
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.all_gather_single,
             lambda: _ht.AllGatherSinglePreHookArgs(input, output, async_op),
@@ -1213,60 +1191,36 @@ class TorchComm(_OpaqueBase):
         )
 
     def reduce_scatter(self, output, input_list, op, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n, f = _compiled.reduction(op)
-            if (
-                w := _compiled.call(
-                    self, "reduce_scatter", (output,), input_list, n, f, hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
-        t, f = _op(op)
-        ins = list(input_list)
-        return self._run(
-            _ht.OpName.reduce_scatter,
-            lambda: _ht.ReduceScatterPreHookArgs(ins, output, async_op),
-            lambda: TorchWork(
-                self._c.reduce_scatter(output, ins, t, f, False, async_op, _ms(timeout), hints)
-            ),
-        )
+        return self._reduce_scatter(False, output, input_list, op, async_op, hints, timeout)
 
     def reduce_scatter_v(self, output, input_list, op, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n, f = _compiled.reduction(op)
-            if (
-                w := _compiled.call(
-                    self, "reduce_scatter_v", (output,), input_list, n, f, hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
-        t, f = _op(op)
+        return self._reduce_scatter(True, output, input_list, op, async_op, hints, timeout)
+
+    def _reduce_scatter(self, v, output, input_list, op, async_op, hints, timeout):
+        """reduce_scatter and (``v``: sizes may differ per rank) reduce_scatter_v."""
+        method = "reduce_scatter_v" if v else "reduce_scatter"
         ins = list(input_list)
+        if (
+            w := self._traced(method, (output,), ins, (), async_op, hints, timeout, op)
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
+        t, f = _op(op)
+        pre = _ht.ReduceScatterVPreHookArgs if v else _ht.ReduceScatterPreHookArgs
         return self._run(
-            _ht.OpName.reduce_scatter_v,
-            lambda: _ht.ReduceScatterVPreHookArgs(ins, output, async_op),
+            getattr(_ht.OpName, method),
+            lambda: pre(ins, output, async_op),
             lambda: TorchWork(
-                self._c.reduce_scatter(output, ins, t, f, True, async_op, _ms(timeout), hints)
+                self._c.reduce_scatter(output, ins, t, f, v, async_op, _ms(timeout), hints)
             ),
         )
 
     def reduce_scatter_single(self, output, input, op, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n, f = _compiled.reduction(op)
-            if (
-                w := _compiled.call(
-                    self,
-                    "reduce_scatter_single",
-                    (output,),
-                    (input,),
-                    n,
-                    f,
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "reduce_scatter_single", (output,), (input,), (), async_op, hints, timeout, op
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce_scatter_single,
@@ -1277,13 +1231,12 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all_single(self, output, input, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self, "all_to_all_single", (output,), (input,), (), (), hints, timeout, async_op
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "all_to_all_single", (output,), (input,), (), async_op, hints, timeout
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.all_to_all_single,
             lambda: _ht.AllToAllSinglePreHookArgs(input, output, async_op),
@@ -1302,22 +1255,13 @@ class TorchComm(_OpaqueBase):
         hints=None,
         timeout=None,
     ):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            n = list(output_split_sizes or []) + list(input_split_sizes or [])
-            if (
-                w := _compiled.call(
-                    self,
-                    "all_to_all_v_single",
-                    (output,),
-                    (input,),
-                    n,
-                    (),
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        n = [*(output_split_sizes or ()), *(input_split_sizes or ())]
+        if (
+            w := self._traced(
+                "all_to_all_v_single", (output,), (input,), n, async_op, hints, timeout
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         outs = list(output_split_sizes or [])
         ins = list(input_split_sizes or [])
         return self._run(
@@ -1329,21 +1273,12 @@ class TorchComm(_OpaqueBase):
         )
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self,
-                    "all_to_all",
-                    output_tensor_list,
-                    input_tensor_list,
-                    (),
-                    (),
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "all_to_all", output_tensor_list, input_tensor_list, (), async_op, hints, timeout
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         outs, ins = list(output_tensor_list), list(input_tensor_list)
         return self._run(
             _ht.OpName.all_to_all,
@@ -1352,8 +1287,8 @@ class TorchComm(_OpaqueBase):
         )
 
     def barrier(self, async_op, hints=None, timeout=None) -> TorchWork:
-        if _compiling():  # NOTE [compiled communicator methods]
-            return _compiled.call(self, "barrier", (), (), (), (), hints, timeout, async_op)
+        if (w := self._traced("barrier", (), (), (), async_op, hints, timeout)) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.barrier,
             lambda: _ht.BarrierPreHookArgs(async_op),
@@ -1361,21 +1296,18 @@ class TorchComm(_OpaqueBase):
         )
 
     def scatter(self, output_tensor, input_tensor_list, root, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self,
-                    "scatter",
-                    (output_tensor,),
-                    input_tensor_list or (),
-                    (root,),
-                    (),
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "scatter",
+                (output_tensor,),
+                input_tensor_list or (),
+                (root,),
+                async_op,
+                hints,
+                timeout,
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         ins = list(input_tensor_list or [])
         return self._run(
             _ht.OpName.scatter,
@@ -1386,21 +1318,18 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather(self, output_tensor_list, input_tensor, root, async_op, hints=None, timeout=None):
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self,
-                    "gather",
-                    output_tensor_list or (),
-                    (input_tensor,),
-                    (root,),
-                    (),
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "gather",
+                output_tensor_list or (),
+                (input_tensor,),
+                (root,),
+                async_op,
+                hints,
+                timeout,
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         outs = list(output_tensor_list or [])
         return self._run(
             _ht.OpName.gather,
@@ -1411,21 +1340,12 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather_single(self, output, input, root, async_op, hints=None, timeout=None):  # noqa: A002
-        if _compiling() or _eager_grad():  # NOTE [compiled communicator methods]
-            if (
-                w := _compiled.call(
-                    self,
-                    "gather_single",
-                    (output,),
-                    (input,),
-                    (root,),
-                    (),
-                    hints,
-                    timeout,
-                    async_op,
-                )
-            ) is not None:  # NOTE [eager autograd]
-                return w
+        if (
+            w := self._traced(
+                "gather_single", (output,), (input,), (root,), async_op, hints, timeout
+            )
+        ) is not None:
+            return w  # NOTE [compiled communicator methods]
         return self._run(
             _ht.OpName.gather_single,
             lambda: _ht.GatherSinglePreHookArgs(input, output, root, async_op),
@@ -1569,7 +1489,10 @@ def _register_opaque() -> None:
                 ("get_rank", "get_size", "get_name", "get_backend", "get_device"),
                 MemberType.USE_REAL,
             ),
-            **dict.fromkeys(_COMPILED_METHODS, MemberType.INLINED),
+            **dict.fromkeys(
+                (*_COMPILED_METHODS, "_traced", "_all_gather", "_reduce_scatter"),
+                MemberType.INLINED,
+            ),
         },
     )
 

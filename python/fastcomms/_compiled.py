@@ -3,8 +3,9 @@
 inside ``torch.compile(fullgraph=True)``).
 
 NOTE [compiled communicator methods]: a TorchComm is an opaque reference type whose collective
-methods are registered as inlined members, so Dynamo traces each method's Python body; under
-compilation that body comes here instead of to the C++ communicator. Every call becomes one node
+methods (and the helpers they call, ``_traced`` first) are registered as inlined members, so
+Dynamo traces each method's Python body; under compilation ``_traced`` sends the call here
+instead of to the C++ communicator. Every call becomes one node
 of a custom op that takes the communicator (an opaque graph input), the method's name, the
 tensors it writes (``mutated``) and reads (``inputs``), its integer and float arguments, hints
 and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
