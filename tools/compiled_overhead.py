@@ -17,7 +17,7 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
 
 A benchmark, not a test. Usage: python3 tools/compiled_overhead.py [--backend gloo|nccl]
 [--calls 2000] [--rounds 7] [--sizes 16,65536,1048576] [--only host,overlap] [--overlap-mib 64]
-[--gemm 1024] [--chain 4]"""
+[--gemm 1024] [--chain 4] [--grad]"""
 
 import argparse
 import os
@@ -68,6 +68,8 @@ def _host(comm, args, dev, sync):
 def _overlap(comm, args, dev, sync):
     n = args.overlap_mib * 2**20 // 4
     src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
+    if args.grad:  # NOTE [differentiable in-place calls]: the call's input needs a gradient
+        src.requires_grad_()
     a = torch.randn(args.gemm, args.gemm, device=dev) / args.gemm**0.5
 
     def chain(x):
@@ -125,7 +127,8 @@ def _overlap(comm, args, dev, sync):
     hidden_sync = (med["gemm"] + med["comm"] - med["sync"]) / med["comm"]
     print(
         f"overlap: all_gather_single {args.overlap_mib} MiB beside {args.chain} matmuls "
-        f"{args.gemm}^3 float32, us per call, median of {args.rounds} rounds of 5"
+        f"{args.gemm}^3 float32{', its input needing a gradient' if args.grad else ''}, us per "
+        f"call, median of {args.rounds} rounds of 5"
     )
     print("  " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()))
     print(f"  hidden: async {hidden:.1%}, sync {hidden_sync:.1%}")
@@ -141,6 +144,9 @@ def main() -> None:
     ap.add_argument("--overlap-mib", type=int, default=64)
     ap.add_argument("--gemm", type=int, default=1024)
     ap.add_argument("--chain", type=int, default=4)
+    ap.add_argument(
+        "--grad", action="store_true", help="overlap: the gathered tensor needs a gradient"
+    )
     ap.add_argument("--sleep-cycles", type=int, default=5_000_000, help="CUDA: the queued wait")
     args = ap.parse_args()
 

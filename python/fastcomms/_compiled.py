@@ -11,17 +11,19 @@ tensors it writes (``mutated``) and reads (``inputs``), its integer and float ar
 and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
 eager mode). Which op:
 
-- NOTE [compiled calls in place]: where no tensor of the call needs a gradient, ``comm_call_``,
-  which declares that it writes ``mutated``; functionalization
-  turns it into a functional node and inductor re-inplaces it, so the eager method writes the
-  caller's tensors themselves: no clone, no copy back.
-- Where one does, ``fastcomms::comm_call``: a functional op (custom ops that mutate cannot have
-  a gradient formula) that clones the written tensors, runs the method on the clones and returns
-  them; the method copies them back into the caller's tensors (``t.copy_(...)``, which the
-  compiler turns into an in-place update of the graph input). Such a call is synchronous even
-  with ``async_op=True``.
+- NOTE [compiled calls in place]: every call that writes tensors is a node of ``comm_call_``,
+  which declares that it writes ``mutated``; functionalization turns it into a functional node
+  and inductor re-inplaces it, so the eager method writes the caller's tensors themselves: no
+  clone, no copy back. Where a tensor of the call needs a gradient, the traced node is
+  ``comm_call_grad_`` (NOTE [differentiable in-place calls]), which the compiler traces down to
+  ``comm_call_`` in the forward graph and the adjoint in the backward graph.
+- ``fastcomms::comm_call``: a functional op that clones the written tensors, runs the method on
+  the clones and returns them (with a gradient formula of its own), for the rest: calls that
+  write nothing and are synchronous (barrier, send; an empty written list broke
+  auto_functionalized), a send whose tensor needs a gradient, the backward's collectives, and
+  NOTE [eager autograd].
 
-NOTE [compiled async calls]: ``async_op=True`` (no gradient) issues the call through
+NOTE [compiled async calls]: ``async_op=True`` (with a gradient or without) issues the call through
 ``comm_call_`` with the eager method's ``async_op=True`` and registers its work with torch's
 work registry on each tensor it writes (on a ``done`` tensor it returns where it writes none);
 the traced work's ``wait()`` puts torch's ``_c10d_functional.wait_tensor`` on those tensors where
@@ -49,9 +51,10 @@ drops a call whose results this rank does not read. Its integer and float lists 
 one pad element: torch's autograd for custom ops takes an empty list of numbers for a list of
 tensors, which left the backward of calls without numbers untraced (their gradient silently 0).
 
-Gradients: a call of ``comm_call`` whose tensors' adjoint is a collective (all_reduce and the
-reduce_scatters with SUM, AVG or PREMUL_SUM; broadcast; the all_gathers; the all_to_alls) has
-that collective on the gradients as its backward, one more node of the same op; any other
+Gradients: a call (of ``comm_call_grad_`` or ``comm_call``) whose tensors' adjoint is a
+collective (all_reduce and the reduce_scatters with SUM, AVG or PREMUL_SUM; broadcast; the
+all_gathers; the all_to_alls) has that collective on the gradients as its backward, a node of
+``comm_call`` (``_adjoint``); any other
 call's backward raises when it runs (not while the compiler traces it). Eagerly the methods do
 not take part in autograd (they write the tensors' data), as in torchcomms without its compile
 patch, except under NOTE [eager autograd].
@@ -229,6 +232,60 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, asyn
 
 comm_call_ = torch.ops.fastcomms.comm_call_.default
 
+# NOTE [differentiable in-place calls]: where a tensor of a call needs a gradient, the traced call
+# is a node of ``comm_call_grad_``, whose autograd kernel runs ``comm_call_`` under an
+# autograd.Function that marks the written tensors dirty (their history becomes the call) and
+# whose backward is the call's adjoint collective. The compiler traces through that kernel, so
+# the forward graph holds plain ``comm_call_`` nodes (in place, no clone; async where asked) and
+# the backward graph the adjoint's nodes; ``comm_call_grad_`` itself never runs in a compiled
+# graph (nor its autograd kernel per call).
+_lib.define(
+    f"comm_call_grad_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
+    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
+    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
+)
+_lib.impl("comm_call_grad_", comm_call_, "CompositeExplicitAutograd")  # below autograd: the same
+
+
+@torch.library.register_fake("fastcomms::comm_call_grad_", lib=_lib)
+def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
+    return order.new_empty(0), order.new_empty(0)
+
+
+class _InPlaceCall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, order, comm, method, ints, floats, hints, timeout_s, async_op, n, *tensors):
+        mutated, inputs = list(tensors[:n]), list(tensors[n:])
+        with torch._C._AutoDispatchBelowAutograd():
+            token, done = comm_call_(
+                order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
+            )
+        ctx.mark_dirty(*mutated)
+        ctx.mark_non_differentiable(token, done)
+        _save_call(ctx, comm, method, mutated, inputs, ints, floats, hints, timeout_s)
+        return (token, done, *mutated)
+
+    @staticmethod
+    def backward(ctx, g_token, g_done, *g_mutated):
+        d_mut, d_in = _adjoint(ctx, g_mutated)
+        return (None,) * 9 + (*d_mut, *d_in)
+
+
+def _comm_call_grad_autograd(
+    order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
+):
+    args = (order, comm, method, ints, floats, hints, timeout_s, async_op, len(mutated))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs]):
+        return tuple(_InPlaceCall.apply(*args, *mutated, *inputs)[:2])
+    with torch._C._AutoDispatchBelowAutograd():
+        return comm_call_(
+            order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
+        )
+
+
+_lib.impl("comm_call_grad_", _comm_call_grad_autograd, "Autograd")
+comm_call_grad_ = torch.ops.fastcomms.comm_call_grad_.default
+
 
 # Never dead code: a call whose results this rank does not read (the gradient of a broadcast on
 # the other ranks, a send) must still run, or its peers wait for it. (Not the effects system:
@@ -236,6 +293,7 @@ comm_call_ = torch.ops.fastcomms.comm_call_.default
 # ignored them.)
 torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
 torch.fx.node.has_side_effect(comm_call_)
+torch.fx.node.has_side_effect(comm_call_grad_)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -263,13 +321,14 @@ def _issue(
     hints="",
     timeout_s=-1.0,
     async_op=None,
+    grad=False,
 ):
-    """One node of ``comm_call``, or of ``comm_call_`` where ``async_op`` is given; each number
-    list ends with a pad, so none is empty (NOTE above)."""
+    """One node of ``comm_call``, or of ``comm_call_`` (``comm_call_grad_`` with ``grad``) where
+    ``async_op`` is given; each number list ends with a pad, so none is empty (NOTE above)."""
     args = (order, comm, method, list(mutated), list(inputs), [*ints, 0], [*floats, 0.0], hints)
     if async_op is None:
         return comm_call(*args, timeout_s)
-    return comm_call_(*args, timeout_s, async_op)
+    return (comm_call_grad_ if grad else comm_call_)(*args, timeout_s, async_op)
 
 
 def call(
@@ -291,9 +350,9 @@ def call(
         out = [t.as_subclass(_Result) for t in mutated]
         return out[0] if len(out) == 1 else out
     key = str(comm.get_device())
-    async_op = async_op and not grad and _register_work is not None
-    if async_op or (mutated and not grad):  # NOTE [compiled calls in place]
-        token, done = _issue(_tokens[key], comm, method, *args, async_op=async_op)
+    async_op = async_op and _register_work is not None
+    if mutated or (async_op and not grad):  # NOTE [compiled calls in place]
+        token, done = _issue(_tokens[key], comm, method, *args, async_op=async_op, grad=grad)
         _tokens[key] = token
         return _TracedWork(mutated, done) if async_op else _DoneWork()
     res = _issue(_tokens[key], comm, method, *args)
@@ -378,13 +437,18 @@ def _scale(ints, floats, size) -> float:
     return floats[0] if ints[0] == RedOpType.PREMUL_SUM.value else 1.0
 
 
-def _setup_context(ctx, inputs, output):
-    _, comm, method, mutated, ins, ints, floats, hints, timeout_s = inputs
+def _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s):
+    """What a call's backward needs (its number lists carry the pad)."""
     ctx.call = (comm, method, list(ints)[:-1], list(floats)[:-1], hints, timeout_s)
     ctx.n_mutated, ctx.n_inputs = len(mutated), len(ins)
     ctx.out_meta = [(tuple(t.shape), t.dtype, t.device) for t in mutated]
     ctx.in_shapes = [tuple(t.shape) for t in ins]
     ctx.device = comm.get_device()
+
+
+def _setup_context(ctx, inputs, output):
+    _, comm, method, mutated, ins, ints, floats, hints, timeout_s = inputs
+    _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s)
 
 
 def _not_differentiable(comm, method, why):
@@ -396,10 +460,18 @@ def _not_differentiable(comm, method, why):
 
 
 def _backward(ctx, grads):
+    """``comm_call``'s backward (grads[0] is the token's)."""
+    d_mut, d_in = _adjoint(ctx, grads[1:])
+    return None, None, None, d_mut, d_in, None, None, None, None
+
+
+def _adjoint(ctx, grads):
+    """The gradients of a call's written tensors and of its inputs, given those of its written
+    tensors: the adjoint collective's results, or a node that refuses when it runs."""
     comm, method, ints, floats, hints, timeout_s = ctx.call
-    g = [  # grads[0] is the token's
+    g = [
         torch.zeros(s, dtype=d, device=v) if t is None else t.contiguous()
-        for t, (s, d, v) in zip(grads[1:], ctx.out_meta, strict=True)
+        for t, (s, d, v) in zip(grads, ctx.out_meta, strict=True)
     ]
     n, rank = comm.get_size(), comm.get_rank()
     d_mut: list = [None] * ctx.n_mutated
@@ -470,7 +542,7 @@ def _backward(ctx, grads):
         )
     else:
         return _refusal(ctx, comm, method, "it has no gradient formula", g)
-    return None, None, None, list(d_mut), list(d_in), None, None, None, None
+    return list(d_mut), list(d_in)
 
 
 def _refusal(ctx, comm, method, why, g):
@@ -479,7 +551,7 @@ def _refusal(ctx, comm, method, why, g):
     backward never runs compiles."""
     msg = str(_not_differentiable(comm, method, why))
     res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], hints=msg)
-    return None, None, None, list(res[1:]), [None] * ctx.n_inputs, None, None, None, None
+    return list(res[1:]), [None] * ctx.n_inputs
 
 
 comm_call.register_autograd(_backward, setup_context=_setup_context)

@@ -451,12 +451,32 @@ def compiled_backward(comm, rank, size):
     dividing at different points); a reduction that is not linear refuses the backward when it
     runs, saying why."""
     import torch.distributed as dist
+    import torch.distributed.nn.functional as tdnn
 
     cases, ints_like, loss_of, ours_ar, m = _backward_cases(comm, rank, size, "compiled backward")
     # the broadcast twice: its gradient is traced per rank, and the second compile finds the
     # first in inductor's graph cache, which every rank of the host shares; a key without the
     # rank gave the root the other ranks' gradient (0) from the cache
     runs = [*cases.items(), ("broadcast", cases["broadcast"])]
+
+    def ours_async(x):  # NOTE [differentiable in-place calls]: async calls with a gradient
+        b, o = x * 1.0, torch.zeros(m * size)
+        w1 = comm.all_reduce(b, ReduceOp.SUM, True)
+        w2 = comm.all_gather_single(o, x * 2.0, True)
+        w2.wait()
+        w1.wait()
+        return [b, o]
+
+    runs.append(
+        (
+            "async",
+            (
+                m,
+                ours_async,
+                lambda x: [tdnn.all_reduce(x * 1.0), torch.cat(tdnn.all_gather(x * 2.0))],
+            ),
+        )
+    )
     for name, (n, ours, ref) in runs:
         torch._dynamo.reset()
         dist.barrier()  # every rank's first compile wrote the cache before any second one reads
@@ -522,26 +542,45 @@ def async_overlap(comm, rank, size):
         w.wait()
         return y + t[0]
 
+    def step_grad(t0, x, async_op):  # NOTE [differentiable in-place calls]: t needs a gradient
+        t = t0 * 1.0
+        w = comm.all_reduce(t, ReduceOp.SUM, async_op)
+        y = _stamp(_compiled._tokens[key].detach(), x)  # (the stamp has no gradient formula)
+        w.wait()
+        return y + t[0], t
+
     compiled = torch.compile(step, fullgraph=True, backend="inductor")
-    for async_op in (True, False):  # the second is the control
+    compiled_grad = torch.compile(step_grad, fullgraph=True, backend="inductor")
+    # the second is the control; the third an async call with a gradient (its control, the
+    # same with async_op=False, failed as the second does before such calls were async)
+    for async_op, grad in ((True, False), (False, False), (True, True)):
         torch._dynamo.reset()
-        compiled(torch.ones(8), torch.ones(2), async_op)  # compiled here, not in the timed call
+        fn = compiled_grad if grad else compiled
+        fn(torch.ones(8, requires_grad=grad), torch.ones(2), async_op)  # compiled here
         for i in range(2):
-            t = torch.full((8,), float(rank + i))
+            t = torch.full((8,), float(rank + i), requires_grad=grad)
             comm.barrier(False)
             if rank == size - 1:
                 time.sleep(delay)
             _stamps.clear()
             t0 = time.monotonic()
-            out = compiled(t, torch.ones(2), async_op)
+            out = fn(t, torch.ones(2), async_op)
             t1 = time.monotonic()
             total = float(sum(q + i for q in range(size)))
+            if grad:
+                out, t_out = out
+                t_out.sum().backward()  # the adjoint all_reduce of ones on every rank
+                assert torch.equal(t.grad, torch.full((8,), float(size))), (i, t.grad)
+                t = t_out.detach()
             assert torch.equal(t, torch.full((8,), total)), (async_op, i, t)
-            assert torch.equal(out, torch.full((2,), total + 1.0)), (async_op, i, out)
+            assert torch.equal(out.detach(), torch.full((2,), total + 1.0)), (async_op, i, out)
             if rank == size - 1:
                 continue
             at = _stamps[0] - t0
-            print(f"[rank {rank}] async={async_op}: node at {at:.3f} s, done at {t1 - t0:.3f} s")
+            print(
+                f"[rank {rank}] async={async_op} grad={grad}: node at {at:.3f} s, "
+                f"done at {t1 - t0:.3f} s"
+            )
             assert t1 - t0 > 0.5 * delay, (async_op, t1 - t0)  # the wait waited for the late rank
             if async_op:
                 assert at < 0.25 * delay, f"the node waited for the call ({at:.3f} s)"
