@@ -17,7 +17,7 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
 
 A benchmark, not a test. Usage: python3 tools/compiled_overhead.py [--backend gloo|nccl]
 [--calls 2000] [--rounds 7] [--sizes 16,65536,1048576] [--only host,overlap] [--overlap-mib 64]
-[--gemm 1024] [--chain 4] [--grad]"""
+[--gemm 1024] [--chain 4] [--grad] [--local-out]"""
 
 import argparse
 import os
@@ -80,15 +80,20 @@ def _overlap(comm, args, dev, sync):
     def gemm(x):
         return chain(x)
 
+    def target():  # with --grad (or --local-out) made inside the function, as a forward's is
+        return torch.empty(n, device=dev) if args.grad or args.local_out else dst
+
     def comm_only(x):
-        comm.all_gather_single(dst, src, True).wait()
-        return x + 1
+        o = target()
+        comm.all_gather_single(o, src, True).wait()
+        return x + 1, o
 
     def both(x, async_op):
-        w = comm.all_gather_single(dst, src, async_op)
+        o = target()
+        w = comm.all_gather_single(o, src, async_op)
         y = chain(x)
         w.wait()
-        return y
+        return y, o
 
     fns = {
         "gemm": torch.compile(gemm, fullgraph=True),
@@ -117,7 +122,7 @@ def _overlap(comm, args, dev, sync):
         for _ in range(3):
             fn(a)
     sync()
-    assert torch.equal(dst, src), "all_gather_single at world 1 copies its input"
+    assert torch.equal(fns["comm"](a)[1], src), "all_gather_single at world 1 copies its input"
     times = {k: [] for k in fns}
     for _ in range(args.rounds):
         for k, fn in fns.items():
@@ -146,6 +151,9 @@ def main() -> None:
     ap.add_argument("--chain", type=int, default=4)
     ap.add_argument(
         "--grad", action="store_true", help="overlap: the gathered tensor needs a gradient"
+    )
+    ap.add_argument(
+        "--local-out", action="store_true", help="overlap: the output made inside the function"
     )
     ap.add_argument("--sleep-cycles", type=int, default=5_000_000, help="CUDA: the queued wait")
     args = ap.parse_args()
