@@ -34,7 +34,11 @@ waits as it places those of torch's functional collectives (each is a ``wait_ten
 tensor written in place; its ``reorder_for_compute_comm_overlap`` passes that sink waits move
 ours too, while the call's node is not a collective kernel to the passes that raise those). Why in
 place: with clones (a draft of this did so), inductor's peak-memory reordering pulled each wait
-up to free its clone sooner, before the compute it was meant to hide. A call never
+up to free its clone sooner, before the compute it was meant to hide. Not kept: a call
+whose written tensor is a large buffer made inside the compiled function; inductor's peak-memory
+reordering moves that allocation, and the call with it, after compute that does not depend on
+them (nothing between a call and its wait does), so nothing is hidden unless the compile sets
+``options={"reorder_for_peak_memory": False}`` (docs/benchmarks.md). A call never
 waited inside the compiled function still writes its tensors when it completes, as an eager call
 never waited; its registry entry stays until a ``wait_tensor`` on them.
 
