@@ -13,7 +13,9 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
   caller's stream; "gemm" the chain alone, "comm" the call alone, "async" both with
   ``async_op=True`` and the wait after the chain, "sync" both with ``async_op=False``; each timed
   per call (on CUDA by events behind a queued wait, so that the host's issue time is not
-  counted), interleaved rounds, medians; hidden = (gemm + comm - async) / comm.
+  counted), interleaved rounds, medians; hidden = (gemm + comm - async) / comm. ``--grad``: the
+  gathered input needs a gradient and the output is made inside the function (``--local-out``:
+  the output made there without a gradient); else the output is made once, before.
 
 A benchmark, not a test. Usage: python3 tools/compiled_overhead.py [--backend gloo|nccl]
 [--calls 2000] [--rounds 7] [--sizes 16,65536,1048576] [--only host,overlap] [--overlap-mib 64]
@@ -132,8 +134,9 @@ def _overlap(comm, args, dev, sync):
     hidden_sync = (med["gemm"] + med["comm"] - med["sync"]) / med["comm"]
     print(
         f"overlap: all_gather_single {args.overlap_mib} MiB beside {args.chain} matmuls "
-        f"{args.gemm}^3 float32{', its input needing a gradient' if args.grad else ''}, us per "
-        f"call, median of {args.rounds} rounds of 5"
+        f"{args.gemm}^3 float32{', its input needing a gradient' if args.grad else ''}"
+        f"{', its output made inside the function' if args.grad or args.local_out else ''}, "
+        f"us per call, median of {args.rounds} rounds of 5"
     )
     print("  " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()))
     print(f"  hidden: async {hidden:.1%}, sync {hidden_sync:.1%}")

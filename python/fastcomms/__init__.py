@@ -1296,19 +1296,11 @@ class TorchComm(_OpaqueBase):
         )
 
     def scatter(self, output_tensor, input_tensor_list, root, async_op, hints=None, timeout=None):
+        ins = list(input_tensor_list or [])
         if (
-            w := self._traced(
-                "scatter",
-                (output_tensor,),
-                input_tensor_list or (),
-                (root,),
-                async_op,
-                hints,
-                timeout,
-            )
+            w := self._traced("scatter", (output_tensor,), ins, (root,), async_op, hints, timeout)
         ) is not None:
             return w  # NOTE [compiled communicator methods]
-        ins = list(input_tensor_list or [])
         return self._run(
             _ht.OpName.scatter,
             lambda: _ht.ScatterPreHookArgs(output_tensor, ins, root, async_op),
@@ -1318,19 +1310,11 @@ class TorchComm(_OpaqueBase):
         )
 
     def gather(self, output_tensor_list, input_tensor, root, async_op, hints=None, timeout=None):
+        outs = list(output_tensor_list or [])
         if (
-            w := self._traced(
-                "gather",
-                output_tensor_list or (),
-                (input_tensor,),
-                (root,),
-                async_op,
-                hints,
-                timeout,
-            )
+            w := self._traced("gather", outs, (input_tensor,), (root,), async_op, hints, timeout)
         ) is not None:
             return w  # NOTE [compiled communicator methods]
-        outs = list(output_tensor_list or [])
         return self._run(
             _ht.OpName.gather,
             lambda: _ht.GatherPreHookArgs(input_tensor, outs, root, async_op),

@@ -202,8 +202,8 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # one kernel for every backend (CompositeExplicitAutograd), not through ``custom_op``: a custom
 # op runs three Python kernels per call (autograd, ADInplaceOrView, backend), which on the 2-core
 # CPU machine cost about 40 us more per call than this one kernel (measured, docs/benchmarks.md).
-# It needs no autograd kernel (``call`` takes it only where no tensor needs a gradient); the
-# version bump that ADInplaceOrView would make is made here.
+# It has no autograd kernel (a call that needs a gradient is traced as ``comm_call_grad_``,
+# below, down to this op); the version bump that ADInplaceOrView would make is made here.
 _lib = torch.library.Library("fastcomms", "FRAGMENT")
 _lib.define(
     f"comm_call_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
