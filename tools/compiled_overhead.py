@@ -16,10 +16,13 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
   counted), interleaved rounds, medians; hidden = (gemm + comm - async) / comm. ``--grad``: the
   gathered input needs a gradient and the output is made inside the function (``--local-out``:
   the output made there without a gradient); else the output is made once, before.
+  ``--no-memory-reorder``: the four functions compiled with inductor's
+  ``reorder_for_peak_memory`` off, which otherwise moves an output made inside the function, and
+  the async call that writes it, after the compute (NOTE [compiled async calls]).
 
 A benchmark, not a test. Usage: python3 tools/compiled_overhead.py [--backend gloo|nccl]
 [--calls 2000] [--rounds 7] [--sizes 16,65536,1048576] [--only host,overlap] [--overlap-mib 64]
-[--gemm 1024] [--chain 4] [--grad] [--local-out]"""
+[--gemm 1024] [--chain 4] [--grad] [--local-out] [--no-memory-reorder]"""
 
 import argparse
 import os
@@ -97,11 +100,12 @@ def _overlap(comm, args, dev, sync):
         w.wait()
         return y, o
 
+    opts = {"reorder_for_peak_memory": False} if args.no_memory_reorder else None
     fns = {
-        "gemm": torch.compile(gemm, fullgraph=True),
-        "comm": torch.compile(comm_only, fullgraph=True),
-        "async": torch.compile(lambda x: both(x, True), fullgraph=True),
-        "sync": torch.compile(lambda x: both(x, False), fullgraph=True),
+        "gemm": torch.compile(gemm, fullgraph=True, options=opts),
+        "comm": torch.compile(comm_only, fullgraph=True, options=opts),
+        "async": torch.compile(lambda x: both(x, True), fullgraph=True, options=opts),
+        "sync": torch.compile(lambda x: both(x, False), fullgraph=True, options=opts),
     }
     cuda = dev.type == "cuda"
 
@@ -135,7 +139,8 @@ def _overlap(comm, args, dev, sync):
     print(
         f"overlap: all_gather_single {args.overlap_mib} MiB beside {args.chain} matmuls "
         f"{args.gemm}^3 float32{', its input needing a gradient' if args.grad else ''}"
-        f"{', its output made inside the function' if args.grad or args.local_out else ''}, "
+        f"{', its output made inside the function' if args.grad or args.local_out else ''}"
+        f"{', reorder_for_peak_memory off' if args.no_memory_reorder else ''}, "
         f"us per call, median of {args.rounds} rounds of 5"
     )
     print("  " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()))
@@ -157,6 +162,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--local-out", action="store_true", help="overlap: the output made inside the function"
+    )
+    ap.add_argument(
+        "--no-memory-reorder",
+        action="store_true",
+        help="overlap: compile with inductor's reorder_for_peak_memory off",
     )
     ap.add_argument("--sleep-cycles", type=int, default=5_000_000, help="CUDA: the queued wait")
     args = ap.parse_args()
