@@ -48,6 +48,7 @@ def _load_compiled():
     import importlib
 
     _register_opaque()  # (its op takes a TorchComm)
+    _waits.register()  # NOTE [torchcomms wait ops]
     _compiled = importlib.import_module(f"{__name__}._compiled")  # (the name is bound: None)
     _compiling = torch.compiler.is_compiling
     return _compiled
@@ -1731,7 +1732,13 @@ class Timeout(datetime.timedelta):
 
 
 # as after `import torchcomms`: its hooks and objcol modules are attributes of the package
-from . import hooks, objcol  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    _waits,  # noqa: E402
+    hooks,
+    objcol,
+)
+
+_waits.register()  # NOTE [torchcomms wait ops] (again when the first communicator is made)
 
 
 def _register_nvlink_name() -> bool:

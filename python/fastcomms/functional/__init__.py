@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.distributed._functional_collectives as _funcol
 
-from . import ReduceOp, TorchComm
-from .device_mesh import _create_torchcomm_process_group, comm_of
+from .. import ReduceOp, TorchComm
+from ..device_mesh import _create_torchcomm_process_group, comm_of
 
 __all__ = [
     "all_reduce",

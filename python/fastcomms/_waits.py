@@ -1,0 +1,110 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""torchcomms' two wait operators, for code that calls them by name.
+
+NOTE [torchcomms wait ops]: torchcomms defines ``torch.ops.torchcomms.torchcomm_wait_tensors``
+(``Tensor[] -> Tensor[]``) and ``torchcomm_wait_tensors_`` (``Tensor(a!)[] -> Tensor(a!)[]``):
+each waits for the asynchronous work pending on its tensors and gives them back, and both are
+the identity to autograd. Code written for torchcomms calls them directly (its own tests do), so
+``import fastcomms as torchcomms`` must find them: fastcomms defines both where the torchcomms
+package is not installed (where it is, its own definitions serve, and defining the names twice
+would break its import). What "pending" means here: the work torch's work registry holds for a
+tensor, which is where fastcomms registers every asynchronous call made inside a compiled
+function and the Ulysses op's async results (NOTE [compiled async calls]); a tensor with nothing
+pending is given back at once. Semantics kept from torchcomms: the functional form returns new
+tensors (copies, once waited), the in-place form returns its inputs; where any input needs a
+gradient, every output of the functional form does (one autograd node for the list), and the
+gradient passes through unchanged. Under torch.compile the in-place form becomes torch's own
+``_c10d_functional.wait_tensor`` on each tensor (so inductor places it as a collective's wait,
+and no copy is made); the functional form stays one node.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import torch
+
+_lib = None
+
+
+def _torchcomms_installed() -> bool:
+    try:
+        importlib.metadata.distribution("torchcomms")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _wait(tensors: list[torch.Tensor]) -> None:
+    for t in tensors:
+        torch.ops._c10d_functional.wait_tensor(t)
+
+
+def _functional(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    _wait(inputs)
+    return [t.clone() for t in inputs]
+
+
+def _functional_fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in inputs]
+
+
+def _in_place(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    _wait(inputs)
+    return inputs
+
+
+def _in_place_autograd(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    # the identity to autograd: the tensors come back as they went in, history and all
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.torchcomms.torchcomm_wait_tensors_.default(inputs)
+
+
+def _in_place_functionalized(ctx, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    raw = ctx.unwrap_tensors(inputs)
+    with ctx.redispatch_to_next():
+        waited = [torch.ops._c10d_functional.wait_tensor(t) for t in raw]
+    for t, w in zip(inputs, waited):
+        ctx.replace(t, w)
+        ctx.commit_update(t)
+        ctx.sync(t)
+    return inputs
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    pass
+
+
+def _backward(ctx, grads):
+    return grads  # the identity
+
+
+def register() -> bool:
+    """Defines the two operators once (True where they are fastcomms'). Called at import and
+    again when the first communicator is made: where torch imports this package while it
+    initializes itself, ``torch.library`` does not exist yet."""
+    global _lib
+    if _lib is not None:
+        return True
+    if not hasattr(torch, "library") or not hasattr(torch, "Tag") or _torchcomms_installed():
+        return False
+    try:
+        lib = torch.library.Library("torchcomms", "FRAGMENT")
+        tags = (torch.Tag.pt2_compliant_tag,)
+        lib.define("torchcomm_wait_tensors(Tensor[] inputs) -> Tensor[]", tags=tags)
+        lib.define("torchcomm_wait_tensors_(Tensor(a!)[] inputs) -> Tensor(a!)[]", tags=tags)
+    except RuntimeError:  # another library defined them: theirs serve
+        return False
+    lib.impl("torchcomm_wait_tensors", _functional, "CompositeExplicitAutograd")
+    torch.library.register_fake("torchcomms::torchcomm_wait_tensors", _functional_fake, lib=lib)
+    torch.library.register_autograd(
+        "torchcomms::torchcomm_wait_tensors", _backward, setup_context=_setup_context, lib=lib
+    )
+    lib.impl("torchcomm_wait_tensors_", _in_place, "CompositeExplicitAutograd")
+    lib.impl("torchcomm_wait_tensors_", lambda inputs: inputs, "Meta")
+    lib.impl("torchcomm_wait_tensors_", _in_place_autograd, "Autograd")
+    torch.ops.torchcomms.torchcomm_wait_tensors_.default.py_functionalize_impl(
+        _in_place_functionalized
+    )
+    _lib = lib
+    return True
