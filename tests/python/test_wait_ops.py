@@ -24,7 +24,10 @@ def _ops():
 
 
 def _rand(g):
-    shape = tuple(int(v) for v in torch.randint(1, 6, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g))
+    shape = tuple(
+        int(v)
+        for v in torch.randint(1, 6, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g)
+    )
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
@@ -155,44 +158,41 @@ DELAY = 1.0
 
 def wait_ops_wait_for_pending_calls(comm, rank, size):
     """The last rank joins each all_reduce DELAY seconds late. A compiled function that issues
-    an async all_reduce and then, instead of the work's wait(), calls one of the wait operators
-    on the tensor, must return the sum on every rank; the control (the same function reading
-    the tensor with no wait) must see it unreduced on the ranks that were on time. Then
-    TorchCommsAsyncTensor over an eager async call: its first use gives the sum."""
+    two async all_reduces and then, instead of the works' wait(), calls the functional wait
+    operator on one tensor and the in-place one on the other, must return the sums on every
+    rank; the control (a compiled read of the tensor with no wait) must see it unreduced on the
+    ranks that were on time. Then TorchCommsAsyncTensor over an eager async call: its first use
+    gives the sum."""
     functional, in_place = _ops()
     late = rank == size - 1
     total = float(sum(range(size)))
 
-    def with_functional(t):
+    def waited(t, u):
         comm.all_reduce(t, ReduceOp.SUM, True)
-        return functional([t])[0] + 0
+        comm.all_reduce(u, ReduceOp.SUM, True)
+        return functional([t])[0] + 0, in_place([u])[0] + 0
 
-    def with_in_place(t):
+    def no_wait(t, u):  # the control
         comm.all_reduce(t, ReduceOp.SUM, True)
-        return in_place([t])[0] + 0
+        return t + 0, u
 
-    def no_wait(t):  # the control
-        comm.all_reduce(t, ReduceOp.SUM, True)
-        return t + 0
-
-    for fn in (with_functional, with_in_place, no_wait):
+    for fn in (waited, no_wait):
         torch._dynamo.reset()
         run = torch.compile(fn, fullgraph=True, backend="inductor")
-        run(torch.zeros(4))  # the compile
-        for _ in range(2):
-            t = torch.full((4,), float(rank))
+        for compile_call in (True, False):
+            t, u = torch.full((4,), float(rank)), torch.full((3,), float(rank) + 1)
             comm.barrier(False)
-            if late:
+            if late and not compile_call:
                 time.sleep(DELAY)
-            out = run(t)
+            out, out_u = run(t, u)
             torch.ops._c10d_functional.wait_tensor(t)  # the control's call, ended
-            if fn is no_wait:
-                if not late:
-                    assert torch.equal(out, torch.full((4,), float(rank))), (
-                        f"control: the read saw the call's result {out}"
-                    )
-            else:
-                assert torch.equal(out, torch.full((4,), total)), (fn.__name__, out)
+            if fn is waited:
+                assert torch.equal(out, torch.full((4,), total)), out
+                assert torch.equal(out_u, torch.full((3,), total + size)), out_u
+            elif not late and not compile_call:
+                assert torch.equal(
+                    out, torch.full((4,), float(rank))
+                ), f"control: the read saw the call's result {out}"
             assert torch.equal(t, torch.full((4,), total)), (fn.__name__, t)
 
     t = torch.full((4,), float(rank))
