@@ -64,7 +64,7 @@ def _in_place_functionalized(ctx, inputs: list[torch.Tensor]) -> list[torch.Tens
     raw = ctx.unwrap_tensors(inputs)
     with ctx.redispatch_to_next():
         waited = [torch.ops._c10d_functional.wait_tensor(t) for t in raw]
-    for t, w in zip(inputs, waited, strict=False):
+    for t, w in zip(inputs, waited, strict=True):
         ctx.replace(t, w)
         ctx.commit_update(t)
         ctx.sync(t)
