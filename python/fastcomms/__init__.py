@@ -1139,7 +1139,7 @@ class TorchComm(_OpaqueBase):
         t, f = _op(op)
         return self._run(
             _ht.OpName.all_reduce,
-            lambda: _ht.AllReducePreHookArgs(tensor, async_op),
+            lambda: _ht.AllReducePreHookArgs(tensor, async_op, op),
             lambda: TorchWork(self._c.all_reduce(tensor, t, f, async_op, _ms(timeout), hints)),
         )
 
@@ -1151,7 +1151,7 @@ class TorchComm(_OpaqueBase):
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce,
-            lambda: _ht.ReducePreHookArgs(tensor, root, async_op),
+            lambda: _ht.ReducePreHookArgs(tensor, root, async_op, op),
             lambda: TorchWork(self._c.reduce(tensor, root, t, f, async_op, _ms(timeout), hints)),
         )
 
@@ -1209,7 +1209,7 @@ class TorchComm(_OpaqueBase):
         pre = _ht.ReduceScatterVPreHookArgs if v else _ht.ReduceScatterPreHookArgs
         return self._run(
             getattr(_ht.OpName, method),
-            lambda: pre(ins, output, async_op),
+            lambda: pre(ins, output, async_op, op),
             lambda: TorchWork(
                 self._c.reduce_scatter(output, ins, t, f, v, async_op, _ms(timeout), hints)
             ),
@@ -1225,7 +1225,7 @@ class TorchComm(_OpaqueBase):
         t, f = _op(op)
         return self._run(
             _ht.OpName.reduce_scatter_single,
-            lambda: _ht.ReduceScatterSinglePreHookArgs(input, output, async_op),
+            lambda: _ht.ReduceScatterSinglePreHookArgs(input, output, async_op, op),
             lambda: TorchWork(
                 self._c.reduce_scatter_single(output, input, t, f, async_op, _ms(timeout), hints)
             ),

@@ -77,18 +77,20 @@ def _short(v):
     return repr(v)
 
 
+# torchcomms' fields, and for the reductions the call's ReduceOp last (``op``: a fastcomms
+# addition, which the clog hook writes)
 _PRE = {
     "SendPreHookArgs": ("tensor", "peer", "async_op"),
     "RecvPreHookArgs": ("tensor", "peer", "async_op"),
     "BroadcastPreHookArgs": ("tensor", "root", "async_op"),
-    "AllReducePreHookArgs": ("tensor", "async_op"),
-    "ReducePreHookArgs": ("tensor", "root", "async_op"),
+    "AllReducePreHookArgs": ("tensor", "async_op", "op"),
+    "ReducePreHookArgs": ("tensor", "root", "async_op", "op"),
     "AllGatherPreHookArgs": ("input", "output", "async_op"),
     "AllGatherVPreHookArgs": ("input", "output", "async_op"),
     "AllGatherSinglePreHookArgs": ("input", "output", "async_op"),
-    "ReduceScatterPreHookArgs": ("input", "output", "async_op"),
-    "ReduceScatterVPreHookArgs": ("input", "output", "async_op"),
-    "ReduceScatterSinglePreHookArgs": ("input", "output", "async_op"),
+    "ReduceScatterPreHookArgs": ("input", "output", "async_op", "op"),
+    "ReduceScatterVPreHookArgs": ("input", "output", "async_op", "op"),
+    "ReduceScatterSinglePreHookArgs": ("input", "output", "async_op", "op"),
     "AllToAllSinglePreHookArgs": ("input", "output", "async_op"),
     "AllToAllVSinglePreHookArgs": (
         "input",

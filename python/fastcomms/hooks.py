@@ -7,6 +7,8 @@
   async op's work, raising ``TimeoutError``); ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's
   prefix.
 - ``NanCheckHook``: raises ``RuntimeError`` before an operation whose input holds a NaN.
+- ``clog``: writes each operation's signature and lifecycle events to a file in torchcomms'
+  clog format (NOTE [clog]).
 
 Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_*_hook``)."""
 
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FlightRecorderHook", "NanCheckHook"]
+__all__ = ["FlightRecorderHook", "NanCheckHook", "clog"]
 
 
 def _tensors(args: Any) -> list[tuple[str, Any]]:
@@ -339,3 +341,223 @@ class NanCheckHook:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+# NOTE [clog]: torchcomms' clog log format, version 1 (its documented format: a header
+# "V|1|base_timestamp=<epoch s>", one "C<id>|sig|<op>|<k>=<v>|...|comm=<name>" line per distinct
+# signature, then "C<id>|Q|work_id=<n>|+<s>" per call and "C<id>|S|", "|E|", "|W|" lifecycle
+# lines, "new_comm|comm=..|rank=..|world_size=..", "split|parent=..|child=..|ranks=..",
+# "WARN|..."). Where fastcomms learns of the lifecycle: a synchronous call starts (S) when its
+# pre-hook runs and ends (E) when it returns (on CUDA: issued in stream order); an asynchronous
+# call starts when it is issued, and ends and is waited (E, W) when a wait on its work returns
+# (fastcomms' works call nothing back when they complete, so an async call never waited logs no
+# E). Lines written during CUDA graph capture carry no "G<id>|" prefix and replays log nothing.
+_CLOG_DTYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
+_CLOG_RED = {"PRODUCT": "prod", "PREMUL_SUM": "premul_sum"}
+_CLOG_EVENTS = ("Q", "S", "E", "W", "LIFECYCLE", "ALL", "NONE")
+_CLOG_VERBOSE = ("buffers",)
+
+
+def _clog_dtype(t) -> str:
+    return _CLOG_DTYPES.get(t.dtype, "other")
+
+
+def _clog_red(op) -> str:
+    kind = getattr(op, "type", op)
+    name = getattr(kind, "name", None)
+    if not isinstance(name, str):
+        return "unknown"
+    return _CLOG_RED.get(name, name.lower())
+
+
+def _clog_counts(ts) -> str:
+    return ",".join(str(t.numel()) for t in ts)
+
+
+def _clog_ptrs(ts) -> str:
+    return ",".join(f"{t.data_ptr():#x}" for t in ts)
+
+
+def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
+    """The ``<k>=<v>`` fields of an operation's signature (None: not an operation clog logs)."""
+    f = getattr
+    one = ("all_gather_single", "all_to_all_single", "reduce_scatter_single", "gather_single")
+    if op in ("all_reduce", "broadcast", "reduce"):
+        t = a.tensor
+        kv = [f"in_count={t.numel()}", f"out_count={t.numel()}", f"dtype={_clog_dtype(t)}"]
+        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op != "broadcast" else []
+        kv += [f"root={a.root}"] if op != "all_reduce" else []
+        ptrs = [f"buf={_clog_ptrs([t])}"]
+    elif op in ("send", "recv"):
+        t, n = a.tensor, a.tensor.numel()
+        counts = (n, 0) if op == "send" else (0, n)
+        kv = [f"in_count={counts[0]}", f"out_count={counts[1]}", f"dtype={_clog_dtype(t)}"]
+        kv.append(f"peer={a.peer}")
+        ptrs = [f"{'in' if op == 'send' else 'out'}={_clog_ptrs([t])}"]
+    elif op in one:
+        kv = [f"in_count={a.input.numel()}", f"out_count={a.output.numel()}"]
+        kv.append(f"dtype={_clog_dtype(a.input)}")
+        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op == "reduce_scatter_single" else []
+        kv += [f"root={a.root}"] if op == "gather_single" else []
+        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs([a.output])}"]
+    elif op == "all_to_all_v_single":
+        ins = ",".join(str(int(v)) for v in a.input_split_sizes)
+        outs = ",".join(str(int(v)) for v in a.output_split_sizes)
+        kv = [f"in_splits={ins}", f"out_splits={outs}", f"dtype={_clog_dtype(a.input)}"]
+        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs([a.output])}"]
+    elif op in ("all_gather", "all_gather_v", "gather"):
+        outs = list(a.output)
+        kv = [f"in_count={a.input.numel()}", f"out_counts={_clog_counts(outs)}"]
+        kv.append(f"dtype={_clog_dtype(a.input)}")
+        kv += [f"root={a.root}"] if op == "gather" else []
+        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs(outs)}"]
+    elif op in ("reduce_scatter", "reduce_scatter_v", "scatter"):
+        ins = list(a.input)
+        kv = [f"in_counts={_clog_counts(ins)}", f"out_count={a.output.numel()}"]
+        kv.append(f"dtype={_clog_dtype(a.output)}")
+        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op != "scatter" else []
+        kv += [f"root={a.root}"] if op == "scatter" else []
+        ptrs = [f"in={_clog_ptrs(ins)}", f"out={_clog_ptrs([a.output])}"]
+    elif op == "all_to_all":
+        ins, outs = list(a.input), list(a.output)
+        kv = [f"in_counts={_clog_counts(ins)}", f"out_counts={_clog_counts(outs)}"]
+        kv.append(f"dtype={_clog_dtype(ins[0]) if ins else 'other'}")
+        ptrs = [f"in={_clog_ptrs(ins)}", f"out={_clog_ptrs(outs)}"]
+    elif op == "barrier":
+        kv, ptrs = [], []
+    elif op == "batch_op_issue":
+        kv, ptrs = [f"num_ops={a.num_ops}"], []
+    else:
+        return None
+    kv.append(f"async_op={'t' if a.async_op else 'f'}")
+    return kv + ptrs if buffers else kv
+
+
+class clog:  # noqa: N801  (torchcomms' name)
+    """torchcomms' ``clog`` hook: writes the signatures and lifecycle events of the operations
+    of every communicator it is registered with to the file ``output``, in torchcomms' clog
+    format (NOTE [clog]). ``events``: any of "Q", "S", "E", "W", "LIFECYCLE" (S, E and W),
+    "ALL", "NONE"; enqueue lines (Q) are always written. ``verbose``: "buffers" adds the
+    tensors' addresses to each signature (``buf=`` for an in-place tensor, ``in=`` / ``out=``).
+    Thread-safe; each line is flushed as it is written."""
+
+    VERSION = 1
+
+    def __init__(self, output: str, events: list[str], verbose: list[str] | None = None) -> None:
+        events = [str(e).upper() for e in events]
+        verbose = [str(v).lower() for v in (verbose or [])]
+        for e in events:
+            if e not in _CLOG_EVENTS:
+                raise ValueError(f"clog: unknown event {e!r}; expected one of {_CLOG_EVENTS}")
+        for v in verbose:
+            if v not in _CLOG_VERBOSE:
+                raise ValueError(f"clog: unknown verbose field {v!r}; expected {_CLOG_VERBOSE}")
+        every = "ALL" in events or "LIFECYCLE" in events
+        self._events = {e for e in "SEW" if every or e in events}
+        self._buffers = "buffers" in verbose
+        self._lock = threading.Lock()
+        self._sigs: dict[str, int] = {}
+        self._work_ids = itertools.count(1)
+        self._open: dict[int, tuple[int, bool, Any]] = {}  # op_id -> (corr id, async, extra)
+        self._async: dict[int, int] = {}  # op_id -> corr id, until a wait on its work returns
+        self._handles: list[Any] = []
+        self._base = round(time.time(), 3)
+        self._file = open(output, "w", encoding="utf-8")  # noqa: SIM115  (kept open)
+        self._line(f"V|{self.VERSION}|base_timestamp={self._base:.3f}")
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            self._file.write(text + "\n")
+            self._file.flush()
+
+    def _ts(self) -> str:
+        return f"+{time.time() - self._base:.3f}"
+
+    def register_with_comm(self, comm: Any) -> None:
+        """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
+        name = comm.get_name()
+        self._line(f"new_comm|comm={name}|rank={comm.get_rank()}|world_size={comm.get_size()}")
+
+        def pre(op, op_id, args):
+            opname = getattr(op, "value", str(op))
+            if opname == "split":
+                with self._lock:
+                    self._open[op_id] = (0, False, list(args.ranks))
+                return
+            kv = _clog_signature(opname, args, self._buffers)
+            if kv is None:
+                return
+            sig = "|".join([opname, *kv, f"comm={name}"])
+            lines = []
+            with self._lock:
+                corr = self._sigs.get(sig)
+                if corr is None:
+                    corr = self._sigs[sig] = len(self._sigs) + 1
+                    lines.append(f"C{corr}|sig|{sig}")
+                lines.append(f"C{corr}|Q|work_id={next(self._work_ids)}|{self._ts()}")
+                if "S" in self._events and not args.async_op:
+                    lines.append(f"C{corr}|S|{self._ts()}")
+                self._open[op_id] = (corr, bool(args.async_op), None)
+            for text in lines:
+                self._line(text)
+
+        def post(op_id, args):
+            with self._lock:
+                corr, async_op, ranks = self._open.pop(op_id, (None, False, None))
+            if corr is None:
+                self._line(f"WARN|post-hook of op {op_id} on {name} without a pre-hook")
+            elif corr == 0:  # a split
+                child = getattr(args, "new_comm", None)
+                if child is not None:
+                    joined = ",".join(str(r) for r in ranks)
+                    self._line(f"split|parent={name}|child={child.get_name()}|ranks={joined}")
+            elif async_op:
+                with self._lock:
+                    self._async[op_id] = corr
+                if "S" in self._events:
+                    self._line(f"C{corr}|S|{self._ts()}")
+            elif "E" in self._events:
+                self._line(f"C{corr}|E|{self._ts()}")
+
+        def observe(event, op_id, payload):
+            if event != "waited":
+                return
+            with self._lock:
+                corr = self._async.pop(op_id, None)
+            if corr is None:
+                return
+            if "E" in self._events:
+                self._line(f"C{corr}|E|{self._ts()}")
+            if "W" in self._events:
+                self._line(f"C{corr}|W|{self._ts()}")
+
+        self._handles += [
+            comm.register_pre_hook(pre),
+            comm.register_post_hook(post),
+            comm._observe(observe),
+        ]
+
+    def unregister(self) -> None:
+        """Stops logging (the file stays open until the hook is closed or collected)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def close(self) -> None:
+        """Stops logging and closes the file."""
+        self.unregister()
+        with self._lock:
+            self._file.close()

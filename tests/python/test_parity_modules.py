@@ -338,3 +338,96 @@ def test_cuda_device_without_index_follows_the_rank(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "TORCHCOMM_RANK", "TORCHCOMM_SIZE"):
         monkeypatch.delenv(name, raising=False)
     assert _indexed(torch.device("cuda")) == torch.device("cuda", 2)
+
+
+def clog_lines(comm, rank, size):
+    """fastcomms.hooks.clog (NOTE [clog]): the file holds torchcomms' clog format, line for line,
+    for calls of several kinds, sync and async, a repeated signature (one sig line, one Q per
+    call with increasing work ids), the lifecycle events, a split, the buffers' addresses when
+    asked, only Q lines with events=["NONE"]; bad arguments raise."""
+    import os
+    import re
+    import tempfile
+
+    from fastcomms import ReduceOp
+    from fastcomms.hooks import clog
+
+    d = tempfile.mkdtemp()
+    path, quiet_path = os.path.join(d, "clog.log"), os.path.join(d, "quiet.log")
+    log, quiet = clog(path, ["ALL"], verbose=["buffers"]), clog(quiet_path, ["NONE"])
+    log.register_with_comm(comm)
+    quiet.register_with_comm(comm)
+    name, n = comm.get_name(), 3 + size
+    x = torch.randn(n)
+    comm.all_reduce(x, ReduceOp.SUM, False)
+    comm.all_reduce(x, ReduceOp.SUM, False)  # the same signature
+    y = torch.zeros(4 * size, dtype=torch.float16)
+    w = comm.all_reduce(y, ReduceOp.MAX, True)
+    w.wait()
+    comm.broadcast(torch.ones(5, dtype=torch.int32), size - 1, False)
+    out = torch.empty(size * 2, dtype=torch.bfloat16)
+    comm.all_gather_single(out, torch.ones(2, dtype=torch.bfloat16), False)
+    comm.reduce_scatter_single(torch.empty(3), torch.ones(3 * size), ReduceOp.AVG, False)
+    comm.barrier(False)
+    sub = comm.split(list(range(size)), "sub")
+    lines = open(path).read().splitlines()
+    assert re.fullmatch(r"V\|1\|base_timestamp=\d+\.\d{3}", lines[0]), lines[0]
+    assert lines[1] == f"new_comm|comm={name}|rank={rank}|world_size={size}", lines[1]
+    sigs = {
+        int(m.group(1)): m.group(2)
+        for m in map(re.compile(r"C(\d+)\|sig\|(.*)").fullmatch, lines)
+        if m
+    }
+    px = f"{x.data_ptr():#x}"
+    expect = [
+        f"all_reduce|in_count={n}|out_count={n}|dtype=f32|red_op=sum|async_op=f|buf={px}|comm={name}",
+        f"all_reduce|in_count={4 * size}|out_count={4 * size}|dtype=f16|red_op=max|async_op=t"
+        f"|buf={y.data_ptr():#x}|comm={name}",
+    ]
+    assert sigs[1] == expect[0] and sigs[2] == expect[1], sigs
+    assert sigs[3].startswith("broadcast|in_count=5|out_count=5|dtype=i32|root=") and sigs[
+        3
+    ].endswith(f"|comm={name}")
+    assert sigs[4].startswith(
+        f"all_gather_single|in_count=2|out_count={2 * size}|dtype=bf16|async_op=f|in=0x"
+    ), sigs[4]
+    assert sigs[5].startswith(
+        f"reduce_scatter_single|in_count={3 * size}|out_count=3|dtype=f32|red_op=avg|async_op=f|"
+    ), sigs[5]
+    assert sigs[6] == f"barrier|async_op=f|comm={name}", sigs[6]
+    events = [ln for ln in lines if re.match(r"C\d+\|[QSEW]\|", ln)]
+    kinds = [(int(ln[1 : ln.index("|")]), ln.split("|")[1]) for ln in events]
+    # sync calls: Q S E; the async call: Q, S once issued, then E and W at its wait
+    assert kinds[:9] == [
+        (1, "Q"),
+        (1, "S"),
+        (1, "E"),
+        (1, "Q"),
+        (1, "S"),
+        (1, "E"),
+        (2, "Q"),
+        (2, "S"),
+        (2, "E"),
+    ], kinds
+    assert kinds[9] == (2, "W"), kinds
+    ids = [int(re.search(r"work_id=(\d+)", ln).group(1)) for ln in events if "|Q|" in ln]
+    assert ids == list(range(1, len(ids) + 1)), ids
+    assert all(re.search(r"\|\+\d+\.\d{3}$", ln) for ln in events), events
+    joined = ",".join(str(r) for r in range(size))
+    assert lines[-1] == f"split|parent={name}|child=sub|ranks={joined}", lines[-1]
+    q = open(quiet_path).read().splitlines()
+    assert not [ln for ln in q if re.match(r"C\d+\|[SEW]\|", ln)], q
+    assert len([ln for ln in q if "|Q|" in ln]) == len(ids)
+    assert "|buf=" not in "".join(q)
+    log.close()
+    quiet.close()
+    sub.finalize()
+    with pytest.raises(ValueError, match="unknown event"):
+        clog(path, ["QQ"])
+    with pytest.raises(ValueError, match="unknown verbose"):
+        clog(path, ["ALL"], verbose=["stacks"])
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_clog(world, size):
+    world(clog_lines, size)
