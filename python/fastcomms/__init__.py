@@ -1050,7 +1050,9 @@ class TorchComm(_OpaqueBase):
             self._notify("issued", op_id, work)
         if self._post_hooks:
             args = (
-                post_of(result) if post_of is not None else (post or _ht.CollectivePostHookArgs)()
+                post_of(result)
+                if post_of is not None
+                else (post or _ht.POST_OF.get(name, _ht.CollectivePostHookArgs))()
             )
             for fn in list(self._post_hooks.values()):
                 fn(op_id, args)

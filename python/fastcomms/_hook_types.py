@@ -8,6 +8,7 @@ A pre-hook is called as ``fn(name: OpName, op_id: int, args)``, a post-hook as
 from __future__ import annotations
 
 import enum
+import re
 
 __all__ = ["OpName"]
 
@@ -39,7 +40,7 @@ class OpName(enum.Enum):
     finalize = "finalize"
 
 
-def _args_class(name: str, fields: tuple[str, ...]) -> type:
+def _args_class(name: str, fields: tuple[str, ...], base: type = object) -> type:
     """A small read-only record: positional construction in field order, attribute access."""
 
     def __init__(self, *values):
@@ -57,7 +58,7 @@ def _args_class(name: str, fields: tuple[str, ...]) -> type:
 
     return type(
         name,
-        (),
+        () if base is object else (base,),
         {
             "__slots__": fields,
             "__init__": __init__,
@@ -123,3 +124,15 @@ for _name, _fields in _PRE.items():
 for _name, _fields in _POST.items():
     globals()[_name] = _args_class(_name, _fields)
 __all__ += list(_PRE) + list(_POST)
+
+# torchcomms' per-operation post-hook classes: one per collective and point-to-point operation,
+# each a CollectivePostHookArgs with no fields; a post-hook gets its operation's
+POST_OF: dict[OpName, type] = {}
+for _name in _PRE:
+    _base = _name[: -len("PreHookArgs")]
+    if _base in ("Split", "NewWindow", "BatchOpIssue", "Finalize"):
+        continue
+    _post = f"{_base}PostHookArgs"
+    globals()[_post] = _args_class(_post, (), base=globals()["CollectivePostHookArgs"])
+    POST_OF[OpName(re.sub(r"(?<!^)(?=[A-Z])", "_", _base).lower())] = globals()[_post]
+    __all__.append(_post)

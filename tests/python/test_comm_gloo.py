@@ -133,6 +133,12 @@ def hooks_split_and_errors(comm, rank, size):
     assert isinstance(seen[1][2], fastcomms.AllReducePreHookArgs) and seen[1][2].tensor is x
     assert [i for i, _ in done] == [i for _, i, _ in seen]  # post-hooks share the op ids
     assert all(isinstance(a, fastcomms.CollectivePostHookArgs) for _, a in done)
+    # each operation's own post-hook class (torchcomms'), and the reduction's op in its pre args
+    assert [type(a) for _, a in done] == [
+        fastcomms.BarrierPostHookArgs,
+        fastcomms.AllReducePostHookArgs,
+    ]
+    assert seen[1][2].op.type == fastcomms.RedOpType.SUM
     sub = comm.split(list(reversed(range(size))), "rev")
     assert sub is not None and sub.get_rank() == size - 1 - rank and sub.get_size() == size
     x = torch.tensor([float(rank)])
