@@ -325,6 +325,12 @@ def test_is_torch_compile_supported():
     assert not is_torch_compile_supported(_current_version="2.10.0")
     assert is_torch_compile_supported("2.11.0.dev0", _current_version="2.11.0+cu130")
     assert not is_torch_compile_supported("2.12.0.dev0", _current_version="2.11.0")
+    # torchcomms' override of the version rule
+    os.environ["TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"] = "1"
+    try:
+        assert is_torch_compile_supported("2.12.0.dev0", _current_version="2.11.0")
+    finally:
+        del os.environ["TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"]
 
 
 def _backward_cases(comm, rank, size, what):

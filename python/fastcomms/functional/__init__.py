@@ -120,9 +120,14 @@ def is_torch_compile_supported(
 ) -> bool:
     """torchcomms' check: whether this torch (or ``_current_version``) is at least
     ``min_version``, the first torch whose compiler traces the communicator's own methods
-    (``comm.all_reduce(t, op, async_op)`` inside ``torch.compile(fullgraph=True)``)."""
+    (``comm.all_reduce(t, op, async_op)`` inside ``torch.compile(fullgraph=True)``).
+    ``TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT=1`` makes it True, as in torchcomms."""
+    import os
+
     from torch.torch_version import TorchVersion
 
+    if os.environ.get("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT") == "1":
+        return True
     current = torch.__version__ if _current_version is None else _current_version
     return TorchVersion(current) >= (min_version or MIN_PYTORCH_VERSION_FOR_COMPILE)
 
