@@ -94,12 +94,17 @@ _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls 
 
 @functools.cache
 def code_key() -> str:
-    """The version and a digest of this module: what a compiled call runs (its op, its
-    gradients), for the graph cache's key (TorchComm.__reduce__)."""
-    from . import __version__
+    """The version and a digest of this module and of ``_waits`` (NOTE [torchcomms wait ops]):
+    what a compiled call runs (its op, its gradients, the waits its graph holds), for the graph
+    cache's key (TorchComm.__reduce__). Seen without ``_waits``: a graph compiled while its
+    in-place wait was another was served from inductor's cache after the change."""
+    from . import __version__, _waits
 
-    with open(__file__, "rb") as f:
-        return f"{__version__}:{hashlib.sha256(f.read()).hexdigest()[:16]}"
+    h = hashlib.sha256()
+    for path in (__file__, _waits.__file__):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return f"{__version__}:{h.hexdigest()[:16]}"
 
 
 def ensure_token(device: torch.device) -> None:

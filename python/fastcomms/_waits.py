@@ -15,7 +15,8 @@ tensors (copies, once waited), the in-place form returns its inputs; where any i
 gradient, every output of the functional form does (one autograd node for the list), and the
 gradient passes through unchanged. Under torch.compile the in-place form becomes torch's own
 ``_c10d_functional.wait_tensor`` on each tensor (so inductor places it as a collective's wait,
-and no copy is made); the functional form stays one node.
+and no copy is made); the functional form stays one node. That wait is in the compiled
+graph, so this module's digest is part of a communicator's graph-cache key (``code_key``).
 """
 
 from __future__ import annotations
