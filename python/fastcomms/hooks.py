@@ -80,7 +80,20 @@ def _io(args: Any) -> tuple[list, list]:
     return ins, outs
 
 
-class FlightRecorderHook:
+class _Registered:
+    """The communicator hooks a hook object registered (``_handles``) and ``unregister()``."""
+
+    def __init__(self) -> None:
+        self._handles: list[Any] = []
+
+    def unregister(self) -> None:
+        """Stops (what was recorded or written stays)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class FlightRecorderHook(_Registered):
     """Records the last ``max_entries`` operations of the communicators it is registered with,
     in torch's flight-recorder trace format (version "2.10": ``pg_config``, ``pg_status`` and
     ``entries`` with ``record_id``, ``pg_id``, ``process_group``, ``collective_seq_id``,
@@ -95,6 +108,7 @@ class FlightRecorderHook:
     VERSION = "2.10"
 
     def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
+        super().__init__()
         if max_entries <= 0:
             raise ValueError(f"FlightRecorderHook: max_entries must be positive, got {max_entries}")
         self._max, self._isolated = int(max_entries), bool(isolated)
@@ -103,7 +117,6 @@ class FlightRecorderHook:
         # op_id -> (its work, weakly; its entry), for async ops not yet known to be complete
         self._works: dict[int, tuple[weakref.ref, dict]] = {}
         self._lock = threading.Lock()
-        self._handles: list[Any] = []
         self._comms: dict[str, dict] = {}  # name -> pg_id, rank, ranks, backend, counters
         self._records = itertools.count()
 
@@ -204,12 +217,6 @@ class FlightRecorderHook:
             comm._observe(observe),
             comm.register_abort_hook(on_abort),
         ]
-
-    def unregister(self) -> None:
-        """Stops recording (the entries stay until ``reset``)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     def _prune_works(self) -> None:
         """Forgets the works of entries the rings no longer hold (the lock is held)."""
@@ -314,13 +321,10 @@ class FlightRecorderHook:
             return sum(len(r) for r in self._rings.values())
 
 
-class NanCheckHook:
+class NanCheckHook(_Registered):
     """Raises ``RuntimeError`` naming the communicator, operation and argument before an
     operation whose input (or in-place tensor) holds a NaN. Costs one reduction per floating
     input."""
-
-    def __init__(self) -> None:
-        self._handles: list[Any] = []
 
     def register_with_comm(self, comm: Any) -> None:
         name = comm.get_name()
@@ -336,11 +340,6 @@ class NanCheckHook:
                     )
 
         self._handles.append(comm.register_pre_hook(pre))
-
-    def unregister(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 # NOTE [clog]: torchcomms' clog log format, version 1 (its documented format: a header
@@ -369,6 +368,8 @@ _CLOG_DTYPES = {
 _CLOG_RED = {"PRODUCT": "prod", "PREMUL_SUM": "premul_sum"}
 _CLOG_EVENTS = ("Q", "S", "E", "W", "LIFECYCLE", "ALL", "NONE")
 _CLOG_VERBOSE = ("buffers",)
+_CLOG_SINGLE = ("all_gather_single", "all_to_all_single", "reduce_scatter_single", "gather_single")
+_UNSEEN = object()  # clog: a post-hook whose op's pre-hook it never saw
 
 
 def _clog_dtype(t) -> str:
@@ -393,12 +394,10 @@ def _clog_ptrs(ts) -> str:
 
 def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
     """The ``<k>=<v>`` fields of an operation's signature (None: not an operation clog logs)."""
-    f = getattr
-    one = ("all_gather_single", "all_to_all_single", "reduce_scatter_single", "gather_single")
     if op in ("all_reduce", "broadcast", "reduce"):
         t = a.tensor
         kv = [f"in_count={t.numel()}", f"out_count={t.numel()}", f"dtype={_clog_dtype(t)}"]
-        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op != "broadcast" else []
+        kv += [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op != "broadcast" else []
         kv += [f"root={a.root}"] if op != "all_reduce" else []
         ptrs = [f"buf={_clog_ptrs([t])}"]
     elif op in ("send", "recv"):
@@ -407,10 +406,12 @@ def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
         kv = [f"in_count={counts[0]}", f"out_count={counts[1]}", f"dtype={_clog_dtype(t)}"]
         kv.append(f"peer={a.peer}")
         ptrs = [f"{'in' if op == 'send' else 'out'}={_clog_ptrs([t])}"]
-    elif op in one:
+    elif op in _CLOG_SINGLE:
         kv = [f"in_count={a.input.numel()}", f"out_count={a.output.numel()}"]
         kv.append(f"dtype={_clog_dtype(a.input)}")
-        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op == "reduce_scatter_single" else []
+        kv += (
+            [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op == "reduce_scatter_single" else []
+        )
         kv += [f"root={a.root}"] if op == "gather_single" else []
         ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs([a.output])}"]
     elif op == "all_to_all_v_single":
@@ -428,7 +429,7 @@ def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
         ins = list(a.input)
         kv = [f"in_counts={_clog_counts(ins)}", f"out_count={a.output.numel()}"]
         kv.append(f"dtype={_clog_dtype(a.output)}")
-        kv += [f"red_op={_clog_red(f(a, 'op', None))}"] if op != "scatter" else []
+        kv += [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op != "scatter" else []
         kv += [f"root={a.root}"] if op == "scatter" else []
         ptrs = [f"in={_clog_ptrs(ins)}", f"out={_clog_ptrs([a.output])}"]
     elif op == "all_to_all":
@@ -446,7 +447,7 @@ def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
     return kv + ptrs if buffers else kv
 
 
-class clog:  # noqa: N801  (torchcomms' name)
+class clog(_Registered):  # noqa: N801  (torchcomms' name)
     """torchcomms' ``clog`` hook: writes the signatures and lifecycle events of the operations
     of every communicator it is registered with to the file ``output``, in torchcomms' clog
     format (NOTE [clog]). ``events``: any of "Q", "S", "E", "W", "LIFECYCLE" (S, E and W),
@@ -457,6 +458,7 @@ class clog:  # noqa: N801  (torchcomms' name)
     VERSION = 1
 
     def __init__(self, output: str, events: list[str], verbose: list[str] | None = None) -> None:
+        super().__init__()
         events = [str(e).upper() for e in events]
         verbose = [str(v).lower() for v in (verbose or [])]
         for e in events:
@@ -471,9 +473,11 @@ class clog:  # noqa: N801  (torchcomms' name)
         self._lock = threading.Lock()
         self._sigs: dict[str, int] = {}
         self._work_ids = itertools.count(1)
-        self._open: dict[int, tuple[int, bool, Any]] = {}  # op_id -> (corr id, async, extra)
+        # op_id -> (corr id, async) of a logged op, None for one clog does not log, until its
+        # post-hook; op_id -> the ranks of a split
+        self._open: dict[int, tuple[int, bool] | None] = {}
+        self._splits: dict[int, list[int]] = {}
         self._async: dict[int, int] = {}  # op_id -> corr id, until a wait on its work returns
-        self._handles: list[Any] = []
         self._base = round(time.time(), 3)
         self._file = open(output, "w", encoding="utf-8")  # noqa: SIM115  (kept open)
         self._line(f"V|{self.VERSION}|base_timestamp={self._base:.3f}")
@@ -495,10 +499,12 @@ class clog:  # noqa: N801  (torchcomms' name)
             opname = getattr(op, "value", str(op))
             if opname == "split":
                 with self._lock:
-                    self._open[op_id] = (0, False, list(args.ranks))
+                    self._splits[op_id] = list(args.ranks)
                 return
             kv = _clog_signature(opname, args, self._buffers)
-            if kv is None:
+            if kv is None:  # finalize, new_window: not logged
+                with self._lock:
+                    self._open[op_id] = None
                 return
             sig = "|".join([opname, *kv, f"comm={name}"])
             lines = []
@@ -510,21 +516,27 @@ class clog:  # noqa: N801  (torchcomms' name)
                 lines.append(f"C{corr}|Q|work_id={next(self._work_ids)}|{self._ts()}")
                 if "S" in self._events and not args.async_op:
                     lines.append(f"C{corr}|S|{self._ts()}")
-                self._open[op_id] = (corr, bool(args.async_op), None)
+                self._open[op_id] = (corr, bool(args.async_op))
             for text in lines:
                 self._line(text)
 
         def post(op_id, args):
             with self._lock:
-                corr, async_op, ranks = self._open.pop(op_id, (None, False, None))
-            if corr is None:
-                self._line(f"WARN|post-hook of op {op_id} on {name} without a pre-hook")
-            elif corr == 0:  # a split
+                ranks = self._splits.pop(op_id, None)
+                entry = self._open.pop(op_id, _UNSEEN) if ranks is None else None
+            if ranks is not None:
                 child = getattr(args, "new_comm", None)
                 if child is not None:
                     joined = ",".join(str(r) for r in ranks)
                     self._line(f"split|parent={name}|child={child.get_name()}|ranks={joined}")
-            elif async_op:
+                return
+            if entry is _UNSEEN:
+                self._line(f"WARN|post-hook of op {op_id} on {name} without a pre-hook")
+                return
+            if entry is None:
+                return
+            corr, async_op = entry
+            if async_op:
                 with self._lock:
                     self._async[op_id] = corr
                 if "S" in self._events:
@@ -549,12 +561,6 @@ class clog:  # noqa: N801  (torchcomms' name)
             comm.register_post_hook(post),
             comm._observe(observe),
         ]
-
-    def unregister(self) -> None:
-        """Stops logging (the file stays open until the hook is closed or collected)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     def close(self) -> None:
         """Stops logging and closes the file."""

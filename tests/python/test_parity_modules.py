@@ -419,9 +419,15 @@ def clog_lines(comm, rank, size):
     assert not [ln for ln in q if re.match(r"C\d+\|[SEW]\|", ln)], q
     assert len([ln for ln in q if "|Q|" in ln]) == len(ids)
     assert "|buf=" not in "".join(q)
+    assert not [ln for ln in lines if ln.startswith("WARN")], lines
+    # an op clog does not log (finalize) writes nothing, and no warning
+    log.register_with_comm(sub)
+    sub.finalize()
+    after = open(path).read().splitlines()
+    assert after[len(lines)] == f"new_comm|comm=sub|rank={rank}|world_size={size}", after
+    assert after[len(lines) + 1 :] == [], after[len(lines) :]
     log.close()
     quiet.close()
-    sub.finalize()
     with pytest.raises(ValueError, match="unknown event"):
         clog(path, ["QQ"])
     with pytest.raises(ValueError, match="unknown verbose"):

@@ -147,6 +147,22 @@ def test_async_tensor_waits_once_and_is_its_tensor_to_autograd():
     g = torch.randn(3)
     leaf.grad = g
     assert x.grad is g and leaf.grad is g
+
+    # a wait that raises is raised by the use that waited, and tried again by the next use
+    class _Failing:
+        def __init__(self):
+            self.calls = 0
+
+        def wait(self):
+            self.calls += 1
+            raise RuntimeError("the call failed")
+
+    bad = _Failing()
+    b = TorchCommsAsyncTensor(torch.ones(2), bad)
+    for i in (1, 2):
+        with pytest.raises(RuntimeError, match="the call failed"):
+            b + 1
+        assert bad.calls == i and not b.completed
     with pytest.raises(TypeError, match="elem must be a torch.Tensor"):
         TorchCommsAsyncTensor([1, 2], None)
     with pytest.raises(TypeError, match="wait"):

@@ -48,12 +48,12 @@ class TorchCommsAsyncTensor(torch.Tensor):
         return out
 
     def trigger_wait(self) -> torch.Tensor:
-        """Waits for the work the first time (later calls return at once); returns ``elem``."""
+        """Waits for the work until a wait returns (later calls return at once; a wait that
+        raised is tried again by the next use); returns ``elem``."""
         if not self.completed:
-            work, self.work = self.work, None
-            self.completed = True
-            if work is not None:
-                work.wait()
+            if self.work is not None:
+                self.work.wait()
+            self.work, self.completed = None, True
         return self.elem
 
     def wait(self) -> torch.Tensor:
