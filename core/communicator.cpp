@@ -57,6 +57,29 @@ void check_same_authentication(Store& store, bool mine, int rank, int size,
                   " authenticates the rendezvous with FASTCOMMS_STORE_TOKEN and this rank has no "
                   "token: set the same secret on every rank");
 }
+
+// NOTE [roll call]: the rank and size a process was given come from its launcher's environment
+// (or the caller); two processes given the same rank, or ranks given different sizes, would
+// otherwise meet in the rendezvous and wait there until the timeout (or pair up wrongly). Each
+// rank claims its number (the second claim is refused at once) and says its size; each rank
+// reads rank 0's word (rank 0 rank 1's), so both sides of a size mismatch name both sizes.
+void roll_call(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+               const std::string& where) {
+  const int64_t claims = store.add(detail::cat("world/", rank, "/claims"), 1);
+  FASTCOMMS_CHECK(claims == 1, kInvalidArgument, where, "another process also took rank ", rank,
+                  " of this communicator (", claims,
+                  " claims): every process needs its own rank (RANK, TORCHCOMM_RANK, "
+                  "SLURM_PROCID, OMPI_COMM_WORLD_RANK, or new_comm's caller)");
+  store.set_string(detail::cat("world/", rank), std::to_string(size));
+  if (size == 1) return;
+  const int peer = rank == 0 ? 1 : 0;
+  const auto v = store.get(detail::cat("world/", peer), timeout);
+  const std::string theirs(v.begin(), v.end());
+  FASTCOMMS_CHECK(theirs == std::to_string(size), kInvalidArgument, where, "rank ", peer,
+                  " was started with a world of ", theirs, " ranks and this rank with ", size,
+                  ": every rank needs the same size (WORLD_SIZE, TORCHCOMM_SIZE, SLURM_NTASKS, "
+                  "OMPI_COMM_WORLD_SIZE, or new_comm's caller)");
+}
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const std::string& backend_name, int rank,
@@ -96,6 +119,7 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
   init.options.store = std::make_shared<KeyTrackingStore>(
       std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store));
   check_same_authentication(*init.options.store, authenticated, rank, size, options.timeout, where);
+  roll_call(*init.options.store, rank, size, options.timeout, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
                                         init.options.store, init.process_abort);

@@ -17,8 +17,10 @@ gloo on CPU) with the Ulysses all-to-all written as most Ulysses code has it (pe
 differentiable all_to_all_single, permute), for a step-time comparison; rank 0 prints the median
 step time after two warm-up steps either way.
 
-It starts its own ranks with torch.multiprocessing, or runs as one rank under torchrun (RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set). A progress bar shows loss and tokens/s
+It starts its own ranks with torch.multiprocessing, or runs as one rank under torchrun
+(``torchrun --nproc-per-node 4 examples/train_ulysses_fsdp.py --check``; any launcher that sets
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT). On CUDA it needs a GPU per rank (FSDP2 runs on
+NCCL) and says so at once where there are fewer. A progress bar shows loss and tokens/s
 when tqdm is installed (``pip install tqdm``); otherwise one line per step.
 """
 
@@ -166,7 +168,8 @@ def _torch_mesh(rank, size, args, store, device):
 
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        store=dist.PrefixStore("baseline", store),
+        # under a launcher (store None): torch's env:// rendezvous
+        **({} if store is None else {"store": dist.PrefixStore("baseline", store)}),
         rank=rank,
         world_size=size,
         **({"device_id": device} if device.type == "cuda" else {}),
@@ -181,7 +184,10 @@ def train(rank, size, args, store):
     from torch.distributed.fsdp import fully_shard
 
     cuda = args.backend in ("nccl", "nvlink")
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = (
+        torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     kinds = ["baseline"] if args.baseline else ["fastcomms"]
@@ -317,12 +323,30 @@ def main(argv=None):
     size = args.sp * args.dp
     if args.seq % args.sp or args.heads % args.sp or args.dim % args.heads:
         ap.error("seq and heads must divide by --sp, dim by --heads")
-    if "RANK" in os.environ:  # under torchrun: this process is one rank
-        rank = int(os.environ["RANK"])
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, rank == 0
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if launched and int(os.environ["WORLD_SIZE"]) != size:
+        print(
+            f"train_ulysses_fsdp: --sp {args.sp} x --dp {args.dp} = {size} ranks, but the "
+            f"launcher started {os.environ['WORLD_SIZE']} (WORLD_SIZE)",
+            file=sys.stderr,
         )
-        results = {rank: train(rank, size, args, store)}
+        return 2
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) if launched else size
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.backend != "gloo" and ngpu < local:
+        # NCCL (FSDP2's collectives, and the nvlink backend's non-Ulysses ops) refuses two ranks
+        # on one GPU ("invalid usage"): say so before any rank starts
+        print(
+            f"train_ulysses_fsdp: --backend {args.backend} with {local} ranks on this host needs "
+            f"{local} GPUs (FSDP2 runs on NCCL, one GPU per rank); this machine has {ngpu}: use "
+            "--backend gloo (CPU), fewer ranks (--sp 1 --dp 1), or more GPUs",
+            file=sys.stderr,
+        )
+        return 2
+    if launched:  # under torchrun (or any launcher setting RANK): this process is one rank
+        rank = int(os.environ["RANK"])
+        # no store: fastcomms and torch.distributed each find the launcher's (NOTE [launchers])
+        results = {rank: train(rank, size, args, None)}
     else:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()

@@ -6,7 +6,7 @@
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its GQA runs of more ranks
 # than GPUs, GQA_MPS=0 runs them time-sliced instead of as MPS clients), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
-# SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
+# SKIP_LAUNCH=1 (the torchrun tier on the GPU), SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
 # time against torch + permute; EXAMPLE_BENCH_ARGS sizes it); PYTEST_GPU_FILES picks the Python
 # GPU tests (default: all, the GPU soak included); COMPAT_FILES (with .compat/ carried in) runs
 # torchcomms' files on COMPAT_BACKENDS (default nccl nvlink); GPU_BUDGET_S caps the whole run.
@@ -40,7 +40,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu example example_bench cli run_sh compat wheel bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu launch example example_bench cli run_sh compat wheel bench_a2a bench_ulysses bench_nccl_ops; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -52,7 +52,7 @@ summary() {
       [ -f "$LOGS/$f" ] && { printf '\n===== %s =====\n' "$f"; cat "$LOGS/$f"; } >>"$dst"
     done
   }
-  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log example.log example_bench.log cli.log run_sh.log compat.log wheel.log
+  bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log launch.log example.log example_bench.log cli.log run_sh.log compat.log wheel.log
   bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
@@ -160,14 +160,33 @@ fi
 if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_EXAMPLE:-0}" != 1 ] && have_ext && enough; then
   t0=$SECONDS
   # The end-to-end example on the GPUs: Ulysses over NVLink, FSDP2, checked against one process.
-  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 180)" \
-    python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --steps 5 --check \
-    >"$LOGS/example.log" 2>&1
-  rc=$?
+  # With one GPU: a world of one (FSDP2 runs on NCCL, which refuses two ranks on one GPU), and the
+  # two-rank run must stop at once with its one-line reason (exit 2, no traceback).
+  if [ "$NPROC" -ge 2 ]; then
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 180)" \
+      python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --steps 5 --check \
+      >"$LOGS/example.log" 2>&1
+    rc=$?
+    what="sp 2"
+  else
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 180)" \
+      python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 1 --dp 1 --steps 5 --check \
+      >"$LOGS/example.log" 2>&1
+    rc=$?
+    PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 60)" \
+      python3 examples/train_ulysses_fsdp.py --backend nvlink --sp 2 --dp 1 --steps 1 \
+      >"$LOGS/example-shared.log" 2>&1
+    rc2=$?
+    cat "$LOGS/example-shared.log" >>"$LOGS/example.log"
+    if [ "$rc" = 0 ] && { [ "$rc2" != 2 ] || grep -q Traceback "$LOGS/example-shared.log"; }; then
+      rc="refusal-of-2-ranks:$rc2"
+    fi
+    what="1 GPU: world 1; 2 ranks refused in one line"
+  fi
   tail -5 "$LOGS/example.log"
-  result[example]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -o 'largest relative difference [^ ]*' "$LOGS/example.log"))" ||
+  result[example]=$([ "$rc" = 0 ] && echo "PASSED ($what; $(grep -o 'largest relative difference [^ ]*' "$LOGS/example.log"))" ||
                     echo "FAILED (rc $rc, see example.log)")" [$((SECONDS - t0)) s]"
-  if [ "${SKIP_EXAMPLE_BENCH:-0}" != 1 ] && enough; then
+  if [ "$NPROC" -ge 2 ] && [ "${SKIP_EXAMPLE_BENCH:-0}" != 1 ] && enough; then
     # Its step time against the same model on torch.distributed NCCL with the permute
     # all-to-all, interleaved step by step in the same processes (a size where the all-to-all
     # carries 16 MiB per rank and call).
@@ -181,6 +200,21 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_EXAMPLE:-0}" != 1 ] && have_ext && 
     result[example_bench]=$([ "$rc" = 0 ] && grep -o 'ratio baseline / fastcomms: [^ ]*' "$LOGS/example_bench.log" ||
                             echo "FAILED (rc $rc, see example_bench.log)")" [$((SECONDS - t0)) s]"
   fi
+fi
+
+# The launcher tier on the GPU (issue 35): real torchrun, no store passed: nccl and nvlink worlds
+# of one with every op, and 2 ranks sharing GPU 0 on the Ulysses nvlink transport (as MPS clients
+# where the daemon can start).
+if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_LAUNCH:-0}" != 1 ] && have_ext && enough; then
+  t0=$SECONDS
+  mps=""
+  command -v nvidia-cuda-mps-control >/dev/null && mps="bash tools/gpu/mps.sh"
+  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" $mps python3 -m pytest -q -rs \
+    tests/python/test_launch.py -k "one_gpu or share_one_gpu" >"$LOGS/launch.log" 2>&1
+  rc=$?
+  tail -15 "$LOGS/launch.log"
+  result[launch]=$([ "$rc" = 0 ] && echo "PASSED ($(grep -E ' in [0-9.]+s' "$LOGS/launch.log" | tr -d '='))" ||
+                   echo "FAILED (rc $rc, see launch.log)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_PYTEST:-0}" != 1 ] && [ "${SKIP_CLI:-0}" != 1 ] && have_ext && enough; then

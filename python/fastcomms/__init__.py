@@ -2,12 +2,11 @@
 """fastcomms: a torchcomms-compatible communicator API and a fast Ulysses all-to-all.
 
 Code written for torchcomms runs after ``import fastcomms as torchcomms`` (the parts built so
-far: the gloo backend on CPU tensors; see README.md for what is not built yet).
+far: the gloo backend on CPU tensors; see docs/status.md for what has run where).
 """
 
 from __future__ import annotations
 
-import contextvars
 import datetime
 import enum
 import functools
@@ -15,7 +14,6 @@ import itertools
 import os
 import time
 import typing
-import weakref
 from pkgutil import extend_path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -80,7 +78,7 @@ def _load_core() -> None:
 
 
 _load_core()
-from . import _C  # noqa: E402
+from . import _C, _bootstrap  # noqa: E402
 
 __version__ = _C.__version__  # the VERSION file (one literal for CMake, pyproject and Python)
 from . import _hook_types as _ht  # noqa: E402
@@ -1487,129 +1485,6 @@ def _register_opaque() -> None:
 _register_opaque()
 
 
-def _listen_on(addr: str, port: int, rank: int, size: int):
-    """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to
-    MASTER_ADDR's own address (the loopback when MASTER_ADDR is one) rather than every interface,
-    handed to torch's TCPStore as ``master_listen_fd``. FASTCOMMS_STORE_BIND overrides the
-    address ("*" or "0.0.0.0": every interface, torch's own behaviour). Returns the descriptor,
-    which the store then owns."""
-    import socket
-
-    bind = os.environ.get("FASTCOMMS_STORE_BIND", addr)
-    if bind in ("*", "0.0.0.0", "::"):
-        return None  # torch binds every interface itself
-    try:
-        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
-    except OSError as e:
-        raise _ValueError(
-            f"[rank {rank}/{size}] new_comm: cannot resolve the store's address {bind!r} "
-            f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
-        ) from e
-    err = None
-    for family, kind, proto, _, sockaddr in infos:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(sockaddr)
-            sock.listen(max(128, 2 * size))
-            return sock.detach()
-        except OSError as e:
-            err = e
-            sock.close()
-    raise _ValueError(
-        f"[rank {rank}/{size}] new_comm: rank 0 serves the store on {bind}:{port} "
-        f"(MASTER_ADDR, MASTER_PORT) but cannot listen there: {err}; MASTER_ADDR must be an "
-        "address of rank 0's host (FASTCOMMS_STORE_BIND=<address> binds another, '*' every "
-        "interface)"
-    )
-
-
-def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
-    """torch's TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it), made within `timeout`:
-    its client kept retrying an unreachable network for 38 s with a 5 s timeout (measured in
-    tests/python/test_multihost.py), so the deadline is kept here. The constructor runs on a
-    helper thread; past the deadline this raises TimeoutError and the thread ends when torch
-    gives up."""
-    import threading
-
-    import torch.distributed as dist
-
-    result = {}
-
-    listen_fd = _listen_on(addr, port, rank, size) if rank == 0 else None
-
-    def make():
-        try:
-            kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
-            result["store"] = dist.TCPStore(
-                addr, port, size, rank == 0, timeout=timeout, wait_for_workers=False, **kw
-            )
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            result["error"] = e
-
-    t = threading.Thread(target=make, name="fastcomms-store", daemon=True)
-    t.start()
-    t.join(timeout.total_seconds() + 1.0)
-    if "store" in result:
-        return result["store"]
-    if "error" in result:
-        raise result["error"]
-    raise TimeoutError(
-        f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, MASTER_PORT) "
-        f"could not be {'served' if rank == 0 else 'reached'} within "
-        f"{timeout.total_seconds():g} s"
-    )
-
-
-# NOTE [one store per MASTER_PORT]: communicators made without a store meet on the TCPStore
-# that rank 0 serves at MASTER_ADDR:MASTER_PORT. A second one made while the first lives cannot
-# serve the same port again, so every communicator of this process made that way shares one store
-# (each has its own key space in it: NOTE [store incarnations] in core/communicator.cpp). The
-# table holds the store weakly: the port is free again once no communicator uses it.
-# A rank that makes its next communicator sooner than rank 0 drops the previous one could reach
-# the server that is about to close (the torchcomms test files did: rank 0 then waited for a
-# rank that had gone on with a dead store). So the k-th store-less communicator of the process
-# (the same k on every rank: communicators are made in the same order) is announced by rank 0
-# with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
-# only once they see that key on it, reconnecting until the deadline otherwise.
-_default_stores: dict[tuple[str, int, int], weakref.ref] = {}
-_default_count: dict[tuple[str, int, int], int] = {}
-
-
-def _default_store(addr: str, port: int, size: int, rank: int, timeout):
-    key = (addr, port, size)
-    k = _default_count[key] = _default_count.get(key, 0) + 1
-    mark = f"fastcomms/default/{k}"
-    ref = _default_stores.get(key)
-    store = ref() if ref is not None else None
-    if rank == 0:
-        if store is None:
-            store = _tcp_store(addr, port, size, rank, timeout)
-        store.set(mark, "1")
-        if k > 1:  # every rank took the store of k - 1 before rank 0 could finish making it
-            store.delete_key(f"fastcomms/default/{k - 1}")
-        _default_stores[key] = weakref.ref(store)
-        return store
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        left = deadline - time.monotonic()
-        if store is None:
-            store = _tcp_store(addr, port, size, rank, datetime.timedelta(seconds=max(left, 0.1)))
-        try:
-            store.wait([mark], datetime.timedelta(seconds=max(min(1.0, left), 0.05)))
-            _default_stores[key] = weakref.ref(store)
-            return store
-        except Exception as e:  # a server about to close, or not rank 0's current one
-            store = None
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"[rank {rank}/{size}] new_comm: rank 0 did not announce its store at "
-                    f"{addr}:{port} (MASTER_ADDR, MASTER_PORT) for this communicator within "
-                    f"{timeout.total_seconds():g} s: {e}"
-                ) from e
-            time.sleep(0.05)
-
-
 def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
     """new_comm(enable_reconfigure=True): no ranks and no rendezvous until reconfigure()."""
     if not _C.is_backend_built(backend):
@@ -1619,39 +1494,25 @@ def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
             f"got {backend!r}"
         )
     name = name or f"{backend}_{next(_names)}"
-    if store is None and "MASTER_PORT" in os.environ:  # as new_comm does without a store
-        rank, size = _rank_size()
-        store = _default_store(
-            os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            int(os.environ["MASTER_PORT"]),
-            size,
-            rank,
-            opts.timeout,
-        )
+    if store is None:  # as new_comm does without a store, where a launcher says enough
+        launch = _bootstrap.detect()
+        if launch is not None:
+            store = _bootstrap.default_store(launch, opts.timeout)
     options = CommOptions(
         opts.abort_process_on_timeout_or_error, opts.timeout, store, hints, name, True
     )
     return TorchComm(_Unconfigured(backend, name, opts.timeout, hints), device, options)
 
 
-# (rank, size) that new_comm takes instead of the environment's, for torch's torchcomms switch
-# (fastcomms._comms), which makes groups of a subset of the ranks
-_rank_size_override: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-    "fastcomms_rank_size", default=None
-)
+# (rank, size) that new_comm takes instead of the environment's (NOTE [launchers])
+_rank_size_override = _bootstrap.rank_size_override
 
 
 def _rank_size() -> tuple[int, int]:
-    given = _rank_size_override.get()
-    if given is not None:
-        return given
-    for rk, sz in (("TORCHCOMM_RANK", "TORCHCOMM_SIZE"), ("RANK", "WORLD_SIZE")):
-        if rk in os.environ and sz in os.environ:
-            return int(os.environ[rk]), int(os.environ[sz])
-    raise _ValueError(
-        "new_comm: rank and size come from TORCHCOMM_RANK/TORCHCOMM_SIZE or RANK/WORLD_SIZE; "
-        "neither pair is set"
-    )
+    try:
+        return _bootstrap.rank_size()
+    except _bootstrap.LaunchError as e:
+        raise _ValueError(str(e)) from None
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -1661,9 +1522,12 @@ def _indexed(device: torch.device) -> torch.device:
     if device.type != "cuda" or device.index is not None:
         return device
     try:
-        rank = _rank_size()[0]
-    except ValueError:
+        launch = _bootstrap.detect()
+    except _bootstrap.LaunchError:
+        launch = None
+    if launch is None:
         return torch.device("cuda", torch.cuda.current_device())
+    rank = launch.rank if launch.local_rank is None else launch.local_rank
     return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
 
 
@@ -1698,14 +1562,17 @@ def new_comm(
         impl = _python_backends[backend]()
         impl.init(device, opts.name, opts)
         return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
-    rank, size = _rank_size()
-    if store is None:
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = int(os.environ.get("MASTER_PORT", "29500"))
-        store = _default_store(addr, port, size, rank, timeout)
+    given_store = store
+    try:
+        launch = _bootstrap.required()
+        if store is None:
+            store = _bootstrap.default_store(launch, timeout)
+    except _bootstrap.LaunchError as e:
+        raise _ValueError(str(e)) from None
+    rank, size = launch.rank, launch.size
     name = name or f"{backend}_{next(_names)}"
-    return TorchComm(
-        _C.Comm(
+    try:
+        impl = _C.Comm(
             backend,
             rank,
             size,
@@ -1716,10 +1583,16 @@ def new_comm(
             abort,
             name,
             hints,
-        ),
-        device,
-        CommOptions(abort, timeout, store, hints, name),
-    )
+        )
+    except Exception as e:
+        e.add_note(
+            f"fastcomms: this process is {launch.describe()}"
+            if given_store is None
+            else f"fastcomms: rank {rank} and size {size} from {launch.source} ({launch.launcher});"
+            " the store was given"
+        )
+        raise
+    return TorchComm(impl, device, CommOptions(abort, timeout, store, hints, name))
 
 
 # torchcomms' "fake" backend: one rank, every op done at once (fastcomms/_fake.py)

@@ -2,8 +2,9 @@
 """What torch.distributed imports from torchcomms' native module when its torchcomms switch is on
 (``torch.distributed.config.use_torchcomms = True`` or ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``):
 ``new_comm`` and ``_BackendWrapper``. With a module named ``torchcomms`` that aliases fastcomms
-(``torchcomms._comms`` resolving to this module; README shows one), ``init_process_group`` and
-``new_group`` then make fastcomms communicators and run every collective on them.
+(``torchcomms._comms`` resolving to this module; docs/torchcomms.md shows one),
+``init_process_group`` and ``new_group`` then make fastcomms communicators and run every
+collective on them.
 
 NOTE [torch's torchcomms switch]: torch imports this module while ``import torch`` is still under
 way (torch.distributed's import), so nothing here touches torch.distributed at import time. torch

@@ -259,6 +259,21 @@ def doctor(args) -> int:
     print(f"torch       {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"fastcomms   {fastcomms.__file__}")
     print(f"backends    {', '.join(fastcomms.built_backends())}")
+    from . import _bootstrap
+
+    try:
+        launch = _bootstrap.detect()
+        print(
+            "launcher    "
+            + (
+                "none (new_comm needs store=, or a launcher: torchrun, srun, mpirun, or "
+                "RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT)"
+                if launch is None
+                else launch.describe()
+            )
+        )
+    except _bootstrap.LaunchError as e:
+        print(f"launcher    unusable: {e}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(f"GPUs        {n}")
     for i in range(n):
@@ -295,33 +310,41 @@ def doctor(args) -> int:
 
 
 # -- launching ranks ------------------------------------------------------------------------------
-# NOTE [cli ranks]: every subcommand that needs ranks runs one function per rank. Launched by
-# torchrun (RANK, WORLD_SIZE and MASTER_ADDR set), this process is one rank: the store is torchrun's
-# (the agent's TCPStore, or rank 0 hosts one), and rank 0 collects every rank's result through it.
-# Otherwise --nproc processes are spawned with torch.multiprocessing over a FileStore; the first
-# rank that dies ends the run at once, its error printed, instead of leaving the others waiting.
+# NOTE [cli ranks]: every subcommand that needs ranks runs one function per rank. Started by a
+# launcher (torchrun, srun, mpirun, or RANK/WORLD_SIZE with MASTER_ADDR: NOTE [launchers] in
+# fastcomms/_bootstrap.py), this process is one rank: the store is the one new_comm would use
+# (torchrun's agent store, or rank 0 serves one), and rank 0 collects every rank's result through
+# it. Otherwise --nproc processes are spawned with torch.multiprocessing over a FileStore; the
+# first rank that dies ends the run at once, its error printed, instead of leaving the others
+# waiting.
 
 
-def _under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+def _launch():
+    """The launcher this process runs under, or None where the command starts its own ranks:
+    RANK/WORLD_SIZE alone (no MASTER_ADDR) and a SLURM allocation's shell outside an ``srun`` step
+    (SLURM_PROCID is set there too) do not count."""
+    from . import _bootstrap
+
+    launch = _bootstrap.detect()
+    if launch is None:
+        return None
+    if launch.launcher == "env" and "MASTER_ADDR" not in os.environ:
+        return None
+    if launch.launcher == "slurm" and "SLURM_STEP_ID" not in os.environ:
+        return None
+    return launch
 
 
-def _torchrun_store(rank, size):
+def _under_torchrun() -> bool:  # (any launcher: the name is the tests')
+    return _launch() is not None
+
+
+def _launcher_store(launch):
     import torch.distributed as dist
 
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    if os.environ["MASTER_PORT"] == "0":
-        raise ValueError(
-            "MASTER_PORT=0: the store's port is unknown (torchrun --master-port 0 passes 0 "
-            "on); give torchrun a port"
-        )
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        size,
-        is_master=rank == 0 and not agent,
-        timeout=datetime.timedelta(seconds=300),
-    )
+    from . import _bootstrap
+
+    store = _bootstrap.default_store(launch, datetime.timedelta(seconds=300))
     return dist.PrefixStore("fastcomms-cli", store)
 
 
@@ -343,9 +366,10 @@ def _run_ranks(fn, nproc, args, timeout_s=900):
     import pickle
     import queue
 
-    if _under_torchrun():
-        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = _torchrun_store(rank, size)
+    launch = _launch()
+    if launch is not None:
+        rank, size = launch.rank, launch.size
+        store = _launcher_store(launch)
         res = fn(rank, size, store, args)
         store.set(f"result/{rank}", pickle.dumps(res))
         if rank != 0:
@@ -389,31 +413,70 @@ def _run_ranks(fn, nproc, args, timeout_s=900):
 
 # -- choosing the backend --------------------------------------------------------------------------
 def pick_backend(nproc: int) -> tuple[str, str]:
-    """The best backend present for `nproc` local ranks and why: nvlink when there is a GPU per
-    rank and every pair of them is NVLink-joined (NVML's answer; unknown is not yes), else nccl
-    with a GPU per rank, else gloo on CPU."""
+    """The best backend built and present for `nproc` local ranks and why: nvlink when there is a
+    GPU per rank and every pair of them is NVLink-joined (NVML's answer; unknown is not yes), else
+    nccl with a GPU per rank, else gloo on CPU; where fewer GPUs than ranks and no gloo were built,
+    nvlink with ranks sharing the GPUs (best as MPS clients). Raises ValueError where nothing
+    built fits, naming what is missing."""
     from . import _C
 
+    built = [b for b in ("gloo", "nccl", "nvlink") if _C.is_backend_built(b)]
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if _under_torchrun():
-        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))
-        multi = int(os.environ["WORLD_SIZE"]) != nproc
-    else:
-        multi = False
+    launch = _launch()
+    multi = False
+    if launch is not None:
+        nproc = launch.local_size or int(os.environ.get("LOCAL_WORLD_SIZE", nproc))
+        multi = launch.size != nproc
+    has_cuda = _C.has_transport("nvlink")
+
+    def cpu(why):
+        if "gloo" in built:
+            return "gloo", f"{why}: CPU ranks over gloo"
+        raise ValueError(
+            f"{why}, and this build has no gloo backend (built: {', '.join(built) or 'none'}): "
+            "install libgloo-dev and rebuild, or run on a machine with a GPU per rank"
+        )
+
     if ngpu == 0:
-        return "gloo", "no CUDA device: CPU ranks over gloo"
-    if not _C.has_transport("nvlink"):
-        return "gloo", "this build has no CUDA layer: CPU ranks over gloo"
+        return cpu("no CUDA device")
+    if not has_cuda or not ({"nccl", "nvlink"} & set(built)):
+        return cpu("this build has no CUDA layer")
     if ngpu < nproc:
-        return "gloo", f"{ngpu} GPUs for {nproc} ranks (one GPU per rank needed): CPU over gloo"
+        why = f"{ngpu} GPUs for {nproc} ranks (one GPU per rank needed for nccl)"
+        if "gloo" in built:
+            return cpu(why)
+        if "nvlink" in built and not multi:
+            mps = " as MPS clients" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else ""
+            return "nvlink", (
+                f"{why}, no gloo built: nvlink with ranks sharing the GPUs{mps} "
+                "(timings are HBM copies, not link figures)"
+            )
+        return cpu(why)
     if multi:
-        return "nccl", "ranks on several hosts (torchrun): nccl, the Ulysses collective path"
+        if "nccl" in built:
+            return "nccl", "ranks on several hosts: nccl, the Ulysses collective path"
+        return cpu("ranks on several hosts and no nccl built")
+    if "nvlink" not in built:
+        return "nccl", "this build has no nvlink backend: nccl"
     matrix, why = _nvlink(list(range(nproc)))
     if matrix is None:
         return "nccl", f"NVML cannot say whether the GPUs are NVLink-joined ({why}): nccl"
     if not all(v for (a, b), v in matrix.items() if a != b):
         return "nccl", "a pair of the GPUs is not NVLink-joined: nccl"
     return "nvlink", f"every pair of GPUs 0..{nproc - 1} is NVLink-joined (NVML): nvlink"
+
+
+def _local_device(rank: int) -> torch.device:
+    """cuda:(local rank % GPUs): ranks beyond the GPU count share them (NOTE [cli ranks])."""
+    launch = _launch()
+    local = rank if launch is None or launch.local_rank is None else launch.local_rank
+    return torch.device("cuda", local % max(1, torch.cuda.device_count()))
+
+
+def _shares_gpu(size: int) -> bool:
+    launch = _launch()
+    local = size if launch is None else (launch.local_size or size)
+    return torch.cuda.device_count() < local
 
 
 # -- bench -----------------------------------------------------------------------------------------
@@ -430,13 +493,13 @@ def _bench_rank(rank, size, store, args):
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     gpu = args.backend != "gloo"
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    dev = torch.device("cuda", local) if gpu else torch.device("cpu")
+    dev = _local_device(rank) if gpu else torch.device("cpu")
+    shared = gpu and _shares_gpu(size)  # NCCL refuses two ranks on one GPU: torch's gloo then
     if gpu:
         torch.cuda.set_device(dev)
-    kw = {"device_id": dev} if gpu else {}
+    kw = {"device_id": dev} if gpu and not shared else {}
     dist.init_process_group(
-        "nccl" if gpu else "gloo",
+        "nccl" if gpu and not shared else "gloo",
         store=dist.PrefixStore("torch", store),
         rank=rank,
         world_size=size,
@@ -573,20 +636,28 @@ def bench(args) -> int:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
-    size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
+    size = _launch().size if _under_torchrun() else args.nproc
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.backend == "auto":
-        args.backend, why = pick_backend(size)
+        try:
+            args.backend, why = pick_backend(size)
+        except ValueError as e:
+            print(f"fastcomms bench: no backend fits: {e}", file=sys.stderr)
+            return 2
     else:
         why = "asked for with --backend"
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        if args.backend != "gloo" and ngpu < local:
+        launch = _launch()
+        local = size if launch is None else (launch.local_size or size)
+        if args.backend == "nccl" and ngpu < local:
             print(
-                f"fastcomms bench: --backend {args.backend} with {local} ranks on this host needs "
-                f"{local} GPUs (one per rank; the permute baseline runs on torch.distributed "
-                f"NCCL); this machine has {ngpu}",
+                f"fastcomms bench: --backend nccl with {local} ranks on this host needs "
+                f"{local} GPUs (NCCL takes one GPU per rank); this machine has {ngpu} "
+                "(--backend nvlink runs ranks that share a GPU)",
                 file=sys.stderr,
             )
+            return 2
+        if args.backend == "nvlink" and ngpu == 0:
+            print("fastcomms bench: --backend nvlink needs a GPU; there is none", file=sys.stderr)
             return 2
     try:
         args.shapes = _shapes(args, size)
@@ -594,7 +665,7 @@ def bench(args) -> int:
         print(f"fastcomms bench: {e}", file=sys.stderr)
         return 2
     args.progress = sys.stderr.isatty() and not args.no_progress
-    lead = not _under_torchrun() or os.environ["RANK"] == "0"
+    lead = not _under_torchrun() or _launch().rank == 0
     if lead:
         console.print(
             f"fastcomms bench: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks"
@@ -740,8 +811,7 @@ def _check_rank(rank, size, store, args):
 
     backend = args.backend
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    dev = torch.device("cuda", local) if backend in ("nccl", "nvlink") else torch.device("cpu")
+    dev = _local_device(rank) if backend in ("nccl", "nvlink") else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     results = []
@@ -859,9 +929,13 @@ def check(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    size = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.nproc
+    size = _launch().size if _under_torchrun() else args.nproc
     if args.backend == "auto":
-        args.backend, why = pick_backend(size)
+        try:
+            args.backend, why = pick_backend(size)
+        except ValueError as e:
+            print(f"fastcomms check: no backend fits: {e}", file=sys.stderr)
+            return 2
     else:
         why = "asked for with --backend"
     results, error = _run_ranks(_check_rank, size, args, timeout_s=300)

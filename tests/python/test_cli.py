@@ -29,6 +29,14 @@ def test_doctor():
     assert "backends    " in r.stdout and "gloo" in r.stdout
     # this machine (CI) has no GPU: CPU tensors take gloo, and doctor says why
     assert "transport   CPU tensors: the collective path over gloo (no CUDA device)" in r.stdout
+    # the launcher it detects (issue 35): none here, SLURM's variables when srun would set them
+    assert "launcher    none (new_comm needs store=" in r.stdout, r.stdout
+    env = {**ENV, "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "gpu[7-8]"}
+    env = {k: v for k, v in env.items() if k not in ("RANK", "TORCHCOMM_RANK", "MASTER_ADDR")}
+    r = subprocess.run(
+        [sys.executable, "-m", "fastcomms", "doctor"], capture_output=True, text=True, env=env
+    )
+    assert "launcher    slurm: rank 1 of 4" in r.stdout and "gpu7:" in r.stdout, r.stdout
 
 
 def test_bench_checks_every_result():
@@ -86,7 +94,10 @@ def test_bench_json_and_plot(tmp_path):
 def test_bench_refuses_gpu_backends_clearly():
     r = _run("bench", "--backend", "nvlink", "--nproc", "2")
     assert r.returncode == 2
-    assert "--backend nvlink with 2 ranks on this host needs 2 GPUs" in r.stderr
+    assert "--backend nvlink needs a GPU; there is none" in r.stderr
+    r = _run("bench", "--backend", "nccl", "--nproc", "2")
+    assert r.returncode == 2
+    assert "--backend nccl with 2 ranks on this host needs 2 GPUs" in r.stderr
     assert "this machine has 0" in r.stderr
 
 
@@ -268,12 +279,28 @@ def test_pick_backend_says_why(monkeypatch):
         monkeypatch.setattr(cli, "_nvlink", lambda devs, r=nvml: r)
         backend, reason = cli.pick_backend(nproc)
         assert (backend, why in reason) == (want, True), (ngpu, nvml, backend, reason)
+    # what is built counts, not only the GPUs (issue 35: a one-GPU image without libgloo)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(cli, "_nvlink", lambda devs: (joined, ""))
+    built = {"gloo": False, "nccl": True, "nvlink": True}
+    monkeypatch.setattr(_C, "is_backend_built", lambda b: built[b])
+    backend, reason = cli.pick_backend(2)
+    assert backend == "nvlink" and "ranks sharing the GPUs" in reason, reason
+    built["nvlink"] = False
+    with pytest.raises(ValueError, match=r"no gloo backend \(built: nccl\)"):
+        cli.pick_backend(2)
+    built.update(gloo=True, nvlink=True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    built["nvlink"] = False
+    assert cli.pick_backend(2) == ("nccl", "this build has no nvlink backend: nccl")
+    built["nvlink"] = True
     # under torchrun across hosts: never nvlink
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(cli, "_nvlink", lambda devs: (joined, ""))
     assert cli.pick_backend(2)[0] == "nccl"

@@ -1,8 +1,8 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """torch.distributed's own torchcomms switch (``dist.config.use_torchcomms``) on fastcomms
-(issue 15): with a module named ``torchcomms`` that aliases fastcomms (the four lines README
-shows), init_process_group and new_group make fastcomms communicators and torch's collectives run
-on them; world 3 over gloo, a subgroup of two of the ranks."""
+(issue 15): with a module named ``torchcomms`` that aliases fastcomms (the four lines
+docs/torchcomms.md shows), init_process_group and new_group make fastcomms communicators and
+torch's collectives run on them; world 3 over gloo, a subgroup of two of the ranks."""
 
 import os
 import subprocess

@@ -1,0 +1,422 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""How a process finds its rank, its world and the store it meets the others on, when
+``new_comm`` is given no store (NOTE [launchers]).
+
+NOTE [launchers]: the environment is read in this order; the first launcher whose variables are
+all present wins, so a launcher started inside another (torchrun under ``srun``) is itself.
+
+=========== ======================================= ================================================
+launcher    rank, size (local rank)                 store
+=========== ======================================= ================================================
+torch group the group torch is making (fastcomms    the store torch hands over
+            as a torch.distributed backend)
+torchcomms  TORCHCOMM_RANK, TORCHCOMM_SIZE          as below, by the launcher underneath
+torchrun    RANK, WORLD_SIZE, LOCAL_RANK and        ``TORCHELASTIC_USE_AGENT_STORE=True`` (static
+            TORCHELASTIC_RUN_ID                     ``--master-port``, ``--standalone``, c10d
+                                                    rendezvous): the agent serves the store at
+                                                    MASTER_ADDR:MASTER_PORT and every rank joins it
+                                                    as a client, under the restart's prefix
+env         RANK, WORLD_SIZE (mp.spawn, a shell     rank 0 serves a TCPStore at MASTER_ADDR
+            loop, any launcher)                     (default 127.0.0.1):MASTER_PORT (default 29500)
+slurm       SLURM_PROCID, SLURM_NTASKS              rank 0 serves; MASTER_ADDR defaults to the first
+            (SLURM_LOCALID)                         host of SLURM_JOB_NODELIST, MASTER_PORT to
+                                                    20000 + SLURM_JOB_ID % 20000
+openmpi     OMPI_COMM_WORLD_RANK, _SIZE             rank 0 serves; MASTER_ADDR defaults to
+            (_LOCAL_RANK)                           127.0.0.1 only when every rank is on one host
+=========== ======================================= ================================================
+
+Where torch.distributed's default group already exists with the same rank and size (it was
+initialized first), its store is used: torch's rank 0 already holds MASTER_PORT.
+Where fastcomms serves the store itself it binds MASTER_ADDR's address only (NOTE [store bind
+address]) and shares the port with torch's own TCPStore in the same process (torch's
+multi-tenant servers), so ``init_process_group`` may come before or after ``new_comm``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import datetime
+import os
+import re
+import threading
+import time
+import weakref
+
+# (rank, size) that new_comm takes instead of the environment's, for groups torch makes through
+# fastcomms (torch's torchcomms switch, fastcomms as a torch.distributed backend)
+rank_size_override: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "fastcomms_rank_size", default=None
+)
+
+DEFAULT_PORT = 29500
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
+
+
+class LaunchError(ValueError):
+    """The environment does not say enough (or says contradicting things) to start a rank."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What the environment says about this process: who started it and where its store is."""
+
+    launcher: str  # torch group, torchcomms, torchrun, env, slurm, openmpi
+    rank: int
+    size: int
+    local_rank: int | None
+    local_size: int | None
+    addr: str
+    port: int
+    agent_store: bool  # the launcher serves the store; every rank joins it as a client
+    source: str  # the variables rank and size were read from
+    where: str  # where MASTER_ADDR / MASTER_PORT came from
+
+    def describe(self) -> str:
+        local = "" if self.local_rank is None else f", local rank {self.local_rank}"
+        local += "" if self.local_size is None else f" of {self.local_size}"
+        store = (
+            f"joins the launcher's store at {self.addr}:{self.port}"
+            if self.agent_store
+            else f"{'serves' if self.rank == 0 else 'joins'} the store at "
+            f"{self.addr}:{self.port} ({self.where})"
+        )
+        return (
+            f"{self.launcher}: rank {self.rank} of {self.size}{local} (from {self.source}); "
+            f"{store}"
+        )
+
+
+def _int(name: str) -> int:
+    v = os.environ[name]
+    try:
+        return int(v)
+    except ValueError:
+        raise LaunchError(f"new_comm: {name} must be an integer, got {v!r}") from None
+
+
+def _opt_int(name: str) -> int | None:
+    return _int(name) if name in os.environ else None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
+    nodelist = nodelist.strip()
+    m = re.match(r"([^,\[]+)(\[([^\]]*)\])?", nodelist)
+    if not m or not m.group(1):
+        raise LaunchError(f"new_comm: cannot read a host from SLURM_JOB_NODELIST={nodelist!r}")
+    prefix, ranges = m.group(1), m.group(3)
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _addr_port(launcher: str, local_size: int | None, size: int) -> tuple[str, int, str]:
+    addr = os.environ.get("MASTER_ADDR")
+    where = "MASTER_ADDR"
+    if addr is None:
+        if launcher == "slurm":
+            nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+            if not nodes:
+                raise LaunchError(
+                    "new_comm: under SLURM without MASTER_ADDR the store's host is the first of "
+                    "SLURM_JOB_NODELIST, which is not set"
+                )
+            addr, where = first_host(nodes), "the first host of SLURM_JOB_NODELIST"
+        elif launcher == "openmpi" and local_size is not None and local_size != size:
+            raise LaunchError(
+                f"new_comm: Open MPI started {size} ranks on several hosts "
+                f"(OMPI_COMM_WORLD_LOCAL_SIZE={local_size}); set MASTER_ADDR to rank 0's host "
+                "(mpirun -x MASTER_ADDR=<host>)"
+            )
+        else:
+            addr, where = "127.0.0.1", "127.0.0.1: MASTER_ADDR unset"
+    if "MASTER_PORT" in os.environ:
+        port, pwhere = _int("MASTER_PORT"), "MASTER_PORT"
+    elif launcher == "slurm" and "SLURM_JOB_ID" in os.environ:
+        port = SLURM_PORT_BASE + _int("SLURM_JOB_ID") % SLURM_PORT_SPAN
+        pwhere = "20000 + SLURM_JOB_ID % 20000: MASTER_PORT unset"
+    else:
+        port, pwhere = DEFAULT_PORT, f"{DEFAULT_PORT}: MASTER_PORT unset"
+    if not 0 < port < 65536:
+        raise LaunchError(
+            f"new_comm: the store's port must be in [1, 65535], got {port} ({pwhere})"
+        )
+    return addr, port, f"{where}; port {pwhere}"
+
+
+def detect() -> Launch | None:
+    """The launcher this process runs under (NOTE [launchers]); None when nothing says."""
+    given = rank_size_override.get()
+    env = os.environ
+    torchrun = "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_USE_AGENT_STORE" in env
+    if given is not None:
+        launcher, (rank, size), source = "torch group", given, "the group torch is making"
+        local_rank = local_size = None
+    elif "TORCHCOMM_RANK" in env and "TORCHCOMM_SIZE" in env:
+        launcher, source = "torchcomms", "TORCHCOMM_RANK/TORCHCOMM_SIZE"
+        rank, size = _int("TORCHCOMM_RANK"), _int("TORCHCOMM_SIZE")
+        local_rank, local_size = _opt_int("LOCAL_RANK"), _opt_int("LOCAL_WORLD_SIZE")
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun" if torchrun else "env"
+        source = "RANK/WORLD_SIZE" + (" (torchrun)" if torchrun else "")
+        rank, size = _int("RANK"), _int("WORLD_SIZE")
+        local_rank, local_size = _opt_int("LOCAL_RANK"), _opt_int("LOCAL_WORLD_SIZE")
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        launcher, source = "slurm", "SLURM_PROCID/SLURM_NTASKS"
+        rank, size = _int("SLURM_PROCID"), _int("SLURM_NTASKS")
+        local_rank, local_size = _opt_int("SLURM_LOCALID"), None
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        launcher, source = "openmpi", "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"
+        rank, size = _int("OMPI_COMM_WORLD_RANK"), _int("OMPI_COMM_WORLD_SIZE")
+        local_rank = _opt_int("OMPI_COMM_WORLD_LOCAL_RANK")
+        local_size = _opt_int("OMPI_COMM_WORLD_LOCAL_SIZE")
+    else:
+        return None
+    if size < 1 or not 0 <= rank < size:
+        raise LaunchError(
+            f"new_comm: rank {rank} and size {size} from {source} do not fit "
+            "(size >= 1 and 0 <= rank < size)"
+        )
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and launcher in (
+        "torchrun",
+        "torchcomms",
+    )
+    addr, port, where = _addr_port(launcher, local_size, size)
+    if agent and port == 0:
+        raise LaunchError(
+            "new_comm: MASTER_PORT=0 under torchrun: the agent's store port is unknown "
+            "(torchrun --master-port 0 passes 0 on); give torchrun a port or use --standalone"
+        )
+    return Launch(
+        launcher, rank, size, local_rank, local_size, addr, port, agent, source, where
+    )
+
+
+def required(op: str = "new_comm") -> Launch:
+    launch = detect()
+    if launch is None:
+        raise LaunchError(
+            f"{op}: no store was given and no launcher is recognized: start the ranks with "
+            "torchrun, srun or mpirun, set RANK/WORLD_SIZE (or TORCHCOMM_RANK/TORCHCOMM_SIZE) "
+            "with MASTER_ADDR/MASTER_PORT, or pass store="
+        )
+    return launch
+
+
+def rank_size() -> tuple[int, int]:
+    launch = required()
+    return launch.rank, launch.size
+
+
+def local_rank() -> int | None:
+    """This process's rank on its host where the launcher says it, else None."""
+    try:
+        launch = detect()
+    except LaunchError:
+        return None
+    return None if launch is None else launch.local_rank
+
+
+# -- the store --------------------------------------------------------------------------------
+def _listen_on(addr: str, port: int, rank: int, size: int):
+    """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to
+    MASTER_ADDR's own address (the loopback when MASTER_ADDR is one) rather than every interface,
+    handed to torch's TCPStore as ``master_listen_fd``. FASTCOMMS_STORE_BIND overrides the
+    address ("*" or "0.0.0.0": every interface, torch's own behaviour). Returns the descriptor,
+    which the store then owns."""
+    import socket
+
+    bind = os.environ.get("FASTCOMMS_STORE_BIND", addr)
+    if bind in ("*", "0.0.0.0", "::"):
+        return None  # torch binds every interface itself
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise LaunchError(
+            f"[rank {rank}/{size}] new_comm: cannot resolve the store's address {bind!r} "
+            f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
+        ) from e
+    err = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(max(128, 2 * size))
+            return sock.detach()
+        except OSError as e:
+            err = e
+            sock.close()
+    hint = (
+        "; torchrun's agent serves a store there: is TORCHELASTIC_USE_AGENT_STORE missing from "
+        "this process's environment?"
+        if "TORCHELASTIC_RUN_ID" in os.environ
+        else ""
+    )
+    raise LaunchError(
+        f"[rank {rank}/{size}] new_comm: rank 0 serves the store on {bind}:{port} "
+        f"(MASTER_ADDR, MASTER_PORT) but cannot listen there: {err}; MASTER_ADDR must be an "
+        "address of rank 0's host (FASTCOMMS_STORE_BIND=<address> binds another, '*' every "
+        f"interface) and MASTER_PORT a port no other process (a second rank 0, another job) "
+        f"listens on{hint}"
+    )
+
+
+def _with_deadline(make, what: str, timeout: datetime.timedelta):
+    """make() on a helper thread within `timeout`: torch's TCPStore client kept retrying an
+    unreachable network for 38 s with a 5 s timeout (tests/python/test_multihost.py), so the
+    deadline is kept here; past it this raises TimeoutError and the thread ends when torch gives
+    up."""
+    result = {}
+
+    def run():
+        try:
+            result["store"] = make()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            result["error"] = e
+
+    t = threading.Thread(target=run, name="fastcomms-store", daemon=True)
+    t.start()
+    t.join(timeout.total_seconds() + 1.0)
+    if "store" in result:
+        return result["store"]
+    if "error" in result:
+        raise result["error"]
+    raise TimeoutError(f"{what} within {timeout.total_seconds():g} s")
+
+
+def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
+    """torch's TCPStore at MASTER_ADDR:MASTER_PORT, rank 0 serving it (multi-tenant: a TCPStore
+    torch.distributed makes on the same port in this process shares the server)."""
+    import torch.distributed as dist
+
+    listen_fd = _listen_on(addr, port, rank, size) if rank == 0 else None
+
+    def make():
+        kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
+        return dist.TCPStore(
+            addr,
+            port,
+            size,
+            rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            **kw,
+        )
+
+    return _with_deadline(
+        make,
+        f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, MASTER_PORT) "
+        f"could not be {'served' if rank == 0 else 'reached'}",
+        timeout,
+    )
+
+
+# NOTE [one store per MASTER_PORT]: communicators made without a store meet on the TCPStore
+# that rank 0 serves at MASTER_ADDR:MASTER_PORT. A second one made while the first lives cannot
+# serve the same port again, so every communicator of this process made that way shares one store
+# (each has its own key space in it: NOTE [store incarnations] in core/communicator.cpp). The
+# table holds the store weakly: the port is free again once no communicator uses it.
+# A rank that makes its next communicator sooner than rank 0 drops the previous one could reach
+# the server that is about to close (the torchcomms test files did: rank 0 then waited for a
+# rank that had gone on with a dead store). So the k-th store-less communicator of the process
+# (the same k on every rank: communicators are made in the same order) is announced by rank 0
+# with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
+# only once they see that key on it, reconnecting until the deadline otherwise.
+_default_stores: dict[tuple[str, int, int], weakref.ref] = {}
+_default_count: dict[tuple[str, int, int], int] = {}
+
+
+def _served_store(addr: str, port: int, size: int, rank: int, timeout):
+    key = (addr, port, size)
+    k = _default_count[key] = _default_count.get(key, 0) + 1
+    mark = f"fastcomms/default/{k}"
+    ref = _default_stores.get(key)
+    store = ref() if ref is not None else None
+    if rank == 0:
+        if store is None:
+            store = _tcp_store(addr, port, size, rank, timeout)
+        store.set(mark, "1")
+        if k > 1:  # every rank took the store of k - 1 before rank 0 could finish making it
+            store.delete_key(f"fastcomms/default/{k - 1}")
+        _default_stores[key] = weakref.ref(store)
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        if store is None:
+            store = _tcp_store(addr, port, size, rank, datetime.timedelta(seconds=max(left, 0.1)))
+        try:
+            store.wait([mark], datetime.timedelta(seconds=max(min(1.0, left), 0.05)))
+            _default_stores[key] = weakref.ref(store)
+            return store
+        except Exception as e:  # a server about to close, or not rank 0's current one
+            store = None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"[rank {rank}/{size}] new_comm: rank 0 did not announce its store at "
+                    f"{addr}:{port} (MASTER_ADDR, MASTER_PORT) for this communicator within "
+                    f"{timeout.total_seconds():g} s: {e}"
+                ) from e
+            time.sleep(0.05)
+
+
+_agent_stores: dict[tuple[str, int, str], object] = {}
+
+
+def _agent_store(launch: Launch, timeout):
+    """torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True): a client, as torch's env://
+    rendezvous makes one, under a prefix per restart so that a restarted job never reads the keys
+    of the attempt before it. One client per process, shared by its communicators."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = (launch.addr, launch.port, attempt)
+    store = _agent_stores.get(key)
+    if store is None:
+
+        def make():
+            return dist.TCPStore(
+                launch.addr, launch.port, launch.size, False, timeout=timeout
+            )
+
+        client = _with_deadline(
+            make,
+            f"[rank {launch.rank}/{launch.size}] new_comm: torchrun's store at "
+            f"{launch.addr}:{launch.port} (MASTER_ADDR, MASTER_PORT) could not be reached",
+            timeout,
+        )
+        store = _agent_stores[key] = dist.PrefixStore(f"fastcomms/attempt_{attempt}", client)
+    return store
+
+
+def _torch_default_store(launch: Launch):
+    """torch.distributed's default group's store where that group was made first with this rank
+    and size (its rank 0 then holds MASTER_PORT); else None."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or not c10d.is_initialized():
+        return None
+    try:
+        if (c10d.get_rank(), c10d.get_world_size()) != (launch.rank, launch.size):
+            return None
+        store = c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - a private helper: without it, fall back to MASTER_PORT
+        return None
+    import torch.distributed as dist
+
+    return dist.PrefixStore("fastcomms", store)
+
+
+def default_store(launch: Launch, timeout):
+    """The store new_comm uses without one (NOTE [launchers])."""
+    if launch.agent_store:
+        return _agent_store(launch, timeout)
+    store = _torch_default_store(launch)
+    if store is not None:
+        return store
+    return _served_store(launch.addr, launch.port, launch.size, launch.rank, timeout)
