@@ -189,9 +189,7 @@ def detect() -> Launch | None:
             "new_comm: MASTER_PORT=0 under torchrun: the agent's store port is unknown "
             "(torchrun --master-port 0 passes 0 on); give torchrun a port or use --standalone"
         )
-    return Launch(
-        launcher, rank, size, local_rank, local_size, addr, port, agent, source, where
-    )
+    return Launch(launcher, rank, size, local_rank, local_size, addr, port, agent, source, where)
 
 
 def required(op: str = "new_comm") -> Launch:
@@ -379,9 +377,7 @@ def _agent_store(launch: Launch, timeout):
     if store is None:
 
         def make():
-            return dist.TCPStore(
-                launch.addr, launch.port, launch.size, False, timeout=timeout
-            )
+            return dist.TCPStore(launch.addr, launch.port, launch.size, False, timeout=timeout)
 
         client = _with_deadline(
             make,

@@ -360,6 +360,78 @@ def _child(fn, rank, size, path, q, args):
         raise
 
 
+class _PrivateMps:
+    """NOTE [cli ranks on one GPU]: ranks that share a GPU as separate processes are time-sliced
+    without MPS: a device-side wait for a peer on the same GPU lasts until the next context
+    switch, and `bench --nproc 2` on one H200 did not finish its first shape in 240 s that way.
+    Where the command starts the ranks itself, they share a GPU, no MPS pipe is set and
+    ``nvidia-cuda-mps-control`` is on PATH, a private MPS daemon serves them for the run (as
+    tools/gpu/mps.sh: its pipes in a fresh temporary folder, no GPU setting changed; stopped and
+    removed afterwards). ``why`` says what was done, for the report."""
+
+    def __init__(self, share: bool):
+        import shutil
+
+        self.dir = None
+        self.why = ""
+        if not share:
+            return
+        if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+            self.why = "ranks share a GPU as clients of the MPS daemon at CUDA_MPS_PIPE_DIRECTORY"
+            return
+        self.control = shutil.which("nvidia-cuda-mps-control")
+        if self.control is None:
+            self.why = (
+                "ranks share a GPU time-sliced (nvidia-cuda-mps-control not found: every "
+                "exchange waits for context switches; start them as MPS clients)"
+            )
+            return
+        self.dir = tempfile.mkdtemp(prefix="fastcomms-mps.")
+
+    def __enter__(self):
+        import subprocess
+
+        if self.dir is None:
+            return self
+        env = dict(os.environ)
+        env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(self.dir, "pipe")
+        env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(self.dir, "log")
+        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+            os.makedirs(env[k], exist_ok=True)
+        r = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            self.why = f"ranks share a GPU time-sliced (the MPS daemon did not start: {r.stderr})"
+            self._remove()
+            return self
+        self.env = env
+        os.environ.update(
+            {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+        )
+        self.why = "ranks share a GPU as clients of a private MPS daemon started for this run"
+        return self
+
+    def __exit__(self, *exc):
+        import subprocess
+
+        if self.dir is None:
+            return
+        try:
+            subprocess.run(
+                [self.control], input="quit\n", env=self.env, capture_output=True, timeout=10
+            )
+        except Exception:  # noqa: BLE001 - the folder goes either way
+            pass
+        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+            os.environ.pop(k, None)
+        self._remove()
+
+    def _remove(self):
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+
 def _run_ranks(fn, nproc, args, timeout_s=900):
     """fn(rank, size, store, args) on every rank (NOTE [cli ranks]). Returns (results by rank, or
     None on a rank of torchrun other than 0; error text or None)."""
@@ -519,7 +591,7 @@ def _bench_rank(rank, size, store, args):
         ours = UlyssesGroup(comm, transport="collective")
     dtype = DTYPES[args.dtype]
     timer = None
-    if gpu:
+    if gpu and not shared:  # (ranks sharing a GPU: the baseline is gloo's, host-bound: no gate)
 
         def agree(v):  # the largest value over the ranks
             t = torch.tensor([float(v)], dtype=torch.float64, device=dev)
@@ -564,13 +636,17 @@ def _bench_rank(rank, size, store, args):
                     progress.update(task, description=f"{tuple(shape)} round {rnd + 1}")
                 for k, fn in variants.items():
                     dist.barrier()
-                    if gpu:  # NOTE [gated device timing]
+                    if timer is not None:  # NOTE [gated device timing]
                         dev_s, host_s, held = timer.sample(fn, args.iters)
                         gated = gated and held
                     else:
+                        if gpu:
+                            torch.cuda.synchronize()
                         t0 = time.perf_counter()
                         for _ in range(args.iters):
                             fn()
+                        if gpu:
+                            torch.cuda.synchronize()
                         dev_s = host_s = (time.perf_counter() - t0) / args.iters
                     samples[k].append(dev_s)
                     host[k].append(host_s)
@@ -670,7 +746,11 @@ def bench(args) -> int:
         console.print(
             f"fastcomms bench: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks"
         )
-    results, error = _run_ranks(_bench_rank, size, args)
+    share = args.backend != "gloo" and _shares_gpu(size)
+    with _PrivateMps(share and _launch() is None) as mps:
+        if lead and mps.why:
+            console.print(f"fastcomms bench: {escape(mps.why)}")
+        results, error = _run_ranks(_bench_rank, size, args)
     if error is not None:
         print(f"fastcomms bench: FAILED, {error}", file=sys.stderr)
         return 1
@@ -699,7 +779,10 @@ def bench(args) -> int:
         )
     gpu = args.backend != "gloo"
     how = (
-        "device time between CUDA events, the batch queued behind a spin kernel so that the "
+        "host clock around synchronized batches: ranks share a GPU (HBM copies, not link "
+        "figures) and the permute baseline runs on torch's gloo"
+        if share
+        else "device time between CUDA events, the batch queued behind a spin kernel so that the "
         "host's cost stays out of it"
         if gpu
         else "host clock, CPU ranks"

@@ -34,6 +34,22 @@ def _same(got, want, what):
         raise AssertionError(f"{what}: got {got.flatten()[:8].tolist()}, want {want[:8].tolist()}")
 
 
+def _ring(c, x, rank, size):
+    got = torch.full_like(x, -1.0)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    if rank % 2 == 0:
+        c.send(x, nxt, False)
+        c.recv(got, prv, False)
+    else:
+        c.recv(got, prv, False)
+        c.send(x, nxt, False)
+    want = torch.empty_like(x)
+    ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, want, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    _same(got, want, "send/recv ring")
+
+
 def _full(c, device, rank, size, gen):
     """Every collective once against torch.distributed's default group (same ranks)."""
     n = 5 + int(torch.randint(0, 60, (1,), generator=gen))
@@ -85,20 +101,9 @@ def _full(c, device, rank, size, gen):
     c.scatter(a, parts if rank == root else [], root, False)
     dist.scatter(b, parts if rank == root else None, src=root)
     _same(a, b, "scatter")
-    # a ring of send/recv
-    got = torch.full_like(x, -1.0)
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    if rank % 2 == 0:
-        c.send(x, nxt, False)
-        c.recv(got, prv, False)
-    else:
-        c.recv(got, prv, False)
-        c.send(x, nxt, False)
-    want = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, want, prv)]
-    for w in dist.batch_isend_irecv(ops):
-        w.wait()
-    _same(got, want, "send/recv ring")
+    # a ring of send/recv (a world of one has no peer)
+    if size > 1:
+        _ring(c, x, rank, size)
     c.barrier(False)
     # split: the even ranks and the odd ranks, each its own all_reduce
     members = [r for r in range(size) if r % 2 == rank % 2]
@@ -188,8 +193,10 @@ def main():
     _same(t, torch.full((4,), float(size * (size + 1) // 2), device=device), "all_reduce")
     # a second communicator in the same job: its own key space on the same store
     c2 = fastcomms.new_comm(backend, device, name="w2", timeout=timeout)
-    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device) if rank == 0 else (
-        torch.zeros(1, dtype=torch.int64, device=device)
+    seed = (
+        torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+        if rank == 0
+        else (torch.zeros(1, dtype=torch.int64, device=device))
     )
     c2.broadcast(seed, 0, False)  # a fresh seed every run, the same on every rank
     if args.full:

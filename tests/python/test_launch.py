@@ -262,7 +262,10 @@ def test_detect_order_and_errors(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     launch = _bootstrap.detect()  # torchrun (inside srun) before SLURM
     assert (launch.launcher, launch.rank, launch.agent_store, launch.port) == (
-        "torchrun", 5, True, 1234
+        "torchrun",
+        5,
+        True,
+        1234,
     )
     monkeypatch.setenv("RANK", "6")
     with pytest.raises(ValueError, match=r"rank 6 and size 6 from RANK/WORLD_SIZE"):
