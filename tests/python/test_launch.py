@@ -116,10 +116,13 @@ def test_torchrun_c10d_rendezvous():
     _ok(r, 3, "torchrun")
 
 
-def test_torchrun_fsdp_example():
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_torchrun_fsdp_example(nproc):
+    shape = [] if nproc == 2 else ["--heads", "3", "--dim", "48", "--seq", "48"]
     r = _torchrun(
-        2, EXAMPLE, "--backend", "gloo", "--sp", "2", "--dp", "1", "--steps", "3", "--check"
-    )
+        nproc, EXAMPLE, "--backend", "gloo", "--sp", str(nproc), "--dp", "1", "--steps", "3",
+        "--check", *shape,
+    )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     assert "loss matches the reference" in r.stdout, r.stdout
 
