@@ -137,17 +137,19 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
       process_abort_(process_abort ? std::move(process_abort) : std::make_shared<ProcessAbort>()) {
   if (options_.name.empty()) options_.name = "comm";
   key_space_ = key_space ? std::move(key_space) : options_.store;
-  // NOTE [call check]: off unless asked (the hint check_calls, else FASTCOMMS_CHECK_CALLS).
+  // NOTE [call check]: the check through the store runs with "strict" (the hint check_calls,
+  // else FASTCOMMS_CHECK_CALLS); "1" (the default) and "0" leave it to the backend (gloo's
+  // default checks: NOTE [call check modes] in backends/gloo/gloo_backend.cpp).
   {
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
-    std::string v = e ? e : "0";
+    std::string v = e ? e : "1";
     if (auto h = options_.hints.find("check_calls"); h != options_.hints.end()) v = h->second;
-    FASTCOMMS_CHECK(v == "0" || v == "1", kInvalidArgument, "[rank ", rank_, "/", size_, " ",
-                    options_.name,
+    FASTCOMMS_CHECK(v == "0" || v == "1" || v == "strict", kInvalidArgument, "[rank ", rank_, "/",
+                    size_, " ", options_.name,
                     " new_comm] check_calls (hint check_calls or FASTCOMMS_CHECK_CALLS) must be "
-                    "0 or 1, got '",
+                    "0, 1 or strict, got '",
                     v, "'");
-    check_calls_ = v == "1";
+    check_calls_ = v == "strict";
   }
   // NOTE [process abort]: the hooks a process abort runs, also one the backend starts.
   process_abort_->set_hooks([hooks = hooks_] {
@@ -294,7 +296,7 @@ CallFingerprint fingerprint(DType dt, int64_t count, int root = -1, const Reduce
 
 bool Communicator::wants_check(const CallOptions& o) const {
   if (auto h = o.options.hints.find("check_calls"); h != o.options.hints.end())
-    return h->second == "1";
+    return h->second == "strict";
   return check_calls_;
 }
 

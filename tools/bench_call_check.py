@@ -1,10 +1,12 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""What the call check (NOTE [call check]) costs per collective on CPU: ranks as processes over
-gloo on loopback, one communicator per variant on one TCPStore (as a torchrun job has), all_reduce
-and all_to_all_single at a small and a large size. Variants: the check off, gloo's in-band check
-(one allgather of the records) and the communicator's check through the store (the path nccl,
-nvlink and backend libraries take, here forced on gloo with gloo's own check off). Every round times
-N back-to-back calls of each variant in turn (interleaved); median of the rounds, slowest rank.
+"""What the call checks (NOTE [call check modes]) cost per call on CPU: ranks as processes over
+gloo on loopback, one communicator per variant on one TCPStore (as a torchrun job has), all_reduce,
+all_to_all_single and a send/recv ring at 4 B, 4 KiB and 1 MiB. Variants: the checks off (0), the
+default (1: fingerprint tags, the probe of slow calls, point-to-point headers), gloo's strict
+in-band check (one allgather of the records before each collective), the communicator's strict
+check through the store (the path nccl, nvlink and backend libraries take, here forced on gloo
+with gloo's own off), and torch.distributed's own gloo on the same store. Every round times N
+back-to-back calls of each variant in turn (interleaved); median of the rounds, slowest rank.
 
 Usage: python3 tools/bench_call_check.py [--nproc 2] [--calls 200] [--rounds 7]"""
 
@@ -20,10 +22,44 @@ import torch.multiprocessing as mp
 
 VARIANTS = {
     "off": {"check_calls": "0", "gloo.check_calls": "0"},
-    "in band": {"gloo.check_calls": "1"},
-    "store": {"check_calls": "1", "gloo.check_calls": "0"},
+    "default": {"check_calls": "0", "gloo.check_calls": "1"},
+    "in band": {"gloo.check_calls": "strict"},
+    "store": {"check_calls": "strict", "gloo.check_calls": "0"},
 }
-SIZES = [("4 B", 1), ("1 MiB", 1 << 18)]  # float32 elements (per peer for all_to_all_single)
+SIZES = [("4 B", 1), ("4 KiB", 1 << 10), ("1 MiB", 1 << 18)]  # float32 elements (per peer
+# for all_to_all_single)
+
+
+class _Torch:
+    """torch.distributed's gloo default group with the communicator's method names."""
+
+    def all_reduce(self, t, op, async_op):
+        import torch.distributed as dist
+
+        dist.all_reduce(t)
+
+    def all_to_all_single(self, o, t, async_op):
+        import torch.distributed as dist
+
+        dist.all_to_all_single(o, t)
+
+    def send(self, t, dst, async_op):
+        import torch.distributed as dist
+
+        dist.send(t, dst)
+
+    def recv(self, t, src, async_op):
+        import torch.distributed as dist
+
+        dist.recv(t, src)
+
+    def get_rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    def finalize(self):
+        pass
 
 
 def _rank(rank, size, port, calls, rounds, q):
@@ -38,9 +74,24 @@ def _rank(rank, size, port, calls, rounds, q):
         v: fastcomms.new_comm("gloo", "cpu", f"cc-{i}", store=store, hints=h)
         for i, (v, h) in enumerate(VARIANTS.items())
     }
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("torch", store), rank=rank, world_size=size
+    )
+    comms["torch gloo"] = _Torch()
+
+    def ring(c, t, o):  # even ranks send first
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        if rank % 2 == 0:
+            c.send(t, nxt, False)
+            c.recv(o, prv, False)
+        else:
+            c.recv(o, prv, False)
+            c.send(t, nxt, False)
+
     ops = {
         "all_reduce": lambda c, t, o: c.all_reduce(t, fastcomms.ReduceOp.SUM, False),
         "all_to_all_single": lambda c, t, o: c.all_to_all_single(o, t, False),
+        "send/recv ring": ring,
     }
     times = {}
     for op, fn in ops.items():
@@ -93,16 +144,15 @@ def main():
         f"{os.cpu_count()} CPUs, {a.calls} calls x {a.rounds} interleaved rounds, "
         "median us per call, slowest rank"
     )
-    print("| op | size | " + " | ".join(VARIANTS) + " | in band - off | store - off |")
-    print("|---" * (4 + len(VARIANTS)) + "|")
-    for op in ("all_reduce", "all_to_all_single"):
+    names = [*VARIANTS, "torch gloo"]
+    print("| op | size | " + " | ".join(names) + " | default − off | default / off |")
+    print("|---" * (4 + len(names)) + "|")
+    for op in ("all_reduce", "all_to_all_single", "send/recv ring"):
         for label, _ in SIZES:
-            v = [slowest[(op, label, k)] for k in VARIANTS]
-            print(
-                f"| {op} | {label} | "
-                + " | ".join(f"{x:.1f}" for x in v)
-                + f" | {v[1] - v[0]:+.1f} | {v[2] - v[0]:+.1f} |"
-            )
+            v = {k: slowest.get((op, label, k)) for k in names}
+            cells = " | ".join("" if v[k] is None else f"{v[k]:.1f}" for k in names)
+            d, o = v["default"], v["off"]
+            print(f"| {op} | {label} | {cells} | {d - o:+.1f} | {100 * (d / o - 1):+.1f}% |")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import torch
 TIMEOUT = datetime.timedelta(seconds=10)
 
 
-def _cases(check_calls=True):
+def _cases(check_calls="1"):
     """[(category, name, fn(comm, rank, size))]; fn raises for a bad call."""
     import fastcomms
     from fastcomms import ReduceOp
@@ -263,7 +263,7 @@ def _cases(check_calls=True):
         ),
     }
     for name, fn in mism.items():
-        case(f"mismatched calls (FASTCOMMS_CHECK_CALLS={int(check_calls)})", name)(fn)
+        case(f"mismatched calls (FASTCOMMS_CHECK_CALLS={check_calls})", name)(fn)
 
     # -- after finalize ---------------------------------------------------------------------------
     def finalized(op):
@@ -303,8 +303,7 @@ def _worker(rank, size, path, start, q, check_calls):
     import fastcomms
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    if check_calls:
-        os.environ["FASTCOMMS_CHECK_CALLS"] = "1"
+    os.environ["FASTCOMMS_CHECK_CALLS"] = check_calls
     import torch.distributed as dist
 
     store = dist.FileStore(path, size)
@@ -333,7 +332,7 @@ def _worker(rank, size, path, start, q, check_calls):
     q.put(("end", rank, len(cases)))
 
 
-def run(hang_s, check_calls=True):
+def run(hang_s, check_calls="1"):
     import torch.multiprocessing as mp
 
     cases = _cases(check_calls)
@@ -403,16 +402,16 @@ def main():
     ap.add_argument("--hang-s", type=float, default=30.0)
     ap.add_argument(
         "--check-calls",
-        type=int,
-        choices=[0, 1],
-        default=1,
-        help="FASTCOMMS_CHECK_CALLS for the run (0: the default, unchecked collectives)",
+        choices=["0", "1", "strict"],
+        default="1",
+        help="FASTCOMMS_CHECK_CALLS for the run (0: off; 1: the default; strict: every "
+        "collective compared before data moves)",
     )
     args = ap.parse_args()
     from rich.console import Console
     from rich.table import Table
 
-    cases, results = run(args.hang_s, bool(args.check_calls))
+    cases, results = run(args.hang_s, args.check_calls)
     kinds = ["clear error", "bare error", "accepted", "hang", "crash"]
     table = Table(title="fastcomms input probe (gloo, world 2, CPU)")
     table.add_column("category")

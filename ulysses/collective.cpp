@@ -172,10 +172,13 @@ WorkPtr CollectiveTransport::run(const TensorView& x, const TensorView& out,
   CallOptions o;
   o.async_op = true;
   // Ranks whose calls disagree on the geometry so that the chunk sizes differ are caught by the
-  // gloo backend's call check (FASTCOMMS_CHECK_CALLS=1, NOTE [per-peer sizes check]) before any
-  // byte moves; without it Gloo's I/O thread aborts on a size it did not expect (the chunk
-  // headers catch the mismatches whose sizes agree). Not on by default: it cost 40-58% of a
-  // 1 MiB call on loopback (docs/benchmarks.md).
+  // gloo backend's strict call check (FASTCOMMS_CHECK_CALLS=strict, NOTE [per-peer sizes
+  // check]) before any byte moves; otherwise a chunk longer than expected fails the
+  // communicator (NOTE [gloo I/O thread errors]) and the chunk headers catch the rest, naming
+  // both geometries. So gloo's default mode is told that this _v form's sizes are checked here
+  // (else it would run the strict check for it, NOTE [call check modes], which cost 40-58% of a
+  // 1 MiB call on loopback, docs/benchmarks.md); strict, where asked for, still runs.
+  o.options.hints["gloo.caller_checks_sizes"] = "1";
   WorkPtr inner = comm_->all_to_all_v_single(
       TensorView::contiguous(recv->data.get(), DType::kUInt8, {recv_total}, x.device),
       TensorView::contiguous(send->data.get(), DType::kUInt8, {send_total}, x.device), recv_bytes,

@@ -49,7 +49,76 @@ namespace fastcomms::gloo_backend {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint8_t kP2PSlotPrefix = 0x40;  // above Gloo's own collective prefixes (0x01..0x08)
+constexpr uint8_t kP2PSlotPrefix = 0x40;    // above Gloo's own collective prefixes (0x01..0x08)
+constexpr uint8_t kP2PHeaderPrefix = 0x41;  // NOTE [point-to-point header]
+constexpr uint8_t kProbePrefix = 0x42;      // NOTE [mismatch probe]
+
+// NOTE [call check modes]: FASTCOMMS_CHECK_CALLS (or the hint gloo.check_calls, else
+// check_calls) is "0" (off), "1" (the default) or "strict".
+// - default: nothing is added to a call's path but a hash. A collective's Gloo tag is its
+//   sequence number mixed with a hash of its fingerprint (NOTE [fingerprint tags]), so ranks
+//   that issued different collectives (op, dtype, count, root, reduction) address different
+//   slots and no byte moves between them; a collective that has not finished after
+//   kProbeAfter compares the ranks' calls beside it (NOTE [mismatch probe]) and a mismatch
+//   raises on every waiting rank, naming each rank's call. Point-to-point messages carry a
+//   header the receiver checks before it writes (NOTE [point-to-point header]). The forms whose
+//   sizes differ per peer (the _v forms and the list all_to_all) without a caller's call key
+//   run the strict check, whose sizes a fingerprint cannot hold.
+// - strict: every collective's records are gathered before its data moves (NOTE [call check]),
+//   one round trip per call.
+// Every rank of a communicator must use the same mode (the tags and headers must agree).
+enum class CheckMode { kOff, kDefault, kStrict };
+
+bool parse_check_mode(const std::string& v, CheckMode* m) {
+  if (v == "0")
+    *m = CheckMode::kOff;
+  else if (v == "1")
+    *m = CheckMode::kDefault;
+  else if (v == "strict")
+    *m = CheckMode::kStrict;
+  else
+    return false;
+  return true;
+}
+
+// NOTE [fingerprint tags]: FNV-1a over the fingerprint (40 bytes, no padding), its lowest bit
+// cleared so that the tag keeps the sequence number's parity (odd: ops; even: the strict check's
+// gathers).
+uint32_t fingerprint_hash(const CallFingerprint& f) {
+  uint8_t b[sizeof f];
+  std::memcpy(b, &f, sizeof f);
+  uint32_t h = 2166136261u;
+  for (uint8_t c : b) h = (h ^ c) * 16777619u;
+  return h & ~1u;
+}
+
+bool sizes_per_peer(int32_t op) {
+  switch (static_cast<OpKind>(op)) {
+    case OpKind::kAllGatherV:
+    case OpKind::kReduceScatterV:
+    case OpKind::kAllToAllVSingle:
+    case OpKind::kAllToAll:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// NOTE [point-to-point header]: with the check on, every send is preceded by this fixed-size
+// header on its own slot; the receiver's message lands in a staging buffer of the size it
+// expects, and is copied to the caller's buffer only when the header matches its own receive, so
+// a mismatch (dtype, a smaller message, the order) is an error on the receiving rank that names
+// both sides and writes no byte there, and the sender's side completes. A message larger than
+// the receive is refused by Gloo itself (NOTE [gloo I/O thread errors]: an error, and the
+// communicator is broken). The cost: one copy of every received message.
+struct P2PHeader {
+  int64_t magic = 0;
+  int64_t rank = -1;  // the sender
+  int64_t seq = -1;   // the sender's count of sends to this peer
+  int64_t nbytes = -1;
+  int64_t dtype = -1;
+};
+constexpr int64_t kP2PMagic = 0x46434850;  // "FCHP"
 
 // NOTE [gloo I/O thread errors]: Gloo's TCP transport reads on its own I/O thread, and an
 // exception there (a peer sending more bytes than this rank's call posted, which mismatched
@@ -315,26 +384,54 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
     Body body;
     std::shared_ptr<AsyncWork> work;
     std::chrono::milliseconds timeout;
-    uint32_t tag;
+    uint32_t tag;  // the op's Gloo tag (NOTE [fingerprint tags])
     std::string prefix;
     CallFingerprint fingerprint;
     // NOTE [per-peer sizes check]: bytes this rank sends to / expects from each peer (the _v
     // forms); empty when every rank's sizes follow from the fingerprint. They travel with the
     // fingerprint in check_call's one exchange.
     std::vector<int64_t> peer_out, peer_in;
-    bool check = false;  // this op is checked (the communicator's setting or the op's hint)
+    bool check = false;  // the strict check runs first (NOTE [call check modes])
+    uint32_t base = 0;   // the sequence number every rank gives this collective
+    bool probe = false;  // NOTE [mismatch probe]
+  };
+  struct P2PItem {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;  // data
+    bool send = false;
+    std::unique_ptr<P2PHeader> header;  // NOTE [point-to-point header]
+    std::unique_ptr<::gloo::transport::UnboundBuffer> header_buf;
+    std::vector<uint8_t> staging;  // a checked receive lands here first
+    TensorView tensor;
+    int peer = -1;
+    uint32_t seq = 0;
   };
   struct P2PTask {
-    std::vector<std::pair<std::unique_ptr<::gloo::transport::UnboundBuffer>, bool /*send*/>> bufs;
+    std::vector<P2PItem> bufs;
     std::shared_ptr<AsyncWork> work;
     Clock::time_point deadline;
     std::string prefix;
   };
+  // The mode of one op: the op's hint, else the communicator's (NOTE [call check modes]).
+  CheckMode op_mode(const OpContext& ctx) const;
+  // A header-checked receive: waits for the header and the message (in staging), then copies it
+  // to the caller's buffer, or returns the mismatch (empty: received).
+  std::string receive_checked(P2PItem& item, Clock::time_point deadline, const std::string& prefix);
+  void track(::gloo::transport::UnboundBuffer* b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_bufs_.push_back(b);
+  }
+  void untrack(::gloo::transport::UnboundBuffer* b) {
+    live_bufs_.erase(std::remove(live_bufs_.begin(), live_bufs_.end(), b), live_bufs_.end());
+  }
 
   WorkPtr enqueue(const OpContext& ctx, Body body);
   void check_call(const Task& task);
   void collective_loop();
   void p2p_loop();
+  void monitor_loop();  // NOTE [mismatch probe]
+  // Compares this rank's record of the collective `base` with the peers' beside it; returns the
+  // mismatch (empty: none found before the op ended or every peer's record agreed).
+  std::string probe(uint32_t base, const std::vector<int64_t>& mine);
   std::shared_ptr<AsyncWork> new_work(const OpContext& ctx) const {
     return std::make_shared<AsyncWork>(ctx.prefix,
                                        Clock::now() + ctx.timeout + std::chrono::seconds(1));
@@ -375,9 +472,28 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   std::vector<::gloo::transport::UnboundBuffer*> live_bufs_;
   std::shared_ptr<AsyncWork> running_;  // the collective the worker is in, if any
   std::string running_prefix_;
-  std::string broken_;        // NOTE [gloo I/O thread errors]
-  bool check_calls_ = false;  // NOTE [call fingerprint]
-  std::thread collective_thread_, p2p_thread_;
+  std::string broken_;                    // NOTE [gloo I/O thread errors]
+  CheckMode mode_ = CheckMode::kDefault;  // NOTE [call check modes]
+  std::thread collective_thread_, p2p_thread_, monitor_thread_;
+  // NOTE [mismatch probe]: the running collective as the monitor sees it (mu_ held)
+  bool running_probe_ = false;
+  uint32_t running_base_ = 0, probed_base_ = 0;
+  Clock::time_point running_since_;
+  CallFingerprint running_fingerprint_;
+  std::vector<int64_t> running_record_;
+  std::string mismatch_;  // set by the probe: the running collective's ranks disagree
+  std::chrono::milliseconds probe_after_{200};
+  std::condition_variable monitor_cv_;
+  std::chrono::milliseconds running_timeout_{0};
+  // A probe's posted buffers: a peer that never probes the same call leaves its sends posted, so
+  // they are kept (the last 64 probes'); where every peer answered, freed at the next probe.
+  struct Probe {
+    std::vector<std::unique_ptr<std::vector<int64_t>>> data;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> bufs;
+    bool answered = false;
+  };
+  std::deque<Probe> probes_;
+  std::vector<::gloo::transport::UnboundBuffer*> probe_waits_;  // the running probe's receives
 };
 
 GlooImpl::GlooImpl(const BackendInit& init)
@@ -388,21 +504,21 @@ GlooImpl::GlooImpl(const BackendInit& init)
   // process exit: where SIGPIPE still has its default action, it is ignored (Python does the
   // same at start-up, so Python processes see no change); a handler the application installed
   // is left alone.
-  // NOTE [call fingerprint]: off unless asked (the hint gloo.check_calls=1, else the variable
-  // FASTCOMMS_CHECK_CALLS=1): the check costs one extra round trip per collective, measured at
-  // 1-12 points of a 1 MiB op on loopback, above the 5% the default may cost
-  // (docs/benchmarks.md).
+  // NOTE [call check modes]: the default unless the hint gloo.check_calls (else check_calls, else
+  // FASTCOMMS_CHECK_CALLS) says otherwise; the strict check costs one extra round trip per
+  // collective (docs/benchmarks.md).
   {
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
-    std::string v = e ? e : "0";
+    std::string v = e ? e : "1";
     for (const char* hint : {"check_calls", "gloo.check_calls"})  // the specific one wins
       if (auto h = init.options.hints.find(hint); h != init.options.hints.end()) v = h->second;
-    FASTCOMMS_CHECK(v == "0" || v == "1", kInvalidArgument, "[rank ", init.rank, "/", init.size,
-                    " ", init.options.name,
+    FASTCOMMS_CHECK(parse_check_mode(v, &mode_), kInvalidArgument, "[rank ", init.rank, "/",
+                    init.size, " ", init.options.name,
                     " new_comm] gloo: check_calls (hint gloo.check_calls or check_calls, "
-                    "or FASTCOMMS_CHECK_CALLS) must be 0 or 1, got '",
+                    "or FASTCOMMS_CHECK_CALLS) must be 0, 1 or strict, got '",
                     v, "'");
-    check_calls_ = v == "1";
+    if (auto h = init.options.hints.find("gloo.probe_after_ms"); h != init.options.hints.end())
+      probe_after_ = std::chrono::milliseconds(std::stoll(h->second));
   }
   static const bool sigpipe_ignored = [] {
     struct sigaction old {};
@@ -470,6 +586,8 @@ void GlooImpl::start() {
   }
   collective_thread_ = std::thread([self] { self->collective_loop(); });
   p2p_thread_ = std::thread([self] { self->p2p_loop(); });
+  if (mode_ != CheckMode::kOff && size_ > 1)
+    monitor_thread_ = std::thread([self] { self->monitor_loop(); });
 }
 
 // NOTE [gloo abort and thread lifetime]: Gloo cannot interrupt a collective that is already
@@ -483,9 +601,11 @@ void GlooImpl::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     broken = !broken_.empty();  // NOTE [gloo I/O thread errors]: like an abort
+    for (auto* b : probe_waits_) b->abortWaitRecv();  // NOTE [mismatch probe]
   }
   cv_.notify_all();
-  for (std::thread* t : {&collective_thread_, &p2p_thread_}) {
+  monitor_cv_.notify_all();
+  for (std::thread* t : {&collective_thread_, &p2p_thread_, &monitor_thread_}) {
     if (!t->joinable()) continue;
     if (aborted_ || broken)
       t->detach();
@@ -528,25 +648,50 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
   }
 }
 
-bool GlooImpl::checks(const OpContext& ctx) const {
-  if (ctx.hints != nullptr) {  // a per-op hint decides for that op
-    if (auto h = ctx.hints->find("gloo.check_calls"); h != ctx.hints->end())
-      return h->second == "1";
-    if (auto h = ctx.hints->find("check_calls"); h != ctx.hints->end()) return h->second == "1";
+CheckMode GlooImpl::op_mode(const OpContext& ctx) const {
+  if (ctx.hints != nullptr) {  // a per-op hint decides for that op (the same on every rank)
+    for (const char* hint : {"gloo.check_calls", "check_calls"}) {
+      if (auto h = ctx.hints->find(hint); h != ctx.hints->end()) {
+        CheckMode m;
+        FASTCOMMS_CHECK(parse_check_mode(h->second, &m), kInvalidArgument, ctx.prefix, "hint ",
+                        hint, " must be 0, 1 or strict, got '", h->second, "'");
+        return m;
+      }
+    }
   }
-  return check_calls_;
+  return mode_;
+}
+
+bool GlooImpl::checks(const OpContext& ctx) const {
+  const CheckMode m = op_mode(ctx);
+  if (m != CheckMode::kDefault) return m == CheckMode::kStrict;
+  // NOTE [call check modes]: sizes per peer are not in the fingerprint; a caller's call key
+  // (the Ulysses layer's geometry, which fixes them) is
+  if (ctx.fingerprint.op < 0 || !sizes_per_peer(ctx.fingerprint.op) || ctx.fingerprint.key != 0)
+    return false;
+  if (ctx.hints != nullptr)  // the Ulysses layer's chunk headers carry its sizes
+    if (auto h = ctx.hints->find("gloo.caller_checks_sizes"); h != ctx.hints->end())
+      return h->second != "1";
+  return true;
 }
 
 WorkPtr GlooImpl::enqueue(const OpContext& ctx, Body body) {
   auto work = new_work(ctx);
+  const CheckMode mode = op_mode(ctx);
   const bool check = checks(ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
     check_not_broken(ctx.prefix);
-    // Two tags per collective: the call check's exchanges and the op itself.
-    tasks_.push_back(Task{std::move(body), work, ctx.timeout, next_tag_, ctx.prefix,
-                          ctx.fingerprint, ctx.peer_out, ctx.peer_in, check});
+    // Two tags per collective: the op itself (odd) and the strict check's exchange (even).
+    const uint32_t base = next_tag_;
+    const bool hashed = mode != CheckMode::kOff && ctx.fingerprint.op >= 0;
+    const uint32_t tag = hashed ? base ^ fingerprint_hash(ctx.fingerprint) : base;
+    Task t{std::move(body), work,         ctx.timeout, tag,  ctx.prefix,
+           ctx.fingerprint, ctx.peer_out, ctx.peer_in, check};
+    t.base = base;
+    t.probe = hashed && size_ > 1;
+    tasks_.push_back(std::move(t));
     next_tag_ += 2;
   }
   cv_.notify_all();
@@ -568,7 +713,7 @@ void GlooImpl::check_call(const Task& task) {
   ::gloo::AllgatherOptions o(context_);
   o.setInput(const_cast<int64_t*>(mine.data()), mine.size());
   o.setOutput(all.data(), all.size());
-  o.setTag(task.tag + 1);
+  o.setTag(task.base + 1);
   o.setTimeout(task.timeout);
   ::gloo::allgather(o);
   check_call_records(task.prefix, task.fingerprint, all, size_);
@@ -597,17 +742,36 @@ void GlooImpl::collective_loop() {
       }
       running_ = task.work;
       running_prefix_ = task.prefix;
+      running_probe_ = task.probe;
+      running_base_ = task.base;
+      running_since_ = Clock::now();
+      running_fingerprint_ = task.fingerprint;
+      running_timeout_ = task.timeout;
+      if (task.probe)
+        running_record_ = call_record(task.fingerprint, task.peer_out, task.peer_in, size_);
     }
+    if (task.probe) monitor_cv_.notify_all();
     task.work->start();
     try {
       if (task.check) check_call(task);
       task.body(task.timeout, task.tag);
       task.work->complete();
     } catch (...) {
-      task.work->fail(translate(task.prefix, std::current_exception()));
+      std::string mismatch;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mismatch = mismatch_;
+      }
+      if (!mismatch.empty())  // NOTE [mismatch probe]: the probe closed the connections
+        task.work->fail(
+            std::make_exception_ptr(Error(ErrorCode::kInvalidArgument, task.prefix + mismatch)));
+      else
+        task.work->fail(translate(task.prefix, std::current_exception()));
     }
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto* b : probe_waits_) b->abortWaitRecv();  // NOTE [mismatch probe]: the op ended
     running_.reset();
+    running_probe_ = false;
   }
 }
 
@@ -621,23 +785,198 @@ void GlooImpl::p2p_loop() {
       task = std::move(p2p_tasks_.front());
       p2p_tasks_.pop_front();
     }
+    std::string mismatch;
     try {
-      for (auto& [buf, is_send] : task.bufs) {
+      const auto wait_left = [&](::gloo::transport::UnboundBuffer& b, bool send) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(task.deadline - Clock::now());
         const auto t = std::max(left, std::chrono::milliseconds(1));
-        const bool ok = is_send ? buf->waitSend(t) : buf->waitRecv(t);
+        const bool ok = send ? b.waitSend(t) : b.waitRecv(t);
         FASTCOMMS_CHECK(ok && !aborted_, kAborted, task.prefix, "the communicator was aborted");
+      };
+      for (auto& item : task.bufs) {
+        if (item.send) {
+          if (item.header_buf) wait_left(*item.header_buf, true);
+          wait_left(*item.buf, true);
+        } else if (item.header_buf) {
+          // later items still run, so that every message of the batch is consumed in order
+          if (auto m = receive_checked(item, task.deadline, task.prefix); mismatch.empty())
+            mismatch = m;
+        } else {
+          wait_left(*item.buf, false);
+        }
       }
+      FASTCOMMS_CHECK(mismatch.empty(), kInvalidArgument, task.prefix, mismatch);
       task.work->complete();
     } catch (...) {
       task.work->fail(translate(task.prefix, std::current_exception()));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [buf, is_send] : task.bufs)
-      live_bufs_.erase(std::remove(live_bufs_.begin(), live_bufs_.end(), buf.get()),
-                       live_bufs_.end());
+    for (auto& item : task.bufs)
+      for (auto* b : {item.buf.get(), item.header_buf.get()})
+        if (b != nullptr) untrack(b);
   }
+}
+
+std::string GlooImpl::receive_checked(P2PItem& item, Clock::time_point deadline,
+                                      const std::string& prefix) {
+  const auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                    std::chrono::milliseconds(1));
+  };
+  FASTCOMMS_CHECK(item.header_buf->waitRecv(left()) && !aborted_, kAborted, prefix,
+                  "the communicator was aborted");
+  FASTCOMMS_CHECK(item.buf->waitRecv(left()) && !aborted_, kAborted, prefix,
+                  "the communicator was aborted");
+  const P2PHeader& h = *item.header;
+  const int64_t want_bytes = static_cast<int64_t>(nbytes(item.tensor));
+  const auto want_dtype = static_cast<int64_t>(item.tensor.dtype);
+  const bool valid = h.magic == kP2PMagic && h.rank == item.peer && h.nbytes >= 0;
+  FASTCOMMS_CHECK(valid, kBackendError, prefix, "rank ", item.peer,
+                  " sent a malformed point-to-point header (a rank with FASTCOMMS_CHECK_CALLS=0 "
+                  "among ranks with it on?)");
+  if (h.nbytes == want_bytes && h.dtype == want_dtype && h.seq == static_cast<int64_t>(item.seq)) {
+    if (want_bytes > 0) std::memcpy(item.tensor.data, item.staging.data(), item.staging.size());
+    return {};
+  }
+  const auto what = [](int64_t bytes, int64_t dt) {
+    const auto d = static_cast<DType>(dt);
+    const int64_t es = static_cast<int64_t>(dtype_size(d));
+    return detail::cat(bytes, " bytes of ", dtype_name(d), " (", es > 0 ? bytes / es : bytes,
+                       " elements)");
+  };
+  return detail::cat("point-to-point mismatch: rank ", item.peer, "'s send #", h.seq,
+                     " to this rank carries ", what(h.nbytes, h.dtype), "; this rank's recv #",
+                     item.seq, " from rank ", item.peer, " expects ", what(want_bytes, want_dtype),
+                     ". Nothing was written to the receive buffer. FASTCOMMS_CHECK_CALLS=0 turns "
+                     "this check off");
+}
+
+// NOTE [mismatch probe]: with fingerprint tags (NOTE [fingerprint tags]) ranks that issued
+// different collectives move no data: each waits for messages on a slot the others never use. A
+// collective still running kProbeAfter (200 ms; the hint gloo.probe_after_ms) after it started
+// is probed: its rank posts its call record to every peer and receives theirs on a slot of its
+// own (kProbePrefix, the collective's sequence number), beside the op. A record that differs
+// from this rank's (the fingerprint, or the sizes a pair exchanges) is a mismatch: the probe
+// records it and closes the connections, which ends the waiting op, and the op (and every later
+// one: the communicator is broken) raises it on this rank; the peers' probes find the same
+// mismatch and raise it there. A rank whose call completed (a rooted op's rank that agreed with
+// the root) never probes; a rank waits for no record in particular, so that costs nothing.
+// A slow op whose ranks agree is only slow: once every peer's record has come, the probe ends
+// and the op goes on. Fast ops never probe: the default's cost is a hash per call.
+void GlooImpl::monitor_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    monitor_cv_.wait(lock, [&] {
+      return stop_ || aborted_ || (running_ && running_probe_ && probed_base_ != running_base_);
+    });
+    if (stop_ || aborted_) return;
+    const uint32_t base = running_base_;
+    const auto due = running_since_ + probe_after_;
+    if (monitor_cv_.wait_until(
+            lock, due, [&] { return stop_ || aborted_ || !running_ || running_base_ != base; }))
+      continue;  // ended (or the next op runs) before it was due
+    probed_base_ = base;
+    const std::vector<int64_t> mine = running_record_;
+    lock.unlock();
+    std::string mismatch;
+    try {
+      mismatch = probe(base, mine);
+    } catch (...) {  // the connections closed under the probe: the op reports why
+    }
+    lock.lock();
+    if (!mismatch.empty() && running_ && running_base_ == base && !aborted_) {
+      mismatch_ = mismatch;
+      lock.unlock();
+      // As after an I/O error (NOTE [gloo I/O thread errors]): the waiting op and every later
+      // one fail now with the mismatch (Gloo's own wait ends only at its timeout, on the worker
+      // thread), and the connections close so the peers' waits end too.
+      on_io_error(mismatch);
+      lock.lock();
+    }
+  }
+}
+
+std::string GlooImpl::probe(uint32_t base, const std::vector<int64_t>& mine) {
+  // Gloo closes every connection when a wait times out, so the probe never waits with a short
+  // timeout: it blocks until a record comes, and the worker aborts its waits when the op ends.
+  const uint64_t slot = ::gloo::Slot::build(kProbePrefix, base);
+  const size_t words = mine.size();
+  std::vector<int> peers;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) peers.push_back(q);
+  Probe p;
+  Clock::time_point deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_ || running_base_ != base || aborted_) return {};
+    deadline = running_since_ + running_timeout_;
+    // the previous probe's buffers, where every peer answered it: its sends went out long ago
+    if (!probes_.empty() && probes_.back().answered) probes_.pop_back();
+    for (int q : peers) {
+      p.data.push_back(std::make_unique<std::vector<int64_t>>(mine));
+      p.bufs.push_back(
+          context_->createUnboundBuffer(p.data.back()->data(), words * sizeof(int64_t)));
+      p.bufs.back()->send(q, slot);
+    }
+    for (size_t i = 0; i < peers.size(); ++i) {  // each takes the next record from any peer
+      p.data.push_back(std::make_unique<std::vector<int64_t>>(words, -1));
+      p.bufs.push_back(
+          context_->createUnboundBuffer(p.data.back()->data(), words * sizeof(int64_t)));
+      p.bufs.back()->recv(peers, slot);
+      live_bufs_.push_back(p.bufs.back().get());
+      probe_waits_.push_back(p.bufs.back().get());
+    }
+  }
+  const size_t fp_words = sizeof(CallFingerprint) / sizeof(int64_t);
+  const auto fingerprint_of = [&](const int64_t* r) {
+    CallFingerprint f;
+    std::memcpy(static_cast<void*>(&f), r, sizeof f);
+    return f;
+  };
+  std::string mismatch;
+  size_t got = 0;
+  for (size_t i = 0; i < peers.size() && mismatch.empty(); ++i) {
+    auto& buf = *p.bufs[peers.size() + i];
+    const std::vector<int64_t>& r = *p.data[peers.size() + i];
+    int q = -1;
+    try {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now() + std::chrono::seconds(1));
+      if (!buf.waitRecv(&q, std::max(left, std::chrono::milliseconds(1)))) break;  // op ended
+    } catch (const ::gloo::IoException&) {  // the op timed out (or the connections closed)
+      break;
+    }
+    ++got;
+    if (!std::equal(r.begin(), r.begin() + fp_words, mine.begin())) {
+      mismatch = detail::cat("ranks issued different collectives: this rank called ",
+                             describe(fingerprint_of(mine.data())), ", rank ", q, " called ",
+                             describe(fingerprint_of(r.data())),
+                             " (nothing was moved: the default call check found it, NOTE "
+                             "[mismatch probe]; this communicator cannot be used further)");
+      break;
+    }
+    const int64_t sent = r[fp_words + rank_], expected = mine[fp_words + size_ + q];
+    if (sent >= 0 && expected >= 0 && sent != expected)
+      mismatch = detail::cat("ranks disagree on the per-peer sizes: rank ", q, " sends ", sent,
+                             " bytes to this rank, which expects ", expected);
+  }
+  if (!mismatch.empty()) {
+    // The peers that probe this call have this rank's record (it waited for them) or get it
+    // now; a moment before the connections close lets them read it and raise the mismatch too,
+    // not the closed connection.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto* b : probe_waits_) untrack(b);
+  probe_waits_.clear();
+  p.answered = got == peers.size();
+  probes_.push_back(std::move(p));  // a peer may still send into or receive from them
+  // Bounded: a probe's buffers are dropped 64 probes later (probes run only for calls slower
+  // than probe_after_, so the calls they belong to ended long before on every rank; Gloo holds
+  // posted buffers through weak pointers, so a dropped one is never touched).
+  while (probes_.size() > 64) probes_.pop_front();
+  return mismatch;
 }
 
 WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx) {
@@ -646,21 +985,50 @@ WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx)
   task.work = work;
   task.deadline = Clock::now() + ctx.timeout;
   task.prefix = ctx.prefix;
+  // NOTE [point-to-point header]: the communicator's mode alone decides (both sides must agree)
+  const bool header = mode_ != CheckMode::kOff && size_ > 1;
   std::lock_guard<std::mutex> lock(mu_);
   FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
   check_not_broken(ctx.prefix);
   try {
     for (const P2POp& op : ops) {
-      auto buf = context_->createUnboundBuffer(op.tensor.data, nbytes(op.tensor));
-      const bool is_send = op.kind == P2POp::Kind::kSend;
-      const uint32_t seq = is_send ? send_seq_[op.peer]++ : recv_seq_[op.peer]++;
-      const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, seq);
-      if (is_send)
-        buf->send(op.peer, slot);
-      else
-        buf->recv(op.peer, slot);
-      live_bufs_.push_back(buf.get());
-      task.bufs.emplace_back(std::move(buf), is_send);
+      P2PItem item;
+      item.send = op.kind == P2POp::Kind::kSend;
+      item.peer = op.peer;
+      item.tensor = op.tensor;
+      item.seq = item.send ? send_seq_[op.peer]++ : recv_seq_[op.peer]++;
+      const uint64_t slot = ::gloo::Slot::build(kP2PSlotPrefix, item.seq);
+      const uint64_t header_slot = ::gloo::Slot::build(kP2PHeaderPrefix, item.seq);
+      if (header) {
+        item.header = std::make_unique<P2PHeader>();
+        if (item.send)
+          *item.header = P2PHeader{kP2PMagic, rank_, static_cast<int64_t>(item.seq),
+                                   static_cast<int64_t>(nbytes(op.tensor)),
+                                   static_cast<int64_t>(op.tensor.dtype)};
+        item.header_buf = context_->createUnboundBuffer(item.header.get(), sizeof(P2PHeader));
+        if (item.send)
+          item.header_buf->send(op.peer, header_slot);
+        else
+          item.header_buf->recv(op.peer, header_slot);
+        live_bufs_.push_back(item.header_buf.get());
+      }
+      // NOTE [point-to-point header]: every buffer is posted now, as without the check (a
+      // receive posted only once its header came could wait on a send that waits on it); a
+      // checked receive lands in a staging buffer, copied to the caller's once the header matched
+      void* dst = op.tensor.data;
+      if (header && !item.send) {
+        item.staging.resize(nbytes(op.tensor));
+        dst = item.staging.data();
+      }
+      {
+        item.buf = context_->createUnboundBuffer(dst, nbytes(op.tensor));
+        if (item.send)
+          item.buf->send(op.peer, slot);
+        else
+          item.buf->recv(op.peer, slot);
+        live_bufs_.push_back(item.buf.get());
+      }
+      task.bufs.push_back(std::move(item));
     }
   } catch (...) {
     std::rethrow_exception(translate(ctx.prefix, std::current_exception()));
@@ -998,7 +1366,7 @@ void GlooImpl::on_io_error(const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.empty() || aborted_) return;
-    broken_ = what;
+    broken_ = mismatch_.empty() ? what : mismatch_;  // NOTE [mismatch probe]
     if (running_) failed.emplace_back(running_, running_prefix_);
     for (auto& t : tasks_)  // not finalize's marker (no fingerprint): finalize still returns
       if (t.fingerprint.op >= 0) failed.emplace_back(t.work, t.prefix);
@@ -1007,6 +1375,14 @@ void GlooImpl::on_io_error(const std::string& what) {
     for (auto* buf : live_bufs_) {  // their waits end now (the works already failed)
       buf->abortWaitSend();
       buf->abortWaitRecv();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!mismatch_.empty()) {  // NOTE [mismatch probe]: the reason, not the closed connection
+      for (auto& [work, prefix] : failed)
+        work->fail(std::make_exception_ptr(Error(ErrorCode::kInvalidArgument, prefix + mismatch_)));
+      failed.clear();
     }
   }
   for (auto& [work, prefix] : failed) work->fail(broken_error(prefix, what));

@@ -300,7 +300,7 @@ def test_reconfigure_on_gpu_backends(backend):
 
 
 def _call_check_worker(rank, size, path, errq, backend, checked):
-    """NOTE [call check] on the GPU backends: with check_calls=1 (the check through the store),
+    """NOTE [call check] on the GPU backends: with check_calls=strict (the check through the store),
     mismatched collectives raise ValueError on every rank before NCCL moves anything, and the
     communicator stays in step; the CUDA collective Ulysses path's calls whose layouts differ but
     whose byte counts agree raise too (its call key). Armed control (checked=False): the same
@@ -312,7 +312,13 @@ def _call_check_worker(rank, size, path, errq, backend, checked):
         from fastcomms.ulysses import UlyssesGroup
 
         dev, comm = gpu_rank(
-            rank, size, path, backend, "chk", 20, hints={"check_calls": "1" if checked else "0"}
+            rank,
+            size,
+            path,
+            backend,
+            "chk",
+            20,
+            hints={"check_calls": "strict" if checked else "0"},
         )
         n = 1000 if rank == 0 else 999
 

@@ -315,14 +315,15 @@ def _per_peer_mismatch_cases(rank, size):
 
 def mismatched_calls(comm, rank, size):
     """Mismatched collectives on a gloo communicator. With the check (gloo's in band, the hint
-    gloo.check_calls=1, or the communicator's through the store, check_calls=1 with gloo's off):
+    gloo.check_calls=strict, or the communicator's through the store, check_calls=strict with
+    gloo's off):
     every case raises on every rank and the communicator stays in step. Without it, the armed
     control: SUM on one rank against MAX on the other raises nothing and the data is not SUM's
     on every rank, the failure the check exists for."""
     import torch.distributed as dist
 
     hints = comm.get_options().hints
-    if "1" in (hints.get("gloo.check_calls"), hints.get("check_calls")):
+    if "strict" in (hints.get("gloo.check_calls"), hints.get("check_calls")):
         cases = [
             (n, f, "ranks issued different collectives: rank 0") for n, f in _mismatch_cases(rank)
         ]
@@ -349,9 +350,9 @@ def mismatched_calls(comm, rank, size):
 @pytest.mark.parametrize("where", ["in band", "store"])
 def test_mismatched_calls_raise_on_every_rank(world, size, where):
     hints = (
-        {"gloo.check_calls": "1"}
+        {"gloo.check_calls": "strict"}
         if where == "in band"
-        else {"check_calls": "1", "gloo.check_calls": "0"}
+        else {"check_calls": "strict", "gloo.check_calls": "0"}
     )
     world(mismatched_calls, size, hints=hints)
 
@@ -415,7 +416,7 @@ def _store_check_worker(rank, size, path, errq):
     _hang_guard()
     try:
         base = init_rank(rank, size, path)
-        hints = {"check_calls": "1", "gloo.check_calls": "0"}
+        hints = {"check_calls": "strict", "gloo.check_calls": "0"}
         c = fastcomms.new_comm(
             "gloo",
             "cpu",
@@ -662,7 +663,7 @@ def _ulysses_mismatch(comm, rank, size):
 
 
 def test_ulysses_calls_that_differ_in_size_raise_on_every_rank(world):
-    world(_ulysses_mismatch, 2, hints={"gloo.check_calls": "1"})
+    world(_ulysses_mismatch, 2, hints={"gloo.check_calls": "strict"})
 
 
 def test_input_probe_every_case_a_clear_error():
@@ -673,7 +674,7 @@ def test_input_probe_every_case_a_clear_error():
 
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     r = subprocess.run(
-        [sys.executable, os.path.join(root, "tools", "probe_inputs.py"), "--check-calls", "1"],
+        [sys.executable, os.path.join(root, "tools", "probe_inputs.py"), "--check-calls", "strict"],
         capture_output=True,
         text=True,
         timeout=600,
