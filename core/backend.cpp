@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "fastcomms/core/log.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
@@ -18,8 +19,9 @@ void ProcessAbort::set_hooks(std::function<void()> run_hooks) {
 
 // NOTE [process abort]
 void ProcessAbort::abort_process(const std::string& why) const {
-  std::fprintf(stderr, "fastcomms: aborting the process (abort_process_on_timeout_or_error): %s\n",
-               why.c_str());
+  // written whatever FASTCOMMS_LOG_LEVEL says: the process ends next
+  log::write(log::Level::kError,
+             "aborting the process (abort_process_on_timeout_or_error): " + why);
   std::function<void()> hooks;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -32,12 +34,13 @@ void ProcessAbort::abort_process(const std::string& why) const {
       try {
         hooks();
       } catch (...) {  // a failing hook must not stop the abort
+        log::write(log::Level::kError, "an abort hook raised: " + log::current_exception_text());
       }
       done->set_value();
     }).detach();
     if (finished.wait_for(kHookGrace) != std::future_status::ready)
-      std::fprintf(stderr, "fastcomms: the abort hooks did not finish within %lld s\n",
-                   static_cast<long long>(kHookGrace.count()));
+      log::write(log::Level::kError,
+                 detail::cat("the abort hooks did not finish within ", kHookGrace.count(), " s"));
   }
   std::abort();
 }

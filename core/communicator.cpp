@@ -10,6 +10,7 @@
 
 #include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/log.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/error.hpp"
 
@@ -157,6 +158,7 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
       try {
         fn();
       } catch (...) {  // a failing hook must not stop the others or the abort
+        FASTCOMMS_LOG(kError, "an abort hook raised: ", log::current_exception_text());
       }
     }
   });

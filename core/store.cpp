@@ -14,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "fastcomms/core/log.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
@@ -316,6 +317,8 @@ int64_t KeyTrackingStore::release(int rank, int size, std::chrono::milliseconds 
     base_->delete_key("finalized/count");
     return deleted;
   } catch (...) {  // the store may be gone with its host: the keys stay, finalize returns
+    FASTCOMMS_LOG(kInfo, "finalize: the communicator's store keys were not deleted: ",
+                  log::current_exception_text());
     return 0;
   }
 }

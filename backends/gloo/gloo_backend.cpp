@@ -41,6 +41,7 @@
 
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/forwarding_backend.hpp"
+#include "fastcomms/core/log.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/error.hpp"
 #include "reduce_kernels.hpp"
@@ -883,6 +884,8 @@ void GlooImpl::monitor_loop() {
     try {
       mismatch = probe(base, mine);
     } catch (...) {  // the connections closed under the probe: the op reports why
+      FASTCOMMS_LOG(kDebug, "[rank ", rank_, "/", size_,
+                    "] gloo: the mismatch probe ended: ", log::current_exception_text());
     }
     lock.lock();
     if (!mismatch.empty() && running_ && running_base_ == base && !aborted_) {
@@ -1352,7 +1355,9 @@ void GlooImpl::abort() {
   // Break the running collective, if any: its waits fail once the connections are gone.
   try {
     context_->closeConnections();
-  } catch (...) {
+  } catch (...) {  // the abort goes on: the works already failed
+    FASTCOMMS_LOG(kDebug, "[rank ", rank_, "/", size_,
+                  "] gloo abort: closing the connections failed: ", log::current_exception_text());
   }
   cv_.notify_all();
 }
@@ -1391,7 +1396,10 @@ void GlooImpl::on_io_error(const std::string& what) {
   // peers at once.
   try {
     context_->closeConnections();
-  } catch (...) {
+  } catch (...) {  // the works already failed with the reason
+    FASTCOMMS_LOG(kDebug, "[rank ", rank_, "/", size_,
+                  "] gloo: closing the connections after an I/O error failed: ",
+                  log::current_exception_text());
   }
   cv_.notify_all();
 }

@@ -8,8 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
+#include <utility>
 
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/log.hpp"
 #include "fastcomms/core/work.hpp"
 #include "harness.hpp"
 
@@ -407,4 +410,30 @@ TEST(AuthStore, TokenFromTheEnvironment) {
   unlink(path);
   EXPECT_THROW(fastcomms::store_token_from_env(), fastcomms::Error);  // missing
   unsetenv("FASTCOMMS_STORE_TOKEN_FILE");
+}
+
+// The one log (include/fastcomms/core/log.hpp): FASTCOMMS_LOG_LEVEL's values.
+TEST(Log, LevelsParse) {
+  using fastcomms::log::Level;
+  Level l = Level::kWarn;
+  const std::pair<const char*, Level> cases[] = {{"off", Level::kOff},
+                                                 {"error", Level::kError},
+                                                 {"warn", Level::kWarn},
+                                                 {"info", Level::kInfo},
+                                                 {"debug", Level::kDebug}};
+  for (const auto& [text, want] : cases) {
+    EXPECT_TRUE(fastcomms::log::parse_level(text, &l)) << text;
+    EXPECT_EQ(l, want) << text;
+  }
+  EXPECT_FALSE(fastcomms::log::parse_level("verbose", &l));
+  EXPECT_FALSE(fastcomms::log::parse_level("", &l));
+  // an error line is written at the default threshold, a debug line is not
+  EXPECT_TRUE(fastcomms::log::enabled(Level::kError));
+  if (std::getenv("FASTCOMMS_LOG_LEVEL") == nullptr)
+    EXPECT_FALSE(fastcomms::log::enabled(Level::kDebug));
+  try {
+    throw std::runtime_error("the text");
+  } catch (...) {
+    EXPECT_EQ(fastcomms::log::current_exception_text(), "the text");
+  }
 }

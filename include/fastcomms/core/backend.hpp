@@ -169,6 +169,23 @@ struct BackendInit {
 
 /// A transport. All ops default to throwing kUnsupported; a backend overrides what it has and
 /// says so in capabilities().
+///
+/// The contract (a backend built as a library states FASTCOMMS_BACKEND_ABI_VERSION, factory.hpp,
+/// and is refused when it differs; bump it with any change to this class or to the structs its
+/// members take):
+/// - Who calls: the Communicator, never user code. It validates arguments first, so a backend
+///   may assume shapes, dtypes, ranks and roots are in range and consistent on this rank.
+/// - Threads: ops may be issued from any thread, and from several at once (a backend serialises
+///   what its transport needs serialised, in issue order per calling thread); collectives must
+///   be issued in the same order on every rank. abort() may come from any thread at any time,
+///   an op blocked in another thread included, and from the process-abort thread; it must not
+///   block on the network. finalize() comes once, after the caller's last op, from one thread.
+///   The destructor runs after finalize() or abort() and must not throw or wait for peers.
+/// - Work: an op returns at once where the op is async (the Work completes or fails later,
+///   possibly on a backend thread); a Work's buffers stay valid while it is held
+///   (NOTE [work keeps its buffers]). Errors are fastcomms::Error with a code, their message
+///   starting with OpContext::prefix; what a backend thread cannot raise goes to the log
+///   (fastcomms/core/log.hpp), never silently dropped.
 class Backend {
  public:
   virtual ~Backend() = default;
