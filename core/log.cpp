@@ -9,12 +9,18 @@
 namespace fastcomms::log {
 
 bool parse_level(std::string_view text, Level* level) noexcept {
-  if (text == "off") *level = Level::kOff;
-  else if (text == "error") *level = Level::kError;
-  else if (text == "warn") *level = Level::kWarn;
-  else if (text == "info") *level = Level::kInfo;
-  else if (text == "debug") *level = Level::kDebug;
-  else return false;
+  if (text == "off")
+    *level = Level::kOff;
+  else if (text == "error")
+    *level = Level::kError;
+  else if (text == "warn")
+    *level = Level::kWarn;
+  else if (text == "info")
+    *level = Level::kInfo;
+  else if (text == "debug")
+    *level = Level::kDebug;
+  else
+    return false;
   return true;
 }
 
@@ -25,7 +31,8 @@ Level threshold() noexcept {
     if (e != nullptr && !parse_level(e, &l)) {
       l = Level::kWarn;
       write(Level::kWarn, std::string("FASTCOMMS_LOG_LEVEL must be off, error, warn, info or "
-                                      "debug, got '") + e + "': warn");
+                                      "debug, got '") +
+                              e + "': warn");
     }
     return l;
   }();

@@ -40,9 +40,9 @@ bool parse_level(std::string_view text, Level* level) noexcept;
 }  // namespace fastcomms::log
 
 /// FASTCOMMS_LOG(kWarn, "[rank ", r, "] what happened: ", why): formats only when enabled.
-#define FASTCOMMS_LOG(level, ...)                                                     \
-  do {                                                                                \
-    if (::fastcomms::log::enabled(::fastcomms::log::Level::level))                    \
-      ::fastcomms::log::write(::fastcomms::log::Level::level,                         \
-                              ::fastcomms::detail::cat(__VA_ARGS__));                 \
+#define FASTCOMMS_LOG(level, ...)                                     \
+  do {                                                                \
+    if (::fastcomms::log::enabled(::fastcomms::log::Level::level))    \
+      ::fastcomms::log::write(::fastcomms::log::Level::level,         \
+                              ::fastcomms::detail::cat(__VA_ARGS__)); \
   } while (0)
