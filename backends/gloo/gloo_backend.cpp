@@ -445,7 +445,18 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   // Throws the error that broke this communicator, if one did; mu_ held.
   void check_not_broken(const std::string& prefix) const;
   // That error for an op's message prefix.
+  // An op's error: the mismatch the probe found, which closed the connections under the op
+  // (NOTE [mismatch probe]), else what Gloo said.
+  std::exception_ptr failure(const std::string& prefix, std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return mismatch_.empty() ? translate(prefix, e) : mismatch_error(prefix);
+  }
+  std::exception_ptr mismatch_error(const std::string& prefix) const {  // mu_ held
+    return std::make_exception_ptr(Error(ErrorCode::kInvalidArgument, prefix + mismatch_));
+  }
+  // A mismatch the probe found is the caller's error (NOTE [mismatch probe]); mu_ held.
   std::exception_ptr broken_error(const std::string& prefix, const std::string& what) const {
+    if (!mismatch_.empty()) return mismatch_error(prefix);
     return translate(prefix, std::make_exception_ptr(std::runtime_error(what)));
   }
 
@@ -480,7 +491,6 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   bool running_probe_ = false;
   uint32_t running_base_ = 0, probed_base_ = 0;
   Clock::time_point running_since_;
-  CallFingerprint running_fingerprint_;
   std::vector<int64_t> running_record_;
   std::string mismatch_;  // set by the probe: the running collective's ranks disagree
   std::chrono::milliseconds probe_after_{200};
@@ -746,7 +756,6 @@ void GlooImpl::collective_loop() {
       running_probe_ = task.probe;
       running_base_ = task.base;
       running_since_ = Clock::now();
-      running_fingerprint_ = task.fingerprint;
       running_timeout_ = task.timeout;
       if (task.probe)
         running_record_ = call_record(task.fingerprint, task.peer_out, task.peer_in, size_);
@@ -758,16 +767,7 @@ void GlooImpl::collective_loop() {
       task.body(task.timeout, task.tag);
       task.work->complete();
     } catch (...) {
-      std::string mismatch;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        mismatch = mismatch_;
-      }
-      if (!mismatch.empty())  // NOTE [mismatch probe]: the probe closed the connections
-        task.work->fail(
-            std::make_exception_ptr(Error(ErrorCode::kInvalidArgument, task.prefix + mismatch)));
-      else
-        task.work->fail(translate(task.prefix, std::current_exception()));
+      task.work->fail(failure(task.prefix, std::current_exception()));
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (auto* b : probe_waits_) b->abortWaitRecv();  // NOTE [mismatch probe]: the op ended
@@ -810,7 +810,7 @@ void GlooImpl::p2p_loop() {
       FASTCOMMS_CHECK(mismatch.empty(), kInvalidArgument, task.prefix, mismatch);
       task.work->complete();
     } catch (...) {
-      task.work->fail(translate(task.prefix, std::current_exception()));
+      task.work->fail(failure(task.prefix, std::current_exception()));
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& item : task.bufs)
@@ -855,16 +855,18 @@ std::string GlooImpl::receive_checked(P2PItem& item, Clock::time_point deadline,
 
 // NOTE [mismatch probe]: with fingerprint tags (NOTE [fingerprint tags]) ranks that issued
 // different collectives move no data: each waits for messages on a slot the others never use. A
-// collective still running kProbeAfter (200 ms; the hint gloo.probe_after_ms) after it started
+// collective still running probe_after_ (200 ms; the hint gloo.probe_after_ms) after it started
 // is probed: its rank posts its call record to every peer and receives theirs on a slot of its
 // own (kProbePrefix, the collective's sequence number), beside the op. A record that differs
 // from this rank's (the fingerprint, or the sizes a pair exchanges) is a mismatch: the probe
-// records it and closes the connections, which ends the waiting op, and the op (and every later
-// one: the communicator is broken) raises it on this rank; the peers' probes find the same
-// mismatch and raise it there. A rank whose call completed (a rooted op's rank that agreed with
-// the root) never probes; a rank waits for no record in particular, so that costs nothing.
-// A slow op whose ranks agree is only slow: once every peer's record has come, the probe ends
-// and the op goes on. Fast ops never probe: the default's cost is a hash per call.
+// records it (from then on every error of this communicator is the mismatch, closed connections
+// included), waits up to two seconds for its own record to reach the peers still waiting (they
+// probe once their call has run probe_after_), then fails the waiting op and every later one
+// and closes the connections, as after an I/O error; the peers' probes find the same mismatch
+// and raise it there. A rank whose call completed (a rooted op's rank that agreed with the root)
+// never probes; its next call meets the closed connections. A slow op whose ranks agree is only
+// slow: once every peer's record has come, the probe ends and the op goes on. Fast ops never
+// probe: the default's cost is a hash per call.
 void GlooImpl::monitor_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -889,7 +891,6 @@ void GlooImpl::monitor_loop() {
     }
     lock.lock();
     if (!mismatch.empty() && running_ && running_base_ == base && !aborted_) {
-      mismatch_ = mismatch;
       lock.unlock();
       // As after an I/O error (NOTE [gloo I/O thread errors]): the waiting op and every later
       // one fail now with the mismatch (Gloo's own wait ends only at its timeout, on the worker
@@ -965,9 +966,26 @@ std::string GlooImpl::probe(uint32_t base, const std::vector<int64_t>& mine) {
                              " bytes to this rank, which expects ", expected);
   }
   if (!mismatch.empty()) {
-    // The peers that probe this call have this rank's record (it waited for them) or get it
-    // now; a moment before the connections close lets them read it and raise the mismatch too,
-    // not the closed connection.
+    {
+      // from now on every error of this communicator is the mismatch, the connections that
+      // close under the waits below included (broken_error)
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ && running_base_ == base && !aborted_) mismatch_ = mismatch;
+    }
+    // Before the connections close, every peer still waiting in this call gets this rank's
+    // record: it probes once its own call has run probe_after_ (its start may be later than
+    // this rank's), and its receive completes this rank's send. A peer whose call completed
+    // never receives it, so the wait is bounded (two seconds; a wait that times out closes the
+    // connections, which comes next anyway). Then a moment for the peers to read it.
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      try {
+        if (left.count() <= 0 || !p.bufs[i]->waitSend(left)) break;
+      } catch (const ::gloo::IoException&) {
+        break;
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -1367,30 +1385,23 @@ void GlooImpl::check_not_broken(const std::string& prefix) const {
 }
 
 void GlooImpl::on_io_error(const std::string& what) {
-  std::vector<std::pair<std::shared_ptr<AsyncWork>, std::string>> failed;
+  // (the errors are made under the lock, where broken_error reads a mismatch the probe found)
+  std::vector<std::pair<std::shared_ptr<AsyncWork>, std::exception_ptr>> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.empty() || aborted_) return;
-    broken_ = mismatch_.empty() ? what : mismatch_;  // NOTE [mismatch probe]
-    if (running_) failed.emplace_back(running_, running_prefix_);
+    broken_ = what;
+    if (running_) failed.emplace_back(running_, broken_error(running_prefix_, what));
     for (auto& t : tasks_)  // not finalize's marker (no fingerprint): finalize still returns
-      if (t.fingerprint.op >= 0) failed.emplace_back(t.work, t.prefix);
+      if (t.fingerprint.op >= 0) failed.emplace_back(t.work, broken_error(t.prefix, what));
     for (auto& t : p2p_tasks_)
-      if (!t.bufs.empty()) failed.emplace_back(t.work, t.prefix);
+      if (!t.bufs.empty()) failed.emplace_back(t.work, broken_error(t.prefix, what));
     for (auto* buf : live_bufs_) {  // their waits end now (the works already failed)
       buf->abortWaitSend();
       buf->abortWaitRecv();
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!mismatch_.empty()) {  // NOTE [mismatch probe]: the reason, not the closed connection
-      for (auto& [work, prefix] : failed)
-        work->fail(std::make_exception_ptr(Error(ErrorCode::kInvalidArgument, prefix + mismatch_)));
-      failed.clear();
-    }
-  }
-  for (auto& [work, prefix] : failed) work->fail(broken_error(prefix, what));
+  for (auto& [work, error] : failed) work->fail(error);
   // As abort() does: the collective in flight waits on a buffer no peer will fill, and would
   // hold the worker (and finalize) until its timeout; closed connections end it, and tell the
   // peers at once.

@@ -1495,9 +1495,12 @@ def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
         )
     name = name or f"{backend}_{next(_names)}"
     if store is None:  # as new_comm does without a store, where a launcher says enough
-        launch = _bootstrap.detect()
-        if launch is not None:
-            store = _bootstrap.default_store(launch, opts.timeout)
+        try:
+            launch = _bootstrap.detect()
+            if launch is not None:
+                store = _bootstrap.default_store(launch, opts.timeout)
+        except _bootstrap.LaunchError as e:
+            raise _ValueError(str(e)) from None
     options = CommOptions(
         opts.abort_process_on_timeout_or_error, opts.timeout, store, hints, name, True
     )
@@ -1506,13 +1509,6 @@ def _new_reconfigurable(backend, device, name, opts, hints, store) -> TorchComm:
 
 # (rank, size) that new_comm takes instead of the environment's (NOTE [launchers])
 _rank_size_override = _bootstrap.rank_size_override
-
-
-def _rank_size() -> tuple[int, int]:
-    try:
-        return _bootstrap.rank_size()
-    except _bootstrap.LaunchError as e:
-        raise _ValueError(str(e)) from None
 
 
 def _indexed(device: torch.device) -> torch.device:

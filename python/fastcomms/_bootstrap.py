@@ -203,20 +203,6 @@ def required(op: str = "new_comm") -> Launch:
     return launch
 
 
-def rank_size() -> tuple[int, int]:
-    launch = required()
-    return launch.rank, launch.size
-
-
-def local_rank() -> int | None:
-    """This process's rank on its host where the launcher says it, else None."""
-    try:
-        launch = detect()
-    except LaunchError:
-        return None
-    return None if launch is None else launch.local_rank
-
-
 # -- the store --------------------------------------------------------------------------------
 def _listen_on(addr: str, port: int, rank: int, size: int):
     """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to

@@ -335,10 +335,6 @@ def _launch():
     return launch
 
 
-def _under_torchrun() -> bool:  # (any launcher: the name is the tests')
-    return _launch() is not None
-
-
 def _launcher_store(launch):
     import torch.distributed as dist
 
@@ -363,9 +359,9 @@ def _child(fn, rank, size, path, q, args):
 class _PrivateMps:
     """NOTE [cli ranks on one GPU]: ranks that share a GPU as separate processes are time-sliced
     without MPS: a device-side wait for a peer on the same GPU lasts until the next context
-    switch, and `bench --nproc 2` on one H200 did not finish its first shape in 240 s that way.
-    Where the command starts the ranks itself, they share a GPU, no MPS pipe is set and
-    ``nvidia-cuda-mps-control`` is on PATH, a private MPS daemon serves them for the run (as
+    switch (tools/gpu/mps.sh says more). Where the command starts the ranks itself, they share
+    a GPU, no MPS pipe is set and ``nvidia-cuda-mps-control`` is on PATH, a private MPS daemon
+    serves them for the run (as
     tools/gpu/mps.sh: its pipes in a fresh temporary folder, no GPU setting changed; stopped and
     removed afterwards). ``why`` says what was done, for the report."""
 
@@ -712,7 +708,8 @@ def bench(args) -> int:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
-    size = _launch().size if _under_torchrun() else args.nproc
+    launch = _launch()
+    size = args.nproc if launch is None else launch.size
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.backend == "auto":
         try:
@@ -722,7 +719,6 @@ def bench(args) -> int:
             return 2
     else:
         why = "asked for with --backend"
-        launch = _launch()
         local = size if launch is None else (launch.local_size or size)
         if args.backend == "nccl" and ngpu < local:
             print(
@@ -741,13 +737,13 @@ def bench(args) -> int:
         print(f"fastcomms bench: {e}", file=sys.stderr)
         return 2
     args.progress = sys.stderr.isatty() and not args.no_progress
-    lead = not _under_torchrun() or _launch().rank == 0
+    lead = launch is None or launch.rank == 0
     if lead:
         console.print(
             f"fastcomms bench: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks"
         )
     share = args.backend != "gloo" and _shares_gpu(size)
-    with _PrivateMps(share and _launch() is None) as mps:
+    with _PrivateMps(share and launch is None) as mps:
         if lead and mps.why:
             console.print(f"fastcomms bench: {escape(mps.why)}")
         results, error = _run_ranks(_bench_rank, size, args)
@@ -1012,7 +1008,8 @@ def check(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    size = _launch().size if _under_torchrun() else args.nproc
+    launch = _launch()
+    size = args.nproc if launch is None else launch.size
     if args.backend == "auto":
         try:
             args.backend, why = pick_backend(size)
