@@ -227,9 +227,9 @@ std::shared_ptr<Window> Communicator::new_window() {
   return backend_->new_window(ctx);
 }
 
-std::shared_ptr<UlyssesTransport> Communicator::ulysses_transport() {
+std::shared_ptr<void> Communicator::lend(const std::string& what) {
   if (aborted_ || finalized_) return nullptr;
-  return backend_->ulysses_transport();
+  return backend_->lend(what);
 }
 
 void Communicator::check_usable(OpKind op) const {

@@ -278,7 +278,7 @@ TransportChoice select_transport(const TransportInit& init, const std::string& t
   };
   // A communicator whose backend owns an engine lends it (no second set of windows).
   if (init.comm) {
-    if (auto lent = init.comm->ulysses_transport()) {
+    if (auto lent = init.comm->lend(kLentUlyssesTransport)) {
       TransportChoice c;
       c.transport = std::static_pointer_cast<UlyssesTransport>(lent);
       c.kind = c.transport->kind();

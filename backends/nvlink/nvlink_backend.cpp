@@ -63,7 +63,10 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
 
   // NOTE [the nvlink backend lends its engine]: Ulysses groups over this communicator use the
   // engine all_to_all_single uses (and its async lane), so no second set of windows exists.
-  std::shared_ptr<UlyssesTransport> ulysses_transport() override { return p2p_; }
+  std::shared_ptr<void> lend(const std::string& what) override {
+    return what == kLentUlyssesTransport ? std::static_pointer_cast<UlyssesTransport>(p2p_)
+                                         : nullptr;
+  }
   bool supports_window() const override { return true; }
   // NOTE [nccl memory registration]: with the inner NCCL communicator, which every op but the
   // peer-to-peer all-to-all runs on.

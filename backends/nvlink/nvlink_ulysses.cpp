@@ -467,6 +467,14 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
                         const plan::UlyssesPlan& p, cudaStream_t stream, TransferEngine engine) {
   check_errors();  // a device-side failure of an earlier call surfaces here, on every rank
   cuda::DeviceGuard guard(opt_.device);
+  // NOTE [a group of one rank]: no peer, so no barrier, no epoch and no window: the call is one
+  // copy of x into out (the plan's own-share descriptor) on the copy engine, a single memcpy
+  // node when captured in a CUDA graph. Zero copy and copying are the same call here.
+  if (opt_.size == 1) {
+    if (!p.puts[0].empty() && !faults_.skip_transfer)
+      cuda::copy_engine_async({x.data, out.data, p.puts[0]}, stream);
+    return;
+  }
   if (flagged_eligible(p, engine)) {
     flagged_call(x, out, p, req, stream);
     return;

@@ -27,7 +27,6 @@ import tempfile
 import uuid
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, TorchComm, _OpaqueBase
@@ -48,10 +47,6 @@ except ImportError:  # pragma: no cover - a torch without it: plain handles (Uly
     _register_work = _C10dWork = AsyncCollectiveTensor = None
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
-
-
-def _where(rank, size):
-    return f"[rank {rank}/{size}] all_to_all_4d:"
 
 
 def _refuse_vmap(t, rank, size, what):
@@ -85,123 +80,12 @@ def _kv_replicas(kv_replicas, rank=None, size=None):
     return kv_replicas
 
 
-class _AllToAll4d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, mode, seq_splits, head_splits, kv_replicas):
-        ctx.group, ctx.mode, ctx.splits = group, mode, (seq_splits, head_splits, kv_replicas)
-        return group._exchange(x, mode, seq_splits, head_splits, None, kv_replicas)
-
-    @staticmethod
-    def backward(ctx, grad):
-        _refuse_vmap(grad, ctx.group._rank, ctx.group._size, "all_to_all_4d backward")
-        seq, heads, kv = ctx.splits
-        g = _AllToAll4d.apply(grad.contiguous(), ctx.group, 1 - ctx.mode, seq, heads, kv)
-        return g, None, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, x_t, *_):
-        _refuse_vmap(x_t, ctx.group._rank, ctx.group._size, "all_to_all_4d jvp")
-        seq, heads, kv = ctx.splits
-        return ctx.group._exchange(x_t.contiguous(), ctx.mode, seq, heads, None, kv)
-
-
 def nvlink_decision(who, probe):
     """(usable, why) from every rank's "host|device" entry and a probe
     ``probe(devices) -> (matrix or None, why)``: usable when there is one host and every pair of
     distinct GPUs is NVLink-joined (ranks sharing a GPU count as joined); the probe's "unknown" is
     never taken for yes. The decision itself lives in the Ulysses layer (C++)."""
     return _C.nvlink_decision(list(who), probe)
-
-
-class _DoneWork:
-    def wait(self):
-        pass
-
-    def is_completed(self):
-        return True
-
-
-class _TorchTransport:
-    """The collective path over a torch.distributed ProcessGroup: permute, all_to_all_single with
-    the split sizes the geometry implies (the Ulysses layer computes it), permute. The same
-    methods as the C++ transports, so UlyssesGroup holds one transport object either way."""
-
-    kind = "collective"
-
-    def __init__(self, pg, rank, size):
-        self._pg, self._rank, self._size, self._calls = pg, rank, size, 0
-
-    def _geometry(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
-        return _C.ulysses_geometry(
-            list(shape), itemsize, mode, seq, heads, self._rank, self._size, kv_replicas
-        )
-
-    def output_shape(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
-        return self._geometry(shape, itemsize, mode, seq, heads, kv_replicas)[0]
-
-    def max_out_bytes(self, shape, itemsize, mode, seq, heads, kv_replicas=1):
-        return self._geometry(shape, itemsize, mode, seq, heads, kv_replicas)[3]
-
-    def all_to_all_4d(self, x, out, mode, seq_splits, head_splits, async_op, kv_replicas=1):
-        import torch.distributed as dist
-
-        shape, seq, heads, _ = self._geometry(
-            x.shape, x.element_size(), mode, seq_splits, head_splits, kv_replicas
-        )
-        if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
-            raise ValueError(
-                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
-                f"expected {tuple(shape)} {x.dtype}"
-            )
-        b, _, _, d = x.shape
-        r = self._rank
-        if mode == 0:  # (b, s_r, N, d) -> chunks (h_q, s_r, b, d)
-            send = x.permute(2, 1, 0, 3)
-            if kv_replicas > 1:  # virtual head v reads source head v // R (one gather)
-                idx = torch.arange(sum(heads), device=x.device) // kv_replicas
-                send = send.index_select(0, idx)
-            send = send.contiguous()
-            in_sizes = [h * seq[r] * b * d for h in heads]
-            out_sizes = [heads[r] * s * b * d for s in seq]
-        else:  # (b, S, h_r, d) -> chunks (s_q, h_r, b, d)
-            send = x.permute(1, 2, 0, 3).contiguous()
-            in_sizes = [s * heads[r] * b * d for s in seq]
-            out_sizes = [seq[r] * h * b * d for h in heads]
-        recv = torch.empty(sum(out_sizes), dtype=x.dtype, device=x.device)
-        dist.all_to_all_single(recv, send.reshape(-1), out_sizes, in_sizes, group=self._pg)
-        parts = recv.split(out_sizes)
-        if mode == 0:
-            views = [
-                p.view(heads[r], s, b, d).permute(2, 1, 0, 3)
-                for p, s in zip(parts, seq, strict=True)
-            ]
-            out.copy_(torch.cat(views, dim=1))
-        else:
-            views = [
-                p.view(seq[r], h, b, d).permute(2, 0, 1, 3)
-                for p, h in zip(parts, heads, strict=True)
-            ]
-            out.copy_(torch.cat(views, dim=2))
-        self._calls += 1
-        return _DoneWork()
-
-    def empty_output(self, shape, nbytes, like):
-        return None
-
-    def async_lane(self):
-        return self
-
-    def memory_stats(self):
-        return 0, self._calls
-
-    def check_errors(self):
-        pass
-
-    def tune(self, knob, value):
-        raise ValueError(f"the collective transport has no knob {knob!r}")
-
-    def destroy(self):
-        pass
 
 
 class UlyssesGroup(_OpaqueBase):
@@ -244,7 +128,7 @@ class UlyssesGroup(_OpaqueBase):
         self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
-        self._shapes = {}  # NOTE [host cost per call]: output shapes by call geometry
+        self._id = self._lane_id = None  # the transports' ids in the op's table
         if isinstance(group, TorchComm):
             self._rank, self._size = group.get_rank(), group.get_size()
             self.device = self._resolve_device(device, group.get_device())
@@ -256,6 +140,7 @@ class UlyssesGroup(_OpaqueBase):
                 group, device, transport, require_nvlink
             )
         self.transport = "nvlink" if kind == "nvlink" else "collective"
+        self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
 
     # -- transport selection -----------------------------------------------------------------------
     @staticmethod
@@ -299,19 +184,20 @@ class UlyssesGroup(_OpaqueBase):
             bool(require_nvlink),
             who,
         )
-        return (t if t is not None else _TorchTransport(pg, self._rank, self._size)), kind, why
+        if t is None:  # the collective path over the group itself (NOTE [ulysses op in c++])
+            from . import _c10d
 
-    # -- the raw exchange (no autograd) ---------------------------------------------------------
-    # NOTE [host cost per call]: at small shapes a call is bound by its host time, which one H200
-    # machine measured (tools/gpu/bench_ulysses.py --only host, world 1) at 16 µs for zero copy
-    # but 44 µs copying and 100 µs async (a plain torch op: 12 µs; before and after in
-    # docs/benchmarks.md). Where it went (tools/gpu/profile_host.py): the
-    # autograd.Function wrapping a call that needed no gradient, an output shape recomputed by
-    # the extension on every call, and the async path's Python stream juggling (current stream,
-    # wait_stream, two record_stream, a stream context). So a call without autograd skips the
-    # Function (no grad mode or no input requiring grad, and no forward-mode dual level), output
-    # shapes are remembered per geometry, and the async CUDA call orders the side stream, records
-    # the tensors' use, runs and registers its completion in one call of the extension.
+            t = _C.process_group_transport(
+                _c10d._process_group_capsule(pg), self._rank, self._size, index
+            )
+        return t, kind, why
+
+    # NOTE [host cost per call]: at small shapes a call is bound by its host time. A plain eager
+    # call goes from here to the op through one typed dispatcher call of the extension (no
+    # torch.ops lookup, no autograd.Function in Python); the op's autograd kernel records a graph
+    # only where one is needed (NOTE [ulysses op in c++]), and the async CUDA call orders the side
+    # stream, records the tensors' use, runs and registers its completion in one call of the
+    # extension.
     def _live(self):
         if self._t is None:
             raise ValueError(
@@ -319,103 +205,10 @@ class UlyssesGroup(_OpaqueBase):
             )
         return self._t
 
-    def _check_x(self, x):
-        """x as the exchange takes it. The vmap refusal is each entry point's own (one check per
-        call: NOTE [host cost per call])."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(
-                f"{_where(self._rank, self._size)} x must be a 4-D tensor (b, s, h, d), got {got}"
-            )
-        return x.contiguous()
-
-    @staticmethod
-    def _reduced(shape, mode, kv):
-        """The result's shape from the exchange's: mode 1 with kv replicas sums each run of kv
-        virtual heads into one (NOTE [kv replicas] in plan/ulysses_plan.hpp)."""
-        shape = tuple(shape)
-        if mode == 1 and kv > 1:
-            return shape[:2] + (shape[2] // kv,) + shape[3:]
-        return shape
-
-    def _xshape(self, t, x, mode, seq, heads, kv=1):
-        """The exchange's output shape (virtual heads in mode 1 with kv replicas), remembered per
-        geometry (every transport of a group answers alike: the shape rules are the plan's)."""
-        key = (
-            tuple(x.shape),
-            x.element_size(),
-            mode,
-            None if seq is None else tuple(seq),
-            None if heads is None else tuple(heads),
-            kv,
-        )
-        shape = self._shapes.get(key)
-        if shape is None:
-            shape = tuple(t.output_shape(list(x.shape), x.element_size(), mode, seq, heads, kv))
-            if len(self._shapes) > 256:  # bounded: shapes rarely vary that much
-                self._shapes.clear()
-            self._shapes[key] = shape
-        return shape
-
-    def _shape(self, t, x, mode, seq, heads, kv=1):
-        return self._reduced(self._xshape(t, x, mode, seq, heads, kv), mode, kv)
-
-    def _fake_shape(self, shape, itemsize, mode, seq, heads, kv=1):
-        """The output shape for the custom op's fake kernel (NOTE [ulysses custom op])."""
-        t = self._live()
-        return self._reduced(
-            t.output_shape([int(v) for v in shape], itemsize, mode, seq, heads, kv), mode, kv
-        )
-
-    def _check_out(self, out, shape, x):
-        if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
-            raise ValueError(
-                f"{_where(self._rank, self._size)} out is {tuple(out.shape)} {out.dtype}, "
-                f"expected {tuple(shape)} {x.dtype}"
-            )
-
-    def _meta(self, x, mode, seq, heads, out, kv=1):
-        """Shapes only: a meta x gives a meta result of the output's shape (nothing moves)."""
-        shape = self._shape(self._live(), x, mode, seq, heads, kv)
-        if out is None:
-            return torch.empty(shape, dtype=x.dtype, device="meta")
-        if not out.is_meta:
-            raise ValueError(
-                f"{_where(self._rank, self._size)} x is a meta tensor (no data) but out is on "
-                f"{out.device}; pass both on meta for shapes, or both with data"
-            )
-        self._check_out(out, shape, x)
-        return out
-
-    def _exchange(self, x, mode, seq_splits, head_splits, out, kv=1):
-        x = self._check_x(x)
-        if x.is_meta:
-            return self._meta(x, mode, seq_splits, head_splits, out, kv)
-        t = self._live()
-        if _pending:
-            _finish_done()
-        if mode == 1 and kv > 1:  # the replicas' gradients arrive apart, then one sum
-            shape = self._xshape(t, x, mode, seq_splits, head_splits, kv)
-            if out is not None:
-                self._check_out(out, self._reduced(shape, mode, kv), x)
-            tmp = x.new_empty(shape)
-            t.all_to_all_4d(x, tmp, mode, seq_splits, head_splits, False, kv).wait()
-            return self._sum_replicas(tmp, kv, out)
-        if out is None:
-            shape = self._shape(t, x, mode, seq_splits, head_splits, kv)
-            out = x.new_empty(shape)
-        t.all_to_all_4d(x, out, mode, seq_splits, head_splits, False, kv).wait()
-        return out
-
-    @staticmethod
-    def _sum_replicas(tmp, kv, out):
-        """(b, s, h * kv, d) -> (b, s, h, d), summing each head's kv replicas: the same reduction
-        as the backward of ``repeat_interleave(kv, dim=2)``."""
-        reps = tmp.unflatten(2, (tmp.shape[2] // kv, kv))
-        if out is None:
-            return reps.sum(3, dtype=tmp.dtype)  # integers keep their dtype (and wrap)
-        torch.sum(reps, 3, dtype=tmp.dtype, out=out)
-        return out
+    def _shapes(self, gid, x, mode, seq, heads, kv=1):
+        """(the exchange's shape, the result's shape) from the plan (C++): they differ for mode 1
+        with kv replicas, whose result sums each head's replicas."""
+        return _C.ulysses_shapes(gid, list(x.shape), x.element_size(), mode, seq, heads, kv)
 
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(
@@ -445,19 +238,17 @@ class UlyssesGroup(_OpaqueBase):
                 kv_replicas=kv_replicas,
             )
         kv = self._kv(kv_replicas)
-        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d")
         seq, heads = self._args(mode, seq_splits, head_splits)
+        gid = self._id
+        if gid is None:
+            self._live()
+        if _pending:
+            _finish_done()
         if out is not None:
-            if torch.is_grad_enabled() and x.requires_grad:
-                raise RuntimeError(
-                    f"[rank {self._rank}/{self._size}] all_to_all_4d: out= is not differentiable; "
-                    "x requires grad under grad mode"
-                )
-            return self._exchange(x, mode, seq, heads, out, kv)
-        if not (torch.is_grad_enabled() and x.requires_grad) and _forward_ad._current_level < 0:
-            # NOTE [host cost per call]: no graph to record, so no autograd.Function
-            return self._exchange(x, mode, seq, heads, None, kv)
-        return _AllToAll4d.apply(x, self, mode, seq, heads, kv)
+            return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
+        if _plain_eager(x):
+            return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
+        return torch.ops.fastcomms.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
 
     def all_to_all_4d_async(
         self,
@@ -510,36 +301,42 @@ class UlyssesGroup(_OpaqueBase):
                 f"transport; this group uses {self.transport} ({self.transport_reason})"
             )
         _refuse_vmap(x, self._rank, self._size, "all_to_all_4d_async")
-        x = self._check_x(x)
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x must be a 4-D tensor "
+                f"(b, s, h, d), got {got}"
+            )
+        x = x.contiguous()
         if x.is_meta:
             raise ValueError(
                 f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x is a meta tensor (no "
                 "data to move); use all_to_all_4d for shapes"
             )
         t = self._live()
-        if out is not None:
-            self._check_out(out, self._shape(t, x, mode, seq, heads, kv), x)
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()
             if summed:  # the sum needs the exchange done: run it, then hand back a done result
-                res = self._exchange(x, mode, seq, heads, out, kv)
+                res = self.all_to_all_4d(x, mode=mode, out=out, seq_splits=seq, head_splits=heads,
+                                         kv_replicas=kv)
                 return self._async_result(res, work=None)
             if out is None:
-                out = torch.empty(self._shape(t, x, mode, seq, heads, kv), dtype=x.dtype)
+                out = torch.empty(self._shapes(self._id, x, mode, seq, heads, kv)[1], dtype=x.dtype)
             return self._async_result(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True, kv))
         if self._lane is None:
             self._lane = t.async_lane()
+            self._lane_id = _C._ulysses_register(self._lane)
         if self._astream is None:
             # high priority: the async call's small barrier kernels get the next free SM
             # ahead of a compute kernel's remaining blocks (the overlap it exists for)
             self._astream = torch.cuda.Stream(device=x.device, priority=-1)
         lane = self._lane
-        shape = self._xshape(lane, x, mode, seq, heads, kv)
+        shape, result = self._shapes(self._lane_id, x, mode, seq, heads, kv)
         if lend:
             out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
-            out = x.new_empty(self._reduced(shape, mode, kv))
+            out = x.new_empty(result)
         if not summed and AsyncCollectiveTensor is not None and hasattr(lane, "all_to_all_4d_on"):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
@@ -549,13 +346,8 @@ class UlyssesGroup(_OpaqueBase):
         s.wait_stream(torch.cuda.current_stream(x.device))
         x.record_stream(s)
         out.record_stream(s)
-        with torch.cuda.stream(s):
-            if summed:
-                tmp = x.new_empty(shape)
-                lane.all_to_all_4d(x, tmp, mode, seq, heads, False, kv)
-                self._sum_replicas(tmp, kv, out)
-            else:
-                lane.all_to_all_4d(x, out, mode, seq, heads, False, kv)
+        with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
+            _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
             # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
             # caller's stream after the call
@@ -623,7 +415,7 @@ class UlyssesGroup(_OpaqueBase):
         seq, heads = self._args(mode, seq_splits, head_splits)
         kv = self._kv(kv_replicas)
         t = self._live()
-        shape = self._shape(t, x, mode, seq, heads, kv)
+        shape = self._shapes(self._id, x, mode, seq, heads, kv)[1]
         if not x.is_meta and not (mode == 1 and kv > 1):
             need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
             buf = t.empty_output(list(shape), need, x)
@@ -663,11 +455,14 @@ class UlyssesGroup(_OpaqueBase):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
+        for gid in (self._id, self._lane_id):
+            if gid is not None:
+                _C._ulysses_unregister(gid)
         if self._lane is not None and self._lane is not self._t:
             self._lane.destroy()
         if self._t is not None:
             self._t.destroy()
-        self._t = self._lane = None
+        self._t = self._lane = self._id = self._lane_id = None
         self._ring = {}
         self.transport = "destroyed"
 
@@ -755,14 +550,14 @@ class UlyssesWork:
         return self._work.is_completed() if self._work is not None else True
 
 
-# -- the functional form: a torch.library custom op -------------------------------------------
-# NOTE [ulysses custom op]: the op takes the UlyssesGroup itself, registered with torch.compile as
-# an opaque reference type: Dynamo passes it through without tracing it and guards on its identity
-# (one compile per group, none per call). A TorchComm (or a process group over one,
-# fastcomms.device_mesh) reaches its UlyssesGroup through the `_ulysses_group` member, which the
-# compiler evaluates on the real object while tracing; the fake kernel asks the group for the
-# output shape through `_fake_shape`, the other member the compiler may call. So compiling needs
-# no eager call first. The backward is the same op in the other mode with the same splits.
+# -- the functional form ----------------------------------------------------------------------
+# NOTE [ulysses custom op]: the op is C++'s (NOTE [ulysses op in c++]); it takes the group's id in
+# the op's table, an int that Dynamo carries as a constant and guards on. torch.compile passes
+# the UlyssesGroup itself through as an opaque reference type, so tracing never enters the
+# group's Python; `_id` is the one member the compiler reads (on the real object). A TorchComm
+# (or a process group over one, fastcomms.device_mesh) reaches its UlyssesGroup through the
+# `_ulysses_group` member, which the compiler evaluates on the real object too. So compiling needs
+# no eager call first, and the fake kernel is the op's Meta kernel: the plan's shapes.
 _by_comm: dict[object, UlyssesGroup] = {}  # keyed by the communicator object itself
 
 
@@ -777,7 +572,7 @@ if _register_opaque_type is not None:
     _register_opaque_type(
         UlyssesGroup,
         typ="reference",
-        members={"_fake_shape": _MemberType.USE_REAL, "all_to_all_4d": _MemberType.INLINED},
+        members={"_id": _MemberType.USE_REAL, "all_to_all_4d": _MemberType.INLINED},
     )
 
 
@@ -792,74 +587,30 @@ def _resolve(group) -> UlyssesGroup:
     return comm._ulysses_group if comm is not None else _ulysses_group_of(group)
 
 
-@torch.library.custom_op("fastcomms::ulysses_all_to_all_4d", mutates_args=())
-def _ulysses_op(
-    x: torch.Tensor,
-    group: UlyssesGroup,
-    mode: int,
-    seq_splits: list[int] | None,
-    head_splits: list[int] | None,
-    kv_replicas: int = 1,
-) -> torch.Tensor:
-    # functorch's vmap takes the registered rule below; this refuses the legacy batched tensors
-    # of autograd.grad(is_grads_batched=True)
-    _refuse_vmap(x, group._rank, group._size, "all_to_all_4d")
-    return group._exchange(x, mode, seq_splits, head_splits, None, kv_replicas)
-
-
-@_ulysses_op.register_fake
-def _(x, group, mode, seq_splits, head_splits, kv_replicas=1):
-    return x.new_empty(
-        group._fake_shape(
-            tuple(x.shape), x.element_size(), mode, seq_splits, head_splits, kv_replicas
-        )
-    )
-
-
-def _setup_context(ctx, inputs, output):
-    _, group, mode, seq_splits, head_splits, kv_replicas = inputs
-    ctx.args = (group, mode, seq_splits, head_splits, kv_replicas)
-
-
-def _backward(ctx, grad):
-    group, mode, seq_splits, head_splits, kv_replicas = ctx.args
-    return (
-        _ulysses_op(grad.contiguous(), group, 1 - mode, seq_splits, head_splits, kv_replicas),
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-
-
-_ulysses_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-@_ulysses_op.register_vmap
-def _(info, in_dims, x, group, mode, seq_splits, head_splits, kv_replicas=1):
-    raise _vmap_error(group._rank, group._size, "all_to_all_4d")
-
-
 def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
-    """The functional form (API.md §2): a torch.library custom op that torch.compile(fullgraph=True)
-    traces without a graph break and without an eager call first. ``group`` is a UlyssesGroup, a
-    TorchComm, a process group (a ProcessGroup from fastcomms.device_mesh compiles; torch's own
-    process groups run eagerly), or None (torch's default group, eager)."""
+    """The functional form (API.md §2): the op `torch.ops.fastcomms.ulysses_all_to_all_4d`, which
+    torch.compile(fullgraph=True) traces without a graph break and without an eager call first.
+    ``group`` is a UlyssesGroup, a TorchComm, a process group (a ProcessGroup from
+    fastcomms.device_mesh compiles; torch's own process groups run eagerly), or None (torch's
+    default group, eager)."""
     if mode not in (0, 1):
         raise ValueError(f"all_to_all_4d: mode must be 0 or 1, got {mode}")
     seq = None if seq_splits is None else [int(v) for v in seq_splits]
     heads = None if head_splits is None else [int(v) for v in head_splits]
     g, kv = _resolve(group), _kv_replicas(kv_replicas)
-    if _plain_eager(x):  # NOTE [host cost per call]: torch's custom-op dispatch is for tracers
+    if _plain_eager(x):  # NOTE [host cost per call]: torch.ops' lookup is for tracers
         return g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads, kv_replicas=kv)
-    return _ulysses_op(x, g, mode, seq, heads, kv)
+    gid = g._id
+    if gid is None:
+        g._live()
+    return torch.ops.fastcomms.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
 
 
 def _plain_eager(x) -> bool:
     """A plain tensor in plain eager mode: nothing traces, transforms or intercepts the call (no
-    compile, no dispatch or function mode, no functorch transform), so the method runs it
-    directly, with the same result and autograd as the custom op and half its host time."""
+    compile, no dispatch or function mode, no functorch transform), so the extension's typed
+    dispatcher call runs the op, with the same result and autograd as torch.ops and less host
+    time."""
     return (
         type(x) is torch.Tensor
         and not torch.compiler.is_compiling()

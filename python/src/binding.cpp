@@ -12,6 +12,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include "binding.hpp"
 #include "fast_ops.hpp"
 #include "fastcomms/core/auth_store.hpp"
 #include "fastcomms/core/communicator.hpp"
@@ -67,6 +68,10 @@ DType to_dtype(at::ScalarType t) {
   }
 }
 
+}  // namespace
+
+namespace fastcomms::python {
+
 TensorView view(const at::Tensor& t) {
   // A meta, sparse or other non-memory tensor has no bytes to move: refuse it here, once, before
   // any pointer is read (data_ptr() of a meta tensor is null).
@@ -93,6 +98,39 @@ TensorView view(const at::Tensor& t) {
   return v;
 }
 
+at::ScalarType to_scalar_type(DType d) {
+  switch (d) {
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kFloat8E4M3FN:
+      return at::kFloat8_e4m3fn;
+    case DType::kFloat8E5M2:
+      return at::kFloat8_e5m2;
+    case DType::kInt8:
+      return at::kChar;
+    case DType::kUInt8:
+      return at::kByte;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kBool:
+      return at::kBool;
+  }
+  throw Error(ErrorCode::kInternal, "fastcomms: a dtype without a torch counterpart");
+}
+
+}  // namespace fastcomms::python
+
+namespace {
+using python::view;
+
 std::vector<TensorView> views(const std::vector<at::Tensor>& ts) {
   std::vector<TensorView> out;
   out.reserve(ts.size());
@@ -115,6 +153,9 @@ c10::Stream torch_current_stream(c10::DeviceIndex d) {
 }
 #endif
 
+}  // namespace
+
+namespace fastcomms::python {
 // The caller's current torch stream on `d` (a cudaStream_t), or null for CPU.
 void* current_stream(const Device& d) {
 #ifdef FASTCOMMS_WITH_CUDA
@@ -124,6 +165,10 @@ void* current_stream(const Device& d) {
   (void)d;
   return nullptr;
 }
+}  // namespace fastcomms::python
+
+namespace {
+using python::current_stream;
 
 // A torch.distributed.Store (any Python object with its methods) as a fastcomms Store.
 class PyStore : public Store {
@@ -287,17 +332,7 @@ std::array<int64_t, 4> shape4(const std::vector<int64_t>& shape) {
   return {shape[0], shape[1], shape[2], shape[3]};
 }
 
-// A Ulysses transport from Python (fastcomms.ulysses holds one per lane). CUDA calls are
-// enqueued on the caller's current torch stream; empty_output() tensors keep their buffer's
-// backing alive on their own.
-struct PyTransport {
-  UlyssesTransportPtr t;
-  Device device;
-  UlyssesTransport& get() const {
-    FASTCOMMS_CHECK(t != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
-    return *t;
-  }
-};
+using python::PyTransport;
 
 // One Ulysses call on `stream` (default: the caller's current torch stream of x's device), the
 // GIL released while it is issued; the Work keeps x and out.
@@ -509,6 +544,12 @@ PYBIND11_MODULE(_C, m) {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       set_python_error(e);
+    } catch (const c10::ValueError& e) {
+      // The Ulysses op's kernels raise torch's kinds for torch's own entry points (NOTE [ulysses
+      // op errors] in ulysses_op.cpp); from ours they read as every other fastcomms error.
+      PyErr_SetString(invalid_argument, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(type_error, e.what_without_backtrace());
     }
   });
   // NOTE [process group fast path] (src/fast_ops.hpp)
@@ -1005,4 +1046,6 @@ PYBIND11_MODULE(_C, m) {
               choice.transport ? py::cast(PyTransport{choice.transport, init.device}) : py::none(),
               choice.kind, choice.reason);
         });
+
+  python::bind_ulysses_op(m);
 }

@@ -18,6 +18,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -279,4 +280,13 @@ PYBIND11_MODULE(_c10d, m) {
       py::arg("rank"), py::arg("size"), py::arg("impl"),
       "A c10d Backend whose methods call impl's methods of the same names (allreduce(tensors, "
       "opts), send(tensors, dst, tag), _start_coalescing(), _end_coalescing(), ...).");
+  // NOTE [ulysses op in c++] (ulysses_op.cpp in fastcomms._C): a process group handed to _C,
+  // which shares no pybind11 types with torch, as a capsule holding a reference to it.
+  m.def("_process_group_capsule", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+    return py::capsule(new c10::intrusive_ptr<c10d::ProcessGroup>(pg),
+                       "fastcomms.c10d.ProcessGroup", [](PyObject* cap) {
+                         delete static_cast<c10::intrusive_ptr<c10d::ProcessGroup>*>(
+                             PyCapsule_GetPointer(cap, "fastcomms.c10d.ProcessGroup"));
+                       });
+  });
 }

@@ -25,8 +25,6 @@
 
 namespace fastcomms {
 
-class UlyssesTransport;  // fastcomms/ulysses/transport.hpp (the layer above core)
-
 /// Every op of the communicator API, for capabilities() and messages.
 enum class OpKind : int {
   kSend = 0,
@@ -241,10 +239,15 @@ class Backend {
   virtual bool supports_window() const { return false; }
   /// Collective: a window of this backend (default: throws kUnsupported).
   virtual std::shared_ptr<Window> new_window(const OpContext& ctx);
-  /// The Ulysses transport this backend lends to Ulysses groups over its communicator (its own
-  /// engine and windows, so a group builds none beside them), or null: the group then chooses
-  /// one itself (fastcomms/ulysses/transport.hpp, select_transport).
-  virtual std::shared_ptr<UlyssesTransport> ulysses_transport() { return nullptr; }
+  /// An object this backend lends to the layers above it under the name `what`, or null. Core
+  /// knows neither the names nor the types: a layer above names what it asks for and what type
+  /// it is (the Ulysses layer asks for its transport, kLentUlyssesTransport in
+  /// fastcomms/ulysses/transport.hpp), and only a backend that implements that layer's interface
+  /// answers to its name.
+  virtual std::shared_ptr<void> lend(const std::string& what) {
+    (void)what;
+    return nullptr;
+  }
   /// True when this backend compares `ctx`'s call across ranks itself (NOTE [call check]), so
   /// the communicator need not.
   virtual bool checks_calls(const OpContext& ctx) const {

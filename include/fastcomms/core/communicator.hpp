@@ -106,8 +106,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void tensor_deregister(const TensorView& t);
   /// Collective: a window of the backend (kUnsupported when it has none).
   std::shared_ptr<Window> new_window();
-  /// The Ulysses transport the backend lends, or null (see Backend::ulysses_transport).
-  std::shared_ptr<UlyssesTransport> ulysses_transport();
+  /// What the backend lends under `what`, or null (see Backend::lend); null once aborted or
+  /// finalized.
+  std::shared_ptr<void> lend(const std::string& what);
   /// "[rank r/n name op] " for messages.
   std::string prefix(OpKind op) const;
 

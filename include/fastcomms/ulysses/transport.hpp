@@ -32,6 +32,10 @@
 
 namespace fastcomms {
 
+/// The name under which a backend lends its own Ulysses engine (Backend::lend): the object lent
+/// is a UlyssesTransport.
+inline constexpr const char* kLentUlyssesTransport = "ulysses_transport";
+
 /// Arguments of one Ulysses call besides the tensors.
 struct UlyssesArgs {
   int mode = 0;                                     ///< 0 or 1 (see ulysses_plan.hpp).

@@ -1,0 +1,39 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What the translation units of fastcomms._C share (binding.cpp, ulysses_op.cpp): tensors as
+// views, the caller's stream, the Python side of a Ulysses transport, and the one mapping of C++
+// errors to Python exceptions (NOTE [error mapping]).
+#include <pybind11/pybind11.h>
+#include <torch/extension.h>
+
+#include <memory>
+
+#include "fastcomms/core/tensor.hpp"
+#include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/transport.hpp"
+
+namespace fastcomms::python {
+
+/// `t` as a non-owning view (dense, on cpu or cuda; anything else raises kInvalidArgument).
+TensorView view(const at::Tensor& t);
+/// Our dtype as torch's.
+at::ScalarType to_scalar_type(DType d);
+/// The caller's current torch stream on `d` (a cudaStream_t), or null for CPU.
+void* current_stream(const Device& d);
+
+/// A Ulysses transport from Python (fastcomms.ulysses holds one per lane). CUDA calls are
+/// enqueued on the caller's current torch stream; empty_output() tensors keep their buffer's
+/// backing alive on their own.
+struct PyTransport {
+  UlyssesTransportPtr t;
+  Device device;
+  UlyssesTransport& get() const {
+    FASTCOMMS_CHECK(t != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
+    return *t;
+  }
+};
+
+/// Registers the Ulysses op (NOTE [ulysses op in c++]) and its Python entry points on `m`.
+void bind_ulysses_op(pybind11::module_& m);
+
+}  // namespace fastcomms::python
