@@ -19,6 +19,12 @@
 #include "fastcomms/core/reduce_op.hpp"
 #include "harness.hpp"
 
+namespace fastcomms {
+// Failures print codes and statuses by name.
+void PrintTo(ErrorCode c, std::ostream* os) { *os << error_code_name(c); }
+void PrintTo(WorkStatus s, std::ostream* os) { *os << work_status_name(s); }
+}  // namespace fastcomms
+
 namespace fastcomms::test {
 namespace {
 
