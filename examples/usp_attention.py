@@ -103,24 +103,12 @@ def block_backward(do, q, k, v, o, lse, causal, scale, impl):
             do, q, ke, ve, o, lse, 0.0, causal, scale=scale
         )
     elif impl == "flash":
-        b, _, sq, _ = q.shape
-        none = torch.empty(0, dtype=torch.int64, device=q.device)
+        # dense (not variable-length) blocks: no cumulative sequence lengths; no dropout: no
+        # random state (what the forward itself returns there)
+        unused = torch.empty(0, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            do,
-            q,
-            ke,
-            ve,
-            o,
-            lse,
-            none,
-            none,
-            sq,
-            ke.shape[2],
-            0.0,
-            causal,
-            none,
-            none,
-            scale=scale,
+            do, q, ke, ve, o, lse, None, None, q.shape[2], ke.shape[2], 0.0, causal, unused,
+            unused, scale=scale,
         )
     else:
         acc = _acc_dtype(q.dtype)
@@ -308,7 +296,9 @@ def run_checks(
     u = sp.ulysses_size
     heads = heads or 4 * u
     seq = seq or 8 * sp.size
-    tol = tol or {torch.float64: 1e-9, torch.float32: 2e-4}.get(dtype, 3e-2)
+    # 16-bit: the flash blocks of a 2-block causal case on an H200 differ from float64 by up to
+    # 0.023 in dk; a wrong merge or gradient ring misses by O(1)
+    tol = tol or {torch.float64: 1e-9, torch.float32: 2e-4}.get(dtype, 1e-1)
     kv_cases = sorted({heads, u, max(1, u // 2)}, reverse=True)
     rows, worst = [], 0.0
     for causal in (False, True):
