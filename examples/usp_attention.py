@@ -107,8 +107,21 @@ def block_backward(do, q, k, v, o, lse, causal, scale, impl):
         # random state (what the forward itself returns there)
         unused = torch.empty(0, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            do, q, ke, ve, o, lse, None, None, q.shape[2], ke.shape[2], 0.0, causal, unused,
-            unused, scale=scale,
+            do,
+            q,
+            ke,
+            ve,
+            o,
+            lse,
+            None,
+            None,
+            q.shape[2],
+            ke.shape[2],
+            0.0,
+            causal,
+            unused,
+            unused,
+            scale=scale,
         )
     else:
         acc = _acc_dtype(q.dtype)
