@@ -6,6 +6,7 @@ RESULT_FILE."""
 
 import datetime
 import json
+import os
 import sys
 import time
 import traceback
@@ -13,10 +14,57 @@ import traceback
 import torch
 
 
+def ring_and_2d(comm, rank, n):
+    """The ring exchange and the 2-D (ring x ulysses) group across the hosts, bit-exact against
+    what a single process computes from every rank's inputs; the USP attention of
+    examples/usp_attention.py against single-process attention."""
+    from fastcomms.ring import RingGroup
+    from fastcomms.sequence_parallel import SequenceParallelGroup
+
+    def data(step, r):
+        g = torch.Generator().manual_seed(1000 * step + r)
+        return [torch.randn(2, 5, generator=g), torch.randint(0, 99, (3,), generator=g)]
+
+    ring = RingGroup(comm)
+    held = []
+    for step, reverse in enumerate((False, True, False, False)):
+        got = ring.exchange(data(step, rank), reverse=reverse).wait()
+        src = (rank + 1) % n if reverse else (rank - 1) % n
+        for a, b in zip(got, data(step, src), strict=True):
+            assert torch.equal(a, b), (step, reverse)
+        held.append(got)
+    # the double buffer: the last two results intact, step k+2 in step k's memory
+    for a, b in zip(held[2], data(2, (rank - 1) % n), strict=True):
+        assert torch.equal(a, b)
+    assert held[3][0].data_ptr() == held[1][0].data_ptr()
+    # the 2-D group: ranks 0-1 and 2-3 are Ulysses groups (across the namespaces, placed
+    # alternately), ranks {0, 2} and {1, 3} rings
+    sp = SequenceParallelGroup((2, n // 2), group=comm)
+    u = sp.ulysses_size
+    assert (sp.ring_rank, sp.ulysses_rank) == divmod(rank, u)
+    # the Ulysses all-to-all of the whole sequence, then the ring exchange of the result
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 8 * n, 2 * u, 4, generator=gen)  # the whole sequence, every rank alike
+    y = sp.ulysses.all_to_all_4d(sp.shard(x))
+    ring_part = x.chunk(sp.ring_size, dim=1)[sp.ring_rank]
+    assert torch.equal(y, ring_part.chunk(u, dim=2)[sp.ulysses_rank])
+    z = sp.ring.exchange(y).wait()
+    prev_ring = x.chunk(sp.ring_size, dim=1)[(sp.ring_rank - 1) % sp.ring_size]
+    assert torch.equal(z, prev_ring.chunk(u, dim=2)[sp.ulysses_rank])
+    # USP attention (causal zig-zag and not, grouped-query) against single-process attention
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+    )
+    import usp_attention
+
+    usp_attention.run_checks(sp, log=lambda *a: None)
+    sp.destroy()
+    ring.destroy()
+
+
 def main():
     rank, size = int(sys.argv[1]), int(sys.argv[2])
     addr, port, me, out = sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
-    import os
 
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     import fastcomms
@@ -79,6 +127,8 @@ def main():
         assert torch.equal(y, torch.cat([x[:, :, 2 * rank : 2 * rank + 2] for x in xs], dim=1))
         assert torch.equal(g.all_to_all_4d(y, mode=1), xs[rank])
         done.append(f"ulysses ({g.transport})")
+        ring_and_2d(comm, rank, n)
+        done += ["ring", "2-D group", "usp attention"]
         sub.finalize()
         comm.finalize()
         result = {"ok": True, "done": done}
