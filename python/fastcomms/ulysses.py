@@ -31,7 +31,17 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispat
 
 from . import _C, TorchComm, _OpaqueBase
 
-__all__ = ["UlyssesGroup", "UlyssesWork", "all_to_all_4d"]
+__all__ = [
+    "RingGroup",
+    "RingWork",
+    "SequenceParallelGroup",
+    "UlyssesGroup",
+    "UlyssesWork",
+    "all_to_all_4d",
+    "zigzag_indices",
+    "zigzag_shard",
+    "zigzag_unshard",
+]
 
 try:  # opaque objects for torch.compile (NOTE [ulysses custom op])
     from torch._library.opaque_object import MemberType as _MemberType
@@ -618,3 +628,9 @@ def _plain_eager(x) -> bool:
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._functorch.peek_interpreter_stack() is None
     )
+
+
+# The ring exchange and the 2-D (ring x Ulysses) group live in their own modules; they are named
+# here as API.md spells them (sequence_parallel imports UlyssesGroup from this module, hence last).
+from .ring import RingGroup, RingWork, zigzag_indices, zigzag_shard, zigzag_unshard  # noqa: E402
+from .sequence_parallel import SequenceParallelGroup  # noqa: E402

@@ -258,6 +258,13 @@ void release_parked() {
   std::erase_if(v, [](const Parked& p) { return p.work->tensors_released(); });
 }
 
+}  // namespace
+
+// NOTE [python tensors outlive their op]: for the other translation units of the module.
+void python::release_finished() { release_parked(); }
+
+namespace {
+
 // A Work from Python, with the tensors its op uses.
 struct PyWork {
   WorkPtr work;

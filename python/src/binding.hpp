@@ -21,6 +21,10 @@ at::ScalarType to_scalar_type(DType d);
 /// The caller's current torch stream on `d` (a cudaStream_t), or null for CPU.
 void* current_stream(const Device& d);
 
+/// Releases the tensors of parked ops that have finished (NOTE [python tensors outlive their op]
+/// in binding.cpp); GIL held.
+void release_finished();
+
 /// A Ulysses transport from Python (fastcomms.ulysses holds one per lane). CUDA calls are
 /// enqueued on the caller's current torch stream; empty_output() tensors keep their buffer's
 /// backing alive on their own.

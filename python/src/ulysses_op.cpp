@@ -351,7 +351,9 @@ void bind_ulysses_op(py::module_& m) {
       "ulysses_all_to_all_4d",
       [](const at::Tensor& x, int64_t group, int64_t mode, std::optional<std::vector<int64_t>> seq,
          std::optional<std::vector<int64_t>> heads, int64_t kv) {
-        return op().call(x, group, mode, as_ref(seq), as_ref(heads), kv);
+        at::Tensor y = op().call(x, group, mode, as_ref(seq), as_ref(heads), kv);
+        release_finished();  // what earlier async calls left parked
+        return y;
       },
       py::arg("x"), py::arg("group"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
       py::arg("kv_replicas") = 1);
@@ -378,7 +380,9 @@ void bind_ulysses_op(py::module_& m) {
           throw Error(ErrorCode::kUnsupported,
                       where(*t) + "out= is not differentiable; x requires grad under grad mode");
         }
-        return run(x, group, mode, as_ref(seq), as_ref(heads), kv, out);
+        at::Tensor y = run(x, group, mode, as_ref(seq), as_ref(heads), kv, out);
+        release_finished();
+        return y;
       },
       py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
       py::arg("heads"), py::arg("kv_replicas") = 1);
