@@ -8,31 +8,13 @@
 #include <cstring>
 #include <functional>
 
+#include "fastcomms/core/half.hpp"  // half/bf16 codecs (fastcomms::)
 #include "fastcomms/core/reduce_op.hpp"
 #include "fastcomms/core/tensor.hpp"
 
 namespace fastcomms::gloo_backend {
 
 using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
-
-/// float <-> bfloat16 bits, round to nearest even (NaN stays NaN).
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-/// float <-> IEEE half bits, round to nearest even.
-float half_to_float(uint16_t h);
-uint16_t float_to_half(float f);
 
 /// The reduce function for (op, dtype); throws kUnsupported for combinations that have none.
 ReduceFn reduce_fn(RedOpType op, DType dt);

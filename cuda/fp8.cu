@@ -1,0 +1,224 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// FP8 on the wire, the kernels (NOTE [fp8 wire] in include/fastcomms/ulysses/fp8.hpp; the per
+// element numerics in detail/fp8_math.cuh).
+//
+// A group of G threads (8 or 32, by row length) owns a row: quantize reads it once for the amax
+// (a shuffle reduction inside the group), then again for the bytes (the second read is served
+// by L1/L2: a row is at most a few KiB); dequantize reads each scale once per row. Groups stride
+// over rows, so any row count fits any grid. The vector variants move 16 bytes of the wide side
+// per access; the scalar variants take any d and any alignment.
+#include "fastcomms/cuda/fp8.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "detail/fp8_math.cuh"
+#include "fastcomms/cuda/check.hpp"
+#include "fastcomms/error.hpp"
+
+namespace fastcomms::cuda {
+namespace {
+
+using detail::BF16Value;
+using detail::F16Value;
+using detail::F32Value;
+
+constexpr int kThreads = 256;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Raw bytes of `n` FP8 values, one store (n = 4 or 8).
+template <int N>
+struct Bytes;
+template <>
+struct Bytes<4> {
+  using Word = uint32_t;
+};
+template <>
+struct Bytes<8> {
+  using Word = uint2;
+};
+
+template <class V, bool kE4M3, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const typename V::Storage* __restrict__ x, int64_t rows, int64_t d,
+                    uint8_t* __restrict__ q, float* __restrict__ scales) {
+  using S = typename V::Storage;
+  constexpr int kRowsPerBlock = kThreads / G;
+  constexpr int N = 16 / static_cast<int>(sizeof(S));  // values per 16-byte vector
+  const int lane = static_cast<int>(threadIdx.x) % G;
+  const int group = static_cast<int>(threadIdx.x) / G;
+  // Every thread of a block runs the same iterations (the shuffles need whole warps).
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; first < rows;
+       first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = first + group;
+    const bool valid = row < rows;
+    const S* xr = x + (valid ? row : 0) * d;
+    uint8_t* qr = q + (valid ? row : 0) * d;
+    float amax = 0.0f;  // fmaxf ignores NaN
+    if (valid) {
+      if constexpr (kVec) {
+        const auto* xv = reinterpret_cast<const uint4*>(xr);
+        for (int64_t v = lane; v < d / N; v += G) {
+          const uint4 u = xv[v];
+          S e[N];
+          memcpy(e, &u, 16);
+#pragma unroll
+          for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(V::load(e[j])));
+        }
+      } else {
+        for (int64_t i = lane; i < d; i += G) amax = fmaxf(amax, fabsf(V::load(xr[i])));
+      }
+    }
+#pragma unroll
+    for (int o = G / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o, G));
+    const float scale = detail::fp8_scale<kE4M3>(amax);
+    if (!valid) continue;
+    if (lane == 0) scales[row] = scale;
+    if constexpr (kVec) {
+      using Word = typename Bytes<N>::Word;
+      const auto* xv = reinterpret_cast<const uint4*>(xr);
+      auto* qv = reinterpret_cast<Word*>(qr);
+      for (int64_t v = lane; v < d / N; v += G) {
+        const uint4 u = xv[v];
+        S e[N];
+        memcpy(e, &u, 16);
+        uint16_t b[N / 2];
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) {
+          b[j] = detail::fp8_encode2<kE4M3>(V::load(e[2 * j]), V::load(e[2 * j + 1]), scale);
+        }
+        Word w;
+        memcpy(&w, b, sizeof(w));
+        qv[v] = w;
+      }
+    } else {
+      for (int64_t i = lane; i < d; i += G)
+        qr[i] = detail::fp8_encode<kE4M3>(V::load(xr[i]), scale);
+    }
+  }
+}
+
+template <class V, bool kE4M3, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t rows,
+                      int64_t d, typename V::Storage* __restrict__ out) {
+  using S = typename V::Storage;
+  constexpr int kRowsPerBlock = kThreads / G;
+  constexpr int N = 16 / static_cast<int>(sizeof(S));
+  const int lane = static_cast<int>(threadIdx.x) % G;
+  const int group = static_cast<int>(threadIdx.x) / G;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const float scale = scales[row];
+    const uint8_t* qr = q + row * d;
+    S* o = out + row * d;
+    if constexpr (kVec) {
+      using Word = typename Bytes<N>::Word;
+      const auto* qv = reinterpret_cast<const Word*>(qr);
+      auto* ov = reinterpret_cast<uint4*>(o);
+      for (int64_t v = lane; v < d / N; v += G) {
+        const Word w = qv[v];
+        uint8_t b[N];
+        memcpy(b, &w, N);
+        S e[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) e[j] = V::store(detail::fp8_dequant<kE4M3>(b[j], scale));
+        uint4 u;
+        memcpy(&u, e, 16);
+        ov[v] = u;
+      }
+    } else {
+      for (int64_t i = lane; i < d; i += G)
+        o[i] = V::store(detail::fp8_dequant<kE4M3>(qr[i], scale));
+    }
+  }
+}
+
+bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// Blocks for `rows` rows at `rows_per_block`; groups stride over the rest.
+unsigned grid_for(int64_t rows, int rows_per_block) {
+  const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
+  return static_cast<unsigned>(std::min<int64_t>(need, int64_t{1} << 20));
+}
+
+// Calls f.template operator()<V, kE4M3>() for the runtime (value, wire).
+template <class F>
+void dispatch(Fp8Value value, Fp8Wire wire, F&& f) {
+  const bool e4m3 = wire == Fp8Wire::kE4M3FN;
+  switch (value) {
+    case Fp8Value::kFloat16:
+      return e4m3 ? f.template operator()<F16Value, true>()
+                  : f.template operator()<F16Value, false>();
+    case Fp8Value::kBFloat16:
+      return e4m3 ? f.template operator()<BF16Value, true>()
+                  : f.template operator()<BF16Value, false>();
+    case Fp8Value::kFloat32:
+      return e4m3 ? f.template operator()<F32Value, true>()
+                  : f.template operator()<F32Value, false>();
+  }
+}
+
+void check_args(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, int64_t d) {
+  FASTCOMMS_CHECK(
+      value == Fp8Value::kFloat16 || value == Fp8Value::kBFloat16 || value == Fp8Value::kFloat32,
+      kTypeError, what, ": unknown value dtype ", static_cast<int>(value));
+  FASTCOMMS_CHECK(wire == Fp8Wire::kE4M3FN || wire == Fp8Wire::kE5M2, kTypeError, what,
+                  ": unknown wire format ", static_cast<int>(wire));
+  FASTCOMMS_CHECK(rows >= 0 && d >= 0, kInvalidArgument, what,
+                  ": rows and d must be >= 0, got rows=", rows, " d=", d);
+}
+
+}  // namespace
+
+void fp8_quantize_rows(const void* x, Fp8Value in, int64_t rows, int64_t d, void* q, Fp8Wire wire,
+                       float* scales, cudaStream_t stream) {
+  check_args("cuda::fp8_quantize_rows", in, wire, rows, d);
+  if (rows == 0) return;
+  dispatch(in, wire, [&]<class V, bool kE4M3>() {
+    using S = typename V::Storage;
+    constexpr int N = 16 / static_cast<int>(sizeof(S));
+    const bool vec =
+        aligned(x, 16) && (d * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned(q, N);
+    const int64_t units = vec ? d / N : d;
+    const auto* xs = static_cast<const S*>(x);
+    auto* qb = static_cast<uint8_t*>(q);
+    auto launch = [&]<int G, bool kVec>() {
+      quantize_kernel<V, kE4M3, G, kVec>
+          <<<grid_for(rows, kThreads / G), kThreads, 0, stream>>>(xs, rows, d, qb, scales);
+    };
+    if (units >= 32) {
+      vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
+    } else {
+      vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
+    }
+  });
+  FASTCOMMS_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_dequantize_rows(const void* q, Fp8Wire wire, const float* scales, int64_t rows, int64_t d,
+                         void* out, Fp8Value out_dtype, cudaStream_t stream) {
+  check_args("cuda::fp8_dequantize_rows", out_dtype, wire, rows, d);
+  if (rows == 0 || d == 0) return;
+  dispatch(out_dtype, wire, [&]<class V, bool kE4M3>() {
+    using S = typename V::Storage;
+    constexpr int N = 16 / static_cast<int>(sizeof(S));
+    const bool vec =
+        aligned(out, 16) && (d * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned(q, N);
+    const int64_t units = vec ? d / N : d;
+    const auto* qb = static_cast<const uint8_t*>(q);
+    auto* os = static_cast<S*>(out);
+    auto launch = [&]<int G, bool kVec>() {
+      dequantize_kernel<V, kE4M3, G, kVec>
+          <<<grid_for(rows, kThreads / G), kThreads, 0, stream>>>(qb, scales, rows, d, os);
+    };
+    if (units >= 32) {
+      vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
+    } else {
+      vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
+    }
+  });
+  FASTCOMMS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace fastcomms::cuda
