@@ -222,7 +222,17 @@ class UlyssesGroup(_OpaqueBase):
 
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(
-        self, x, *, mode=0, out=None, seq_splits=None, head_splits=None, kv_replicas=None
+        self,
+        x,
+        *,
+        mode=0,
+        out=None,
+        seq_splits=None,
+        head_splits=None,
+        kv_replicas=None,
+        wire_dtype=None,
+        return_scales=False,
+        grad_wire_dtype=None,
     ):
         """The exchange of API.md §2; differentiable unless ``out=`` is given.
 
@@ -237,7 +247,25 @@ class UlyssesGroup(_OpaqueBase):
         returns ``(b, s_local, h, d)``, each head the sum of its R replicas, which is mode 0's
         backward. No rank may receive two copies of one head (a clear error says so).
         KV heads at least as many as the ranks but not divisible by them need no replicas:
-        pass uneven ``head_splits`` (and the matching query-head splits) instead of padding."""
+        pass uneven ``head_splits`` (and the matching query-head splits) instead of padding.
+
+        ``wire_dtype=torch.float8_e4m3fn`` (or ``float8_e5m2``), for float16/bfloat16/float32 x:
+        the rows travel as FP8 with one float32 scale per (token, head) row and are dequantized
+        into x's dtype on receipt (NOTE [fp8 wire exchange]); ``return_scales=True`` returns
+        ``(fp8 rows, scales)`` instead. The backward sends the gradient in its own dtype, or as
+        ``grad_wire_dtype``."""
+        if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
+            return self._wire(
+                x,
+                mode,
+                out,
+                seq_splits,
+                head_splits,
+                kv_replicas,
+                wire_dtype,
+                return_scales,
+                grad_wire_dtype,
+            )
         if out is None and torch.compiler.is_compiling():  # NOTE [ulysses custom op]
             return all_to_all_4d(
                 x,
@@ -260,6 +288,19 @@ class UlyssesGroup(_OpaqueBase):
             return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
         return torch.ops.fastcomms.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
 
+    def _wire(self, x, mode, out, seq_splits, head_splits, kv_replicas, wire, ret, grad_wire):
+        from . import _fp8_wire
+
+        if wire is None:
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d: return_scales and "
+                "grad_wire_dtype need wire_dtype"
+            )
+        seq, heads = self._args(mode, seq_splits, head_splits)
+        kv = self._kv(kv_replicas)
+        self._live()
+        return _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire, ret, grad_wire)
+
     def all_to_all_4d_async(
         self,
         x,
@@ -270,6 +311,7 @@ class UlyssesGroup(_OpaqueBase):
         head_splits=None,
         lend=False,
         kv_replicas=None,
+        wire_dtype=None,
     ):
         """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``
         (torch.distributed._functional_collectives): ``.wait()`` returns the plain tensor, and the
@@ -324,12 +366,25 @@ class UlyssesGroup(_OpaqueBase):
                 "data to move); use all_to_all_4d for shapes"
             )
         t = self._live()
+        if wire_dtype is not None and lend:
+            raise ValueError(
+                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True with "
+                "wire_dtype is not supported (the received FP8 rows are dequantized into a new "
+                "tensor)"
+            )
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()
-            if summed:  # the sum needs the exchange done: run it, then hand back a done result
-                res = self.all_to_all_4d(x, mode=mode, out=out, seq_splits=seq, head_splits=heads,
-                                         kv_replicas=kv)
+            if summed or wire_dtype is not None:  # run it, then hand back a done result
+                res = self.all_to_all_4d(
+                    x,
+                    mode=mode,
+                    out=out,
+                    seq_splits=seq,
+                    head_splits=heads,
+                    kv_replicas=kv,
+                    wire_dtype=wire_dtype,
+                )
                 return self._async_result(res, work=None)
             if out is None:
                 out = torch.empty(self._shapes(self._id, x, mode, seq, heads, kv)[1], dtype=x.dtype)
@@ -347,7 +402,13 @@ class UlyssesGroup(_OpaqueBase):
             out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
             out = x.new_empty(result)
-        if not summed and AsyncCollectiveTensor is not None and hasattr(lane, "all_to_all_4d_on"):
+        wire = wire_dtype is not None
+        if (
+            not summed
+            and not wire
+            and AsyncCollectiveTensor is not None
+            and hasattr(lane, "all_to_all_4d_on")
+        ):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
             lane.all_to_all_4d_on(x, out, self._astream, mode, seq, heads, kv)
@@ -357,7 +418,14 @@ class UlyssesGroup(_OpaqueBase):
         x.record_stream(s)
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
-            _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
+            if wire:
+                from . import _fp8_wire
+
+                _fp8_wire.call_on_lane(
+                    self, self._lane_id, x, mode, seq, heads, kv, out, wire_dtype
+                )
+            else:
+                _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
             # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
             # caller's stream after the call
@@ -597,7 +665,18 @@ def _resolve(group) -> UlyssesGroup:
     return comm._ulysses_group if comm is not None else _ulysses_group_of(group)
 
 
-def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
+def all_to_all_4d(
+    x,
+    group=None,
+    *,
+    mode=0,
+    seq_splits=None,
+    head_splits=None,
+    kv_replicas=None,
+    wire_dtype=None,
+    return_scales=False,
+    grad_wire_dtype=None,
+):
     """The functional form (API.md §2): the op `torch.ops.fastcomms.ulysses_all_to_all_4d`, which
     torch.compile(fullgraph=True) traces without a graph break and without an eager call first.
     ``group`` is a UlyssesGroup, a TorchComm, a process group (a ProcessGroup from
@@ -608,6 +687,18 @@ def all_to_all_4d(x, group=None, *, mode=0, seq_splits=None, head_splits=None, k
     seq = None if seq_splits is None else [int(v) for v in seq_splits]
     heads = None if head_splits is None else [int(v) for v in head_splits]
     g, kv = _resolve(group), _kv_replicas(kv_replicas)
+    if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
+        # NOTE [fp8 wire exchange]: quantize, two exchanges, dequantize (not yet one traced op)
+        return g.all_to_all_4d(
+            x,
+            mode=mode,
+            seq_splits=seq,
+            head_splits=heads,
+            kv_replicas=kv,
+            wire_dtype=wire_dtype,
+            return_scales=return_scales,
+            grad_wire_dtype=grad_wire_dtype,
+        )
     if _plain_eager(x):  # NOTE [host cost per call]: torch.ops' lookup is for tracers
         return g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads, kv_replicas=kv)
     gid = g._id

@@ -23,8 +23,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymInt.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <atomic>
 #include <mutex>
@@ -234,15 +234,14 @@ class UlyssesFunction : public torch::autograd::Function<UlyssesFunction> {
     if (d.count("seq")) seq = d.at("seq").toIntVector();
     if (d.count("heads")) heads = d.at("heads").toIntVector();
     // The inverse exchange, differentiable itself (double backward).
-    at::Tensor g = op().call(grads[0].contiguous(), d.at("group").toInt(),
-                             1 - d.at("mode").toInt(), as_ref(seq), as_ref(heads), d.at("kv").toInt());
+    at::Tensor g = op().call(grads[0].contiguous(), d.at("group").toInt(), 1 - d.at("mode").toInt(),
+                             as_ref(seq), as_ref(heads), d.at("kv").toInt());
     return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, int64_t group, int64_t mode,
-                           at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
-                           int64_t kv) {
+                           at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads, int64_t kv) {
   const at::Tensor& tangent = x._fw_grad(/*level=*/0);
   at::Tensor result;
   if (at::GradMode::is_enabled() && x.requires_grad()) {
@@ -267,7 +266,7 @@ void refuse_batched(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const UlyssesTransportPtr t = groups().get(group);
   TORCH_CHECK(false, where(*t),
               "torch.vmap (or autograd.grad(is_grads_batched=True)) is not supported: every "
-                    "rank must issue each exchange once, and ranks that disagree on the batch "
+              "rank must issue each exchange once, and ranks that disagree on the batch "
               "would hang; loop over the batch explicitly or fold it into the tensor's batch "
               "dimension");
 }
@@ -287,7 +286,11 @@ class ProcessGroupTransport final : public UlyssesTransport {
   WorkPtr run(const TensorView& xv, const TensorView& outv, const UlyssesArgs& args,
               const plan::UlyssesRequest&, const std::shared_ptr<const plan::UlyssesPlan>& p,
               void*) override {
-    const at::Tensor x = tensor(xv), out = tensor(outv);
+    // Bytes move as bytes: float8 travels as uint8, which every process group carries (gloo has
+    // no float8 type); elements of one byte, so the split sizes are the same.
+    const bool fp8 = xv.dtype == DType::kFloat8E4M3FN || xv.dtype == DType::kFloat8E5M2;
+    const at::Tensor x = fp8 ? tensor(xv).view(at::kByte) : tensor(xv);
+    const at::Tensor out = fp8 ? tensor(outv).view(at::kByte) : tensor(outv);
     const auto& seq = p->seq_splits;
     const auto& heads = p->head_splits;
     const int64_t b = p->b, d = p->d, r = rank_;
@@ -297,8 +300,8 @@ class ProcessGroupTransport final : public UlyssesTransport {
       send = x.permute({2, 1, 0, 3});
       if (p->kv_replicas > 1)  // virtual head v reads source head v // R (one gather)
         send = send.index_select(
-            0, at::arange(p->heads_total, x.options().dtype(at::kLong)).div(p->kv_replicas,
-                                                                            "floor"));
+            0,
+            at::arange(p->heads_total, x.options().dtype(at::kLong)).div(p->kv_replicas, "floor"));
       for (int64_t q = 0; q < size_; ++q) {
         in_sizes.push_back(heads[q] * seq[r] * b * d);
         out_sizes.push_back(heads[r] * seq[q] * b * d);
@@ -320,9 +323,8 @@ class ProcessGroupTransport final : public UlyssesTransport {
     for (int64_t q = 0; q < size_; ++q) {
       const at::Tensor part = recv.narrow(0, off, out_sizes[q]);
       off += out_sizes[q];
-      views.push_back(args.mode == 0
-                          ? part.view({heads[r], seq[q], b, d}).permute({2, 1, 0, 3})
-                          : part.view({seq[r], heads[q], b, d}).permute({2, 0, 1, 3}));
+      views.push_back(args.mode == 0 ? part.view({heads[r], seq[q], b, d}).permute({2, 1, 0, 3})
+                                     : part.view({seq[r], heads[q], b, d}).permute({2, 0, 1, 3}));
     }
     out.copy_(at::cat(views, args.mode == 0 ? 1 : 2));
     calls_.fetch_add(1);

@@ -61,7 +61,9 @@ def _reference(ref, x, mode, seq, heads):
     no float8 type, so float8 tensors move as their bytes (the exchange only moves bytes)."""
     x = x.detach().cpu()
     if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return ref.all_to_all_4d(x.view(torch.uint8), mode=mode, seq_splits=seq, head_splits=heads).view(x.dtype)
+        return ref.all_to_all_4d(
+            x.view(torch.uint8), mode=mode, seq_splits=seq, head_splits=heads
+        ).view(x.dtype)
     return ref.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads)
 
 
@@ -195,7 +197,9 @@ def _nvlink_worker(store, rank, world):
     y = g.all_to_all_4d(x)
     gy = torch.randn(y.shape, generator=gen).to(dev)
     (gx,) = torch.autograd.grad(y, x, gy)
-    assert _same_bytes(gx, ref.all_to_all_4d(gy.cpu(), mode=1, seq_splits=seq, head_splits=heads)), "backward"
+    assert _same_bytes(
+        gx, ref.all_to_all_4d(gy.cpu(), mode=1, seq_splits=seq, head_splits=heads)
+    ), "backward"
     # CUDA graph: a captured call replays bit-exact on fresh data
     x = _input(rank, 0, b, d, seq, heads, torch.bfloat16, gen, dev)
     out = g.empty_output(x)
@@ -395,10 +399,14 @@ def _gqa_worker(store, rank, world):
                     if mode == 0:
                         x = torch.randn(b, seq[rank], h, d, generator=gen).to(dtype)
                         rep = x.repeat_interleave(kv, dim=2)
-                        want = ref.all_to_all_4d(rep, mode=0, seq_splits=seq, head_splits=[1] * world)
+                        want = ref.all_to_all_4d(
+                            rep, mode=0, seq_splits=seq, head_splits=[1] * world
+                        )
                     else:
                         x = torch.randn(b, sum(seq), 1, d, generator=gen).to(dtype)
-                        full = ref.all_to_all_4d(x, mode=1, seq_splits=seq, head_splits=[1] * world).to(dev)
+                        full = ref.all_to_all_4d(
+                            x, mode=1, seq_splits=seq, head_splits=[1] * world
+                        ).to(dev)
                         want = full.unflatten(2, (h, kv)).sum(3)  # summed on the GPU, as ours
                     x = x.to(dev)
                     got = g.all_to_all_4d(x, mode=mode, kv_replicas=kv, **sp)
