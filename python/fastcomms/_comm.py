@@ -489,9 +489,8 @@ def new_comm(
         _registry._load_entry_point_backends()
     if enable_reconfigure:
         name = name or f"{backend}_{next(_names)}"
-        return TorchComm(
-            *_reconfigure.new_reconfigurable(backend, name, opts, hints, store), device
-        )
+        unconfigured, options = _reconfigure.new_reconfigurable(backend, name, opts, hints, store)
+        return TorchComm(unconfigured, device, options)
     if backend in _registry._python_backends:
         from ._pybackend import Shim
 
