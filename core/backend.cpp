@@ -175,6 +175,10 @@ const char* op_name(OpKind op) noexcept {
       return "gather_single";
     case OpKind::kSplit:
       return "split";
+    case OpKind::kNewWindow:
+      return "new_window";
+    case OpKind::kFinalize:
+      return "finalize";
     case OpKind::kCount:
       break;
   }

@@ -22,14 +22,32 @@ struct Communicator::Hooks {
   std::map<uint64_t, PreHook> pre;
   std::map<uint64_t, PostHook> post;
   std::map<uint64_t, AbortHook> abort;
-  /// The abort hooks registered now (a copy, so they run without the lock).
-  std::vector<AbortHook> abort_hooks() {
+  /// The hooks registered now (copies, so they run without the lock).
+  template <typename Fn>
+  std::vector<Fn> now(const std::map<uint64_t, Fn>& map) {
     std::lock_guard<std::mutex> lock(mu);
-    std::vector<AbortHook> fns;
-    for (auto& [id, fn] : abort) fns.push_back(fn);
+    std::vector<Fn> fns;
+    for (auto& [id, fn] : map) fns.push_back(fn);
     return fns;
   }
+  std::vector<AbortHook> abort_hooks() { return now(abort); }
 };
+
+uint64_t next_op_id() {
+  static std::atomic<uint64_t> next{1};  // NOTE [op ids]
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <typename Body>
+auto Communicator::hooked(OpInfo info, Body&& body) {
+  const std::vector<PreHook> pre = hooks_->now(hooks_->pre);
+  const std::vector<PostHook> post = hooks_->now(hooks_->post);
+  for (auto& fn : pre) fn(info);
+  auto result = body();
+  if constexpr (std::is_same_v<decltype(result), WorkPtr>) info.work = result.get();
+  for (auto& fn : post) fn(info);
+  return result;
+}
 
 namespace {
 // NOTE [authenticated rendezvous]: every rank says whether it authenticates; each rank reads rank
@@ -187,11 +205,14 @@ void Communicator::abort() {
 }
 
 void Communicator::finalize() {
-  if (finalized_.exchange(true) || aborted_) return;
-  backend_->finalize();
-  // NOTE [store keys released at finalize]
-  if (auto* keys = dynamic_cast<KeyTrackingStore*>(key_space_.get()))
-    keys->release(rank_, size_, std::min(options_.timeout, std::chrono::milliseconds(10'000)));
+  hooked(OpInfo{OpKind::kFinalize, 0, false, nullptr}, [&] {
+    if (finalized_.exchange(true) || aborted_) return false;
+    backend_->finalize();
+    // NOTE [store keys released at finalize]
+    if (auto* keys = dynamic_cast<KeyTrackingStore*>(key_space_.get()))
+      keys->release(rank_, size_, std::min(options_.timeout, std::chrono::milliseconds(10'000)));
+    return true;
+  });
 }
 
 void Communicator::tensor_register(const TensorView& t) {
@@ -221,10 +242,12 @@ std::shared_ptr<Window> Communicator::new_window() {
   FASTCOMMS_CHECK(backend_->supports_window(), kUnsupported, where, "backend '", backend_->name(),
                   "' has no windows (the nvlink and nccl backends have them)");
   OpContext ctx;
-  ctx.op_id = next_op_id_.fetch_add(1);
+  ctx.op = OpKind::kNewWindow;
+  ctx.op_id = next_op_id();
   ctx.timeout = options_.timeout;
   ctx.prefix = where;
-  return backend_->new_window(ctx);
+  return hooked(OpInfo{ctx.op, ctx.op_id, false, nullptr},
+                [&] { return backend_->new_window(ctx); });
 }
 
 std::shared_ptr<void> Communicator::lend(const std::string& what) {
@@ -398,7 +421,7 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   check_usable(op);
   OpContext ctx;
   ctx.op = op;
-  ctx.op_id = next_op_id_.fetch_add(1);
+  ctx.op_id = next_op_id();
   ctx.async_op = o.async_op;
   // 0 means the communicator's timeout; a negative one is a mistake, never silently the default.
   FASTCOMMS_CHECK(o.options.timeout.count() >= 0, kInvalidArgument, prefix(op),
@@ -417,33 +440,26 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   if constexpr (!std::is_same_v<PeerFn, std::nullptr_t>) {
     if (in_band || store_check) peers(ctx);
   }
-  std::vector<PreHook> pre;
-  std::vector<PostHook> post;
-  {
-    std::lock_guard<std::mutex> lock(hooks_->mu);
-    for (auto& [id, fn] : hooks_->pre) pre.push_back(fn);
-    for (auto& [id, fn] : hooks_->post) post.push_back(fn);
-  }
-  for (auto& fn : pre) fn(OpInfo{op, ctx.op_id, ctx.async_op, nullptr});
-  WorkPtr work;
-  try {
-    {
-      // Checked calls are compared and issued in one order (threads issuing at once included).
-      std::unique_lock<std::mutex> order;
-      if (store_check) {
-        order = std::unique_lock<std::mutex>(check_mu_);
-        check_through_store(ctx);
+  return hooked(OpInfo{op, ctx.op_id, ctx.async_op, nullptr}, [&] {
+    WorkPtr work;
+    try {
+      {
+        // Checked calls are compared and issued in one order (threads issuing at once included).
+        std::unique_lock<std::mutex> order;
+        if (store_check) {
+          order = std::unique_lock<std::mutex>(check_mu_);
+          check_through_store(ctx);
+        }
+        work = issue(ctx);
       }
-      work = issue(ctx);
+      if (!o.async_op) work->wait();
+    } catch (const Error& e) {
+      if (options_.abort_process_on_timeout_or_error && ProcessAbort::applies(e.code()))
+        process_abort_->abort_process(e.what());  // NOTE [process abort]: the hooks run first
+      throw;
     }
-    if (!o.async_op) work->wait();
-  } catch (const Error& e) {
-    if (options_.abort_process_on_timeout_or_error && ProcessAbort::applies(e.code()))
-      process_abort_->abort_process(e.what());  // NOTE [process abort]: the hooks run first
-    throw;
-  }
-  for (auto& fn : post) fn(OpInfo{op, ctx.op_id, ctx.async_op, work.get()});
-  return work;
+    return work;
+  });
 }
 
 WorkPtr Communicator::send(const TensorView& t, int dst, const CallOptions& o) {
@@ -786,26 +802,28 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
     FASTCOMMS_CHECK(i == 0 || sorted[i] != sorted[i - 1], kInvalidArgument, prefix(op), "rank ",
                     sorted[i], " appears twice in ranks");
   }
-  const uint64_t split_id = split_counter_.fetch_add(1) + 1;
-  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) {
-    backend_->split(ranks, nullptr);  // collective over the parent for some backends
-    return nullptr;
-  }
-  CommOptions opts = options ? *options : options_;
-  // Keys of a split live in the parent's key space (NOTE [store incarnations]).
-  if (!opts.store) opts.store = options_.store;
-  opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
-  BackendInit init{static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), device_,
-                   opts};
-  std::string key = detail::cat("split", split_id, "/", opts.name, "/");
-  for (int r : ranks) key += detail::cat(r, ".");
-  init.options.store = std::make_shared<PrefixStore>(key, key_space_);
-  auto backend = backend_->split(ranks, &init);
-  FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
-                  "' returned no communicator for a member of the split");
-  return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
-                                        std::move(opts), init.options.store, init.process_abort);
+  return hooked(OpInfo{op, next_op_id(), false, nullptr}, [&]() -> std::shared_ptr<Communicator> {
+    const uint64_t split_id = split_counter_.fetch_add(1) + 1;
+    const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    if (it == ranks.end()) {
+      backend_->split(ranks, nullptr);  // collective over the parent for some backends
+      return nullptr;
+    }
+    CommOptions opts = options ? *options : options_;
+    // Keys of a split live in the parent's key space (NOTE [store incarnations]).
+    if (!opts.store) opts.store = options_.store;
+    opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
+    BackendInit init{static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), device_,
+                     opts};
+    std::string key = detail::cat("split", split_id, "/", opts.name, "/");
+    for (int r : ranks) key += detail::cat(r, ".");
+    init.options.store = std::make_shared<PrefixStore>(key, key_space_);
+    auto backend = backend_->split(ranks, &init);
+    FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
+                    "' returned no communicator for a member of the split");
+    return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,
+                                          std::move(opts), init.options.store, init.process_abort);
+  });
 }
 
 namespace {

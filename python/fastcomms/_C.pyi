@@ -169,6 +169,9 @@ class Window:
     def wait_signal(self, arg0: typing.SupportsInt, arg1: typing.SupportsInt) -> None:
         ...
 class Comm:
+    @staticmethod
+    def next_op_id() -> int:
+        ...
     def __init__(self, arg0: str, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: typing.SupportsInt, arg5: typing.Any, arg6: datetime.timedelta, arg7: bool, arg8: str, arg9: collections.abc.Mapping[str, str]) -> None:
         ...
     def abort(self) -> None:

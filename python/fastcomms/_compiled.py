@@ -3,9 +3,9 @@
 inside ``torch.compile(fullgraph=True)``).
 
 NOTE [compiled communicator methods]: a TorchComm is an opaque reference type whose collective
-methods (and the helpers they call, ``_traced`` first) are registered as inlined members, so
-Dynamo traces each method's Python body; under compilation ``_traced`` sends the call here
-instead of to the C++ communicator. Every call becomes one node
+methods (written from the operation table, NOTE [operation table] in ``_ops``) are registered as
+inlined members, so Dynamo traces each method's Python body; under compilation each method's
+first lines send the call here instead of to the C++ communicator. Every call becomes one node
 of a custom op that takes the communicator (an opaque graph input), the method's name, the
 tensors it writes (``mutated``) and reads (``inputs``), its integer and float arguments, hints
 and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
@@ -86,7 +86,10 @@ import hashlib
 import torch
 from torch._library.opaque_object import get_opaque_type_name
 
-from . import RedOpType, ReduceOp, TorchComm, _DoneWork, _op
+from ._C import RedOpType
+from ._comm import TorchComm
+from ._options import ReduceOp, _op
+from ._work import _DoneWork
 from .ulysses import _register_work, _RegisteredWork
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it

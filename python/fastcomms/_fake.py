@@ -6,9 +6,10 @@ communicators (hooks, flight recorder, process groups, tracing) in a single proc
 
 from __future__ import annotations
 
-from . import _COLLECTIVE_METHODS, TorchCommBackend
+from ._ops import COLLECTIVE_METHODS
+from ._registry import TorchCommBackend, register_backend
 
-_OPS = ("batch_op_issue", *_COLLECTIVE_METHODS)
+_OPS = ("batch_op_issue", *COLLECTIVE_METHODS)
 
 
 class FakeBackend(TorchCommBackend):
@@ -36,3 +37,4 @@ def _done(self, *args):
 
 for _op in _OPS:
     setattr(FakeBackend, _op, _done)
+register_backend("fake", FakeBackend)

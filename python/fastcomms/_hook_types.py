@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 
-__all__ = ["OpName"]
+__all__ = ["OpName", "RemovableHandle"]
 
 
 class OpName(enum.Enum):
@@ -38,6 +38,18 @@ class OpName(enum.Enum):
     new_window = "new_window"
     batch_op_issue = "batch_op_issue"
     finalize = "finalize"
+
+
+class RemovableHandle:
+    """Returned by the hook registrations; ``remove()`` unregisters (idempotent)."""
+
+    def __init__(self, remover) -> None:
+        self._remover = remover
+
+    def remove(self) -> None:
+        if self._remover is not None:
+            self._remover()
+            self._remover = None
 
 
 def _args_class(name: str, fields: tuple[str, ...], base: type = object) -> type:
@@ -126,13 +138,13 @@ for _name, _fields in _POST.items():
 __all__ += list(_PRE) + list(_POST)
 
 # torchcomms' per-operation post-hook classes: one per collective and point-to-point operation,
-# each a CollectivePostHookArgs with no fields; a post-hook gets its operation's
+# each a CollectivePostHookArgs with no fields; a post-hook gets its operation's (split's takes
+# the communicator the split made)
 POST_OF: dict[OpName, type] = {}
 for _name in _PRE:
     _base = _name[: -len("PreHookArgs")]
-    if _base in ("Split", "NewWindow", "BatchOpIssue", "Finalize"):
-        continue
     _post = f"{_base}PostHookArgs"
-    globals()[_post] = _args_class(_post, (), base=globals()["CollectivePostHookArgs"])
+    if _post not in globals():
+        globals()[_post] = _args_class(_post, (), base=globals()["CollectivePostHookArgs"])
+        __all__.append(_post)
     POST_OF[OpName(re.sub(r"(?<!^)(?=[A-Z])", "_", _base).lower())] = globals()[_post]
-    __all__.append(_post)

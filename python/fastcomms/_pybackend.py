@@ -4,13 +4,15 @@ protocol): ``cls()`` makes the backend, ``backend.init(device, name, options)`` 
 the communicator ``new_comm`` returns is an ordinary ``TorchComm`` whose ops call the backend's
 methods of the same names (``all_reduce(tensor, op, async_op)``, ...). A method returns None when
 the op is done, or an object with ``wait()`` (and optionally ``is_completed()``). An op the
-backend does not define raises ``UnsupportedError`` naming it."""
+backend does not define raises ``UnsupportedError`` naming it. The Shim keeps the
+communicator's hooks as the C++ communicator does (NOTE [one hook registry]), numbering ops from
+the process's one sequence (NOTE [op ids])."""
 
 from __future__ import annotations
 
 import datetime
 
-from ._C import RedOpType, UnsupportedError, WorkStatus
+from ._C import Comm, RedOpType, UnsupportedError, WorkStatus
 
 
 class _Work:
@@ -44,17 +46,28 @@ class Shim:
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._aborted = False
-        self._abort_hooks: dict[int, object] = {}
+        self._hooks: dict[str, dict[int, object]] = {"pre": {}, "post": {}, "abort": {}}
         self._next_hook = 0
         self._reduce_op = reduce_op  # fastcomms.ReduceOp (the package imports this module)
 
     def _call(self, method, *args):
+        """The backend's ``method(*args)`` (torchcomms' order: async_op last) as a Work."""
         fn = getattr(self._b, method, None)
         if fn is None:
             raise UnsupportedError(
                 f"[{self._name}] backend '{self._backend}' does not implement {method}"
             )
-        return _Work(fn(*args))
+        return self._hooked(method, args[-1], lambda: _Work(fn(*args)))
+
+    def _hooked(self, method, async_op, issue):
+        """``issue()`` between the pre- and post-hooks, as Communicator::run."""
+        op_id = 0 if method == "finalize" else Comm.next_op_id()
+        for fn in list(self._hooks["pre"].values()):
+            fn(method, op_id, async_op)
+        result = issue()
+        for fn in list(self._hooks["post"].values()):
+            fn(method, op_id, async_op)
+        return result
 
     def _op(self, t, f):
         return self._reduce_op(t, f) if t == RedOpType.PREMUL_SUM else self._reduce_op(t)
@@ -94,7 +107,7 @@ class Shim:
         if self._aborted:
             return
         self._aborted = True
-        for fn in list(self._abort_hooks.values()):
+        for fn in list(self._hooks["abort"].values()):
             fn()
         if hasattr(self._b, "abort"):
             self._b.abort()
@@ -103,14 +116,22 @@ class Shim:
         return self._aborted
 
     def finalize(self):
-        if hasattr(self._b, "finalize"):
-            self._b.finalize()
+        self._hooked("finalize", False, getattr(self._b, "finalize", lambda: None))
 
-    def register_abort_hook(self, fn):
+    def _register(self, kind, fn):
         key = self._next_hook
         self._next_hook += 1
-        self._abort_hooks[key] = fn
-        return lambda: self._abort_hooks.pop(key, None)
+        self._hooks[kind][key] = fn
+        return lambda: self._hooks[kind].pop(key, None)
+
+    def register_pre_hook(self, fn):
+        return self._register("pre", fn)
+
+    def register_post_hook(self, fn):
+        return self._register("post", fn)
+
+    def register_abort_hook(self, fn):
+        return self._register("abort", fn)
 
     # ops: the C++ communicator's argument order in, the backend's (torchcomms') order out
     def send(self, t, dst, a, to, h):
@@ -181,7 +202,7 @@ class Shim:
         if to is not None:
             options.timeout = to
         options.hints = {**dict(self._options.hints), **dict(h or {})}
-        sub = self._b.split(list(ranks), name, options)
+        sub = self._hooked("split", False, lambda: self._b.split(list(ranks), name, options))
         if sub is None:
             return None
         return Shim(sub, self._backend, name, options, self._reduce_op)

@@ -702,6 +702,22 @@ def _environment():
     return env
 
 
+_ASKED = "asked for with --backend"
+
+
+def _backend_choice(command: str, args, size: int) -> str | None:
+    """Why ``args.backend`` runs (``--backend auto``: picks it), or None where none fits (said on
+    stderr)."""
+    if args.backend != "auto":
+        return _ASKED
+    try:
+        args.backend, why = pick_backend(size)
+    except ValueError as e:
+        print(f"fastcomms {command}: no backend fits: {e}", file=sys.stderr)
+        return None
+    return why
+
+
 def bench(args) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -711,14 +727,10 @@ def bench(args) -> int:
     launch = _launch()
     size = args.nproc if launch is None else launch.size
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.backend == "auto":
-        try:
-            args.backend, why = pick_backend(size)
-        except ValueError as e:
-            print(f"fastcomms bench: no backend fits: {e}", file=sys.stderr)
-            return 2
-    else:
-        why = "asked for with --backend"
+    why = _backend_choice("bench", args, size)
+    if why is None:
+        return 2
+    if why == _ASKED:
         local = size if launch is None else (launch.local_size or size)
         if args.backend == "nccl" and ngpu < local:
             print(
@@ -1010,14 +1022,9 @@ def check(args) -> int:
 
     launch = _launch()
     size = args.nproc if launch is None else launch.size
-    if args.backend == "auto":
-        try:
-            args.backend, why = pick_backend(size)
-        except ValueError as e:
-            print(f"fastcomms check: no backend fits: {e}", file=sys.stderr)
-            return 2
-    else:
-        why = "asked for with --backend"
+    why = _backend_choice("check", args, size)
+    if why is None:
+        return 2
     results, error = _run_ranks(_check_rank, size, args, timeout_s=300)
     if results is None and error is None:  # a torchrun rank other than 0
         return 0

@@ -112,6 +112,10 @@ class _CommOps:
     def _each(self, issue, tensors, result=None):
         return _CommWork([issue(t) for t in tensors], tensors if result is None else result)
 
+    def _pairs(self, issue, outputs, inputs):
+        """One op per (output, input) pair; the work holds the outputs."""
+        return _CommWork([issue(o, i) for o, i in zip(outputs, inputs, strict=True)], outputs)
+
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _reduce_op(
@@ -132,27 +136,18 @@ class _CommOps:
         return self._each(lambda t: self._comm.reduce(t, opts.rootRank, op, True), tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
-        works = [
-            self._comm.all_gather(o, i, True) for o, i in zip(output_lists, inputs, strict=True)
-        ]
-        return _CommWork(works, output_lists)
+        return self._pairs(lambda o, i: self._comm.all_gather(o, i, True), output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
         return _CommWork([self._comm.all_gather_single(output, input, True)], [output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [
-            self._comm.all_gather_single(o, i, True) for o, i in zip(outputs, inputs, strict=True)
-        ]
-        return _CommWork(works, outputs)
+        return self._pairs(lambda o, i: self._comm.all_gather_single(o, i, True), outputs, inputs)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter"))
-        works = [
-            self._comm.reduce_scatter(o, i, op, True)
-            for o, i in zip(outputs, input_lists, strict=True)
-        ]
-        return _CommWork(works, outputs)
+        issue = lambda o, i: self._comm.reduce_scatter(o, i, op, True)  # noqa: E731
+        return self._pairs(issue, outputs, input_lists)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
@@ -160,11 +155,8 @@ class _CommOps:
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
-        works = [
-            self._comm.reduce_scatter_single(o, i, op, True)
-            for o, i in zip(outputs, inputs, strict=True)
-        ]
-        return _CommWork(works, outputs)
+        issue = lambda o, i: self._comm.reduce_scatter_single(o, i, op, True)  # noqa: E731
+        return self._pairs(issue, outputs, inputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         if not output_split_sizes and not input_split_sizes:
@@ -455,7 +447,7 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
 # needs only the name). The group owns its communicator: torch's shutdown finalizes it. Where
 # torch imports fastcomms while torch.distributed is itself being imported (a `torchcomms` alias
 # found by torch's switch), torch's registry does not exist yet: the name is registered at the
-# first import after it does (fastcomms/__init__.py, _register_with_torch).
+# first import after it does (fastcomms/_alias.py, register_with_torch).
 class _OwnedCommOps(_CommOps):
     """The ops of a process group torch made through the registered backend name: the group owns
     its communicator, and torch's shutdown finalizes it (a no-op once finalized or aborted)."""

@@ -982,6 +982,7 @@ PYBIND11_MODULE(_C, m) {
                  }));
              return py::cpp_function([h] { h->remove(); });
            })
+      .def_static("next_op_id", &next_op_id)  // NOTE [op ids]: Python backends draw from it
       .def("register_abort_hook",
            [](PyComm& c, py::function fn) {
              auto h = std::make_shared<RemovableHandle>(c.comm->register_abort_hook([fn] {

@@ -573,6 +573,37 @@ TEST(Gloo, HooksSeeIncreasingOpIds) {
   });
 }
 
+// NOTE [one hook registry], NOTE [op ids]: split and finalize run the hooks too; ids come from
+// one sequence for the process (both thread-ranks and their splits draw from it), finalize's is 0.
+TEST(Gloo, HooksSeeSplitAndFinalizeWithProcessWideIds) {
+  run_threads(2, [&](Communicator& comm) {
+    std::vector<OpInfo> seen;
+    auto h = comm.register_pre_hook([&](const OpInfo& i) { seen.push_back(i); });
+    comm.barrier();
+    auto sub = comm.split({0, 1}, "all");
+    ASSERT_NE(sub, nullptr);
+    std::vector<uint64_t> sub_ids;
+    auto hs = sub->register_post_hook([&](const OpInfo& i) { sub_ids.push_back(i.op_id); });
+    sub->barrier();
+    sub->finalize();
+    comm.finalize();
+    h.remove();  // (the harness finalizes again after this body)
+    hs.remove();
+    ASSERT_EQ(seen.size(), 3u);
+    EXPECT_EQ(seen[0].op, OpKind::kBarrier);
+    EXPECT_EQ(seen[1].op, OpKind::kSplit);
+    EXPECT_GT(seen[1].op_id, seen[0].op_id);
+    EXPECT_EQ(seen[2].op, OpKind::kFinalize);
+    EXPECT_EQ(seen[2].op_id, 0u);
+    ASSERT_EQ(sub_ids.size(), 2u);  // the split's barrier, then its finalize
+    EXPECT_GT(sub_ids[0], seen[1].op_id);
+    EXPECT_EQ(sub_ids[1], 0u);
+    EXPECT_STREQ(op_name(OpKind::kFinalize), "finalize");
+    const uint64_t first = next_op_id();
+    EXPECT_LT(first, next_op_id());
+  });
+}
+
 TEST(GlooProcesses, EveryOpFamilyAcrossProcesses) {
   for (int P : {2, 4}) {
     run_processes(P, [&](Communicator& comm) {

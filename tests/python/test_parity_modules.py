@@ -326,7 +326,7 @@ def test_cuda_device_without_index_follows_the_rank(monkeypatch):
     so every rank of a node takes its own GPU without a set_device call; where no rank is known
     yet, the current device."""
     import torch
-    from fastcomms import _indexed
+    from fastcomms._comm import _indexed
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)

@@ -47,6 +47,8 @@ enum class OpKind : int {
   kGather,
   kGatherSingle,
   kSplit,
+  kNewWindow,  ///< Not a backend op: hooks see it (Communicator::new_window).
+  kFinalize,   ///< Not a backend op: hooks see it (Communicator::finalize), with op id 0.
   kCount,
 };
 
@@ -107,7 +109,7 @@ void check_call_records(const std::string& prefix, const CallFingerprint& mine,
 /// How one op was issued.
 struct OpContext {
   OpKind op = OpKind::kBarrier;          ///< Which op.
-  uint64_t op_id = 0;                    ///< Increasing per communicator.
+  uint64_t op_id = 0;                    ///< NOTE [op ids]: one sequence per process.
   bool async_op = false;                 ///< The caller asked for an async op.
   std::chrono::milliseconds timeout{0};  ///< Effective timeout (never 0 here).
   const Hints* hints = nullptr;          ///< Per-op hints (may be null).

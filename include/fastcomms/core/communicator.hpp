@@ -19,11 +19,18 @@ namespace fastcomms {
 
 /// What a hook is told about an op.
 struct OpInfo {
-  OpKind op;         ///< Which op.
-  uint64_t op_id;    ///< Increasing per communicator, starting at 1.
+  OpKind op;         ///< Which op (kSplit, kNewWindow and kFinalize too).
+  uint64_t op_id;    ///< NOTE [op ids]: one increasing sequence per process; finalize's is 0.
   bool async_op;     ///< Async or sync.
-  const Work* work;  ///< The issued op (post-hooks only; null in pre-hooks).
+  const Work* work;  ///< The issued op (post-hooks of ops with a Work only; else null).
 };
+
+/// NOTE [op ids]: the next op id of the process. Every communicator of the process numbers its
+/// ops from this one sequence, starting at 1 (as torchcomms numbers ops across its
+/// communicators), so hooks and the flight recorder see ids that never repeat across
+/// communicators; a backend written in Python (fastcomms._pybackend) draws from it too.
+/// finalize takes none (its hooks see 0).
+uint64_t next_op_id();
 
 /// Handle on a registered hook; remove() unregisters it (idempotent, safe after the
 /// communicator is gone).
@@ -156,12 +163,21 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   using PreHook = std::function<void(const OpInfo&)>;
   using PostHook = std::function<void(const OpInfo&)>;
   using AbortHook = std::function<void()>;
+  /// NOTE [one hook registry]: pre-hooks run on the calling thread before every op (the
+  /// collectives and point-to-point ops once their arguments are checked, batch, split,
+  /// new_window, finalize), post-hooks once it is issued (a sync op: complete); a hook that
+  /// throws stops the op (pre) or reaches its caller (post). The Python communicator's hooks
+  /// are registered here too. Thread-safe; a hook may (un)register hooks.
   RemovableHandle register_pre_hook(PreHook fn);
   RemovableHandle register_post_hook(PostHook fn);
   RemovableHandle register_abort_hook(AbortHook fn);
 
  private:
   struct Hooks;
+  // Runs the pre-hooks of `info`, then `body`, then the post-hooks (info.work from `work_of` of
+  // the result); the hooks registered when it starts.
+  template <typename Body>
+  auto hooked(OpInfo info, Body&& body);
   // `peers` (a callable filling an OpContext's peer_out / peer_in) for the ops whose sizes differ
   // per peer; it runs only when the call is checked (NOTE [call check]).
   template <typename Fn, typename PeerFn = std::nullptr_t>
@@ -183,7 +199,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int size_;
   Device device_;
   CommOptions options_;
-  std::atomic<uint64_t> next_op_id_{1};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> finalized_{false};
   std::atomic<uint64_t> split_counter_{0};

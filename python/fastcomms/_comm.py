@@ -1,0 +1,522 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""``TorchComm`` (torchcomms' communicator) and ``new_comm``. The collective and point-to-point
+methods are written from the table in ``_ops`` (NOTE [operation table])."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import itertools
+import os
+
+import torch
+
+from . import _C, _bootstrap, _ops, _reconfigure, _registry, _waits
+from . import _hook_types as _ht
+from ._C import UnsupportedError
+from ._hook_types import OpName as _OpName
+from ._hook_types import RemovableHandle
+from ._ops import _hooked
+from ._options import CommOptions, ReduceOp, _ms, _TypeError, _ValueError
+from ._p2p import BatchSendRecv
+from ._registry import get_mem_allocator, is_backend_built
+from ._window import TorchCommWindow
+from ._work import _DoneWork
+
+try:  # torch.compile takes instances of these classes as opaque objects (NOTE [ulysses custom op])
+    from torch._opaque_base import OpaqueBase as _OpaqueBase
+except ImportError:  # pragma: no cover
+    _OpaqueBase = object
+
+_names = itertools.count()
+_keys = itertools.count()  # a communicator's key for its hooks' calls (NOTE [one hook registry])
+_compiled = None  # the module, once a communicator exists
+
+
+def _compiling() -> bool:  # NOTE [compiled communicator methods]; rebound by _load_compiled
+    return torch.compiler.is_compiling()
+
+
+def _eager_grad() -> bool:
+    """NOTE [eager autograd]: torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1`` makes its eager
+    methods differentiable where a tensor of the call needs a gradient; read at each call."""
+    return os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE") == "1"
+
+
+def _load_compiled():
+    """NOTE [compiled communicator methods]: imports ``_compiled`` (its custom op) when the first
+    communicator is made, not at import: torch imports this package while it initializes itself
+    where a ``torchcomms`` alias points here, and neither ``torch.compiler`` nor
+    ``torch.library`` exists then."""
+    global _compiled, _compiling
+    _register_opaque()  # (its op takes a TorchComm)
+    _waits.register()  # NOTE [torchcomms wait ops]
+    _compiled = importlib.import_module(f"{__package__}._compiled")
+    _compiling = torch.compiler.is_compiling
+    return _compiled
+
+
+def _unpickle_comm(backend: str, name: str, where, code_key: str = ""):
+    rank, size, device = where
+    raise _TypeError(
+        f"a TorchComm ({backend} communicator {name!r}, rank {rank} of {size} on {device}) cannot "
+        f"be unpickled: it is a handle on another process's connections; make one with "
+        f"fastcomms.new_comm"
+    )
+
+
+class TorchComm(_OpaqueBase):
+    """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
+    keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
+
+    # A communicator (and a window) is a handle on shared state: copying one, or deep-copying an
+    # object that holds one (a model), gives the same object back, as torchcomms does.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
+
+    def __reduce__(self):
+        # A communicator cannot travel to another process: pickling one gives bytes that name it
+        # (inductor's graph cache pickles its graphs' inputs to make a key, NOTE [compiled
+        # communicator methods]), and unpickling them raises. The key names what a compiled
+        # graph may have baked in while tracing: the rank and size (a broadcast's gradient is
+        # traced per rank, so ranks must not share a cached graph), the device and the code
+        # that compiled calls run (a graph cached by another fastcomms is not reused).
+        key = (_compiled or _load_compiled()).code_key()
+        try:
+            where = (self.get_rank(), self.get_size(), str(self._device))
+        except Exception:  # noqa: BLE001 - not configured yet (enable_reconfigure): no ranks
+            where = (-1, 0, str(self._device))
+        return _unpickle_comm, (self.get_backend(), self.get_name(), where, key)
+
+    def __init__(
+        self, c: _C.Comm, device: torch.device, options: CommOptions | None = None
+    ) -> None:
+        self._c = c
+        self._device = device
+        self._options = options or CommOptions()
+        self._key = next(_keys)
+        # NOTE [one hook registry]: the hooks this communicator registered with its C++ one,
+        # key -> [kind, callback, remover], kept to move them to the one reconfigure makes
+        self._hooks: dict[int, list] = {}
+        self._hooked = False  # a pre/post hook or an observer is registered
+        self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
+        self._refresh_fast()
+        (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
+
+    def _refresh_fast(self) -> None:
+        """NOTE [process group fast path] (python/src/fast_ops.hpp): the C++ communicator a
+        process group over this one may call without Python in between, or None while Python
+        must see every op (hooks or observers registered, or no C++ communicator)."""
+        c = self._c
+        self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
+        self._fast = c._native() if not self._hooked and isinstance(c, _C.Comm) else None
+
+    def _rebind(self, c) -> None:
+        """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it."""
+        self._c = c
+        for h in self._hooks.values():
+            h[2] = getattr(c, f"register_{h[0]}_hook")(h[1])
+        self._refresh_fast()
+
+    # -- identity and options ------------------------------------------------------------------
+    def get_rank(self) -> int:
+        return self._c.rank()
+
+    def get_size(self) -> int:
+        return self._c.size()
+
+    def get_name(self) -> str:
+        return self._c.name()
+
+    def get_device(self) -> torch.device:
+        return self._device
+
+    def get_backend(self) -> str:
+        return self._c.backend()
+
+    def get_backend_version(self) -> str:
+        return self._c.backend_version()
+
+    def get_options(self) -> CommOptions:
+        """What this communicator was created with (timeout and hints as they are now)."""
+        o = self._options
+        return CommOptions(
+            o.abort_process_on_timeout_or_error,
+            self._c.timeout(),
+            o.store,
+            self._c.hints(),
+            self.get_name(),
+            o.enable_reconfigure,
+        )
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._c.set_timeout(_ms(timeout))
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._c.set_hints(dict(hints))
+
+    def finalize(self) -> None:
+        if not self._hooked:
+            return self._c.finalize()
+        _hooked(self, _OpName.finalize, _ht.FinalizePreHookArgs, self._c.finalize)
+
+    def abort(self) -> None:
+        self._c.abort()
+
+    def is_aborted(self) -> bool:
+        return self._c.is_aborted()
+
+    def is_abort_supported(self) -> bool:
+        """``abort()`` unblocks every waiter on every built-in backend."""
+        return True
+
+    def get_backend_impl(self):
+        """The backend object under this communicator (an escape hatch, as in torchcomms: no
+        compatibility promise): the extension's communicator for built-in backends, the
+        ``TorchCommBackend`` instance for Python ones."""
+        from ._pybackend import Shim
+
+        return self._c._b if isinstance(self._c, Shim) else self._c
+
+    def unsafe_get_backend(self):
+        """Deprecated name of ``get_backend_impl``."""
+        import warnings
+
+        warnings.warn(
+            "unsafe_get_backend() is deprecated, use get_backend_impl() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.get_backend_impl()
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it (torch.distributed's gloo
+        ``monitored_barrier``), for communicators on CPU: every rank checks in with rank 0, which
+        waits at most ``timeout`` (default: the communicator's) for all of them at once and
+        releases them only when all arrived. Otherwise rank 0 raises RuntimeError naming the
+        missing ranks (every one with ``wait_all_ranks=True``, the lowest otherwise) and the
+        others raise when their release does not come within the timeout."""
+        op = "monitored_barrier"
+        where = f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} {op}]"
+        if self.get_device().type != "cpu":
+            raise UnsupportedError(
+                f"{where} is for communicators on CPU (gloo), as torch.distributed's; this one "
+                f"is on {self.get_device()}"
+            )
+        timeout = _ms(timeout, where) or self.get_options().timeout
+        rank, size = self.get_rank(), self.get_size()
+        ms = int(timeout / datetime.timedelta(milliseconds=1))
+        token = torch.zeros(1, dtype=torch.int32)
+        if rank != 0:
+            self.send(token, 0, False, timeout=timeout)
+            try:
+                self.recv(token, 0, False, timeout=timeout)
+            except Exception as e:
+                raise RuntimeError(
+                    f"{where} rank 0 did not release monitoredBarrier within {ms} ms (another "
+                    f"rank failed to reach it, or rank 0 did): {e}"
+                ) from e
+            return
+        works = {
+            q: self.recv(torch.zeros(1, dtype=torch.int32), q, True, timeout=timeout)
+            for q in range(1, size)
+        }
+        failed = []
+        for q, w in works.items():
+            try:
+                w.wait()
+            except Exception:
+                failed.append(q)
+                if not wait_all_ranks:
+                    break
+        if failed:
+            if wait_all_ranks:
+                who = f"Ranks {', '.join(map(str, failed))} failed"
+            else:
+                who = f"Rank {failed[0]} failed"
+            raise RuntimeError(f"{where} {who} to pass monitoredBarrier in {ms} ms")
+        for q in range(1, size):
+            self.send(token, q, False, timeout=timeout)
+
+    def get_init_handle(self) -> str:
+        """This process's handle for ``reconfigure`` (torchcomms' fault-tolerance API): a string
+        that names this communicator object, the same on every call and across reconfigures."""
+        return _reconfigure.init_handle(self)
+
+    def reconfigure(self, uuid, init_handles=None, timeout=None, hints=None) -> _DoneWork:
+        """Rebuilds this communicator over the ranks whose init handles are listed (torchcomms'
+        fault-tolerance API; needs ``new_comm(enable_reconfigure=True)``): every participant
+        passes the same ``uuid`` (never used before on this communicator) and the same handles.
+        A list gives rank = position of the handle; a set, rank = position in sorted order.
+        Ranks left out just stop using the communicator. The old configuration is finalized
+        first (an error there, such as a dead peer, aborts it instead). Windows, splits and
+        Ulysses groups made before belong to the old configuration. Also takes a
+        ``ReconfigureOptions`` as its only argument. Returns a completed work."""
+        return _reconfigure.reconfigure(self, uuid, init_handles, timeout, hints)
+
+    # -- hooks (NOTE [one hook registry]) -------------------------------------------------------
+    def register_pre_hook(self, fn) -> RemovableHandle:
+        """``fn(name: OpName, op_id: int, args)`` before every operation (torchcomms')."""
+        return self._add_hook("pre", fn)
+
+    def register_post_hook(self, fn) -> RemovableHandle:
+        """``fn(op_id: int, args)`` after every operation is issued (torchcomms')."""
+        return self._add_hook("post", fn)
+
+    def register_abort_hook(self, fn) -> RemovableHandle:
+        """``fn()`` before this communicator aborts: on ``abort()`` and before a process abort
+        that ``abort_process_on_timeout_or_error`` triggers."""
+        return self._add_hook("abort", fn)
+
+    def _observe(self, fn) -> RemovableHandle:
+        """Internal (fastcomms.hooks' flight recorder): ``fn(event, op_id, payload)`` with event
+        "issued" (payload: the op's TorchWork, None for ops that return none) once an op is
+        issued, "waited" (payload: the work) when a wait on its work returned, and "timeout"
+        (payload: the exception) when the op, or a wait on its work, raised TimeoutError. Op
+        ids are the hooks' op ids."""
+        return self._add_hook("observe", fn)
+
+    def _add_hook(self, kind: str, fn) -> RemovableHandle:
+        if not callable(fn):
+            raise _TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        keys = []
+        for k, cb in _ops.callbacks(self._key, kind, fn):
+            keys.append(next(_keys))
+            self._hooks[keys[-1]] = [k, cb, getattr(self._c, f"register_{k}_hook")(cb)]
+        self._refresh_fast()
+
+        def remove():
+            for key in keys:
+                if (h := self._hooks.pop(key, None)) is not None:
+                    h[2]()
+            self._refresh_fast()
+
+        return RemovableHandle(remove)
+
+    # -- operations ---------------------------------------------------------------------------
+    # The collective and point-to-point methods are written from _ops.OPS (NOTE [operation
+    # table]) below the class; declared here for type checkers
+    send: _ops.Method
+    recv: _ops.Method
+    broadcast: _ops.Method
+    all_reduce: _ops.Method
+    reduce: _ops.Method
+    all_gather: _ops.Method
+    all_gather_v: _ops.Method
+    all_gather_single: _ops.Method
+    reduce_scatter: _ops.Method
+    reduce_scatter_v: _ops.Method
+    reduce_scatter_single: _ops.Method
+    all_to_all_single: _ops.Method
+    all_to_all_v_single: _ops.Method
+    all_to_all: _ops.Method
+    barrier: _ops.Method
+    scatter: _ops.Method
+    gather: _ops.Method
+    gather_single: _ops.Method
+    _batch_op_issue: _ops.Method
+
+    def batch_op_create(self) -> BatchSendRecv:
+        return BatchSendRecv(self)
+
+    # -- structure -----------------------------------------------------------------------------
+    def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:
+        """Collective over this communicator (torchcomms' colour split): every rank passes the
+        ranks of the group it joins (lists differ across groups and must be disjoint); ``[]``
+        joins none and returns None; a non-empty list without the caller raises."""
+        ranks = [int(r) for r in ranks]
+        if ranks and self.get_rank() not in ranks:
+            raise _ValueError(
+                f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} split] ranks "
+                f"{ranks} does not contain this rank; pass [] to join no group"
+            )
+
+        def issue():
+            sub = self._c.split(ranks, name, _ms(timeout), hints)
+            if sub is None:
+                return None
+            o = self._options
+            return TorchComm(
+                sub,
+                self._device,
+                CommOptions(
+                    o.abort_process_on_timeout_or_error, sub.timeout(), o.store, sub.hints(), name
+                ),
+            )
+
+        if not self._hooked:
+            return issue()
+        return _hooked(self, _OpName.split, lambda: _ht.SplitPreHookArgs(list(ranks), name), issue)
+
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        """Registers ``tensor``'s memory with the backend, so later ops on it can move without
+        staging (torchcomms' ``TorchComm.tensor_register``; on nccl and nvlink NCCL's
+        ``ncclCommRegister``, NOTE [nccl memory registration]). Local, not collective; call
+        ``tensor_deregister(tensor)`` before freeing it (finalize drops what is left). The gloo
+        backend has none: ``UnsupportedError``, as torchcomms' gloo raises."""
+        self._c.tensor_register(tensor)
+
+    def tensor_deregister(self, tensor: torch.Tensor) -> None:
+        """Drops the registration ``tensor_register(tensor)`` made."""
+        self._c.tensor_deregister(tensor)
+
+    def get_mem_allocator(self):
+        """The allocator for this backend's window memory (``get_mem_allocator(backend)``)."""
+        return get_mem_allocator(self.get_backend())
+
+    @property
+    def mem_allocator(self):
+        """Alias of ``get_mem_allocator()`` (torchcomms keeps it for older code)."""
+        return self.get_mem_allocator()
+
+    def new_window(self, tensor=None) -> TorchCommWindow:
+        if not self._hooked:
+            return TorchCommWindow(self, tensor)
+        return _hooked(
+            self,
+            _OpName.new_window,
+            _ht.NewWindowPreHookArgs,
+            lambda: TorchCommWindow(self, tensor),
+        )
+
+    def ulysses_transport(self, transport="auto", *, require_nvlink=False):
+        """Collective: the Ulysses transport this communicator gives a
+        ``fastcomms.ulysses.UlyssesGroup``, as ``(transport, kind, reason)``: the backend's own
+        engine where it lends one (nvlink), else NVLink peer-to-peer or the collective path as
+        ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
+        return self._c.select_transport(str(transport), bool(require_nvlink))
+
+
+_METHODS = _ops.methods(globals())  # NOTE [operation table]
+for _name, _fn in _METHODS.items():
+    setattr(TorchComm, _name, _fn)
+
+
+# torch.compile passes communicators through as opaque objects and evaluates these two members on
+# the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a communicator]);
+# each asks the module that owns the mapping, imported on first use.
+def _ulysses_group(self):
+    from .ulysses import _ulysses_group_of
+
+    return _ulysses_group_of(self)
+
+
+def _process_group_name(self):
+    from .functional import _process_group_name_of
+
+    return _process_group_name_of(self)
+
+
+TorchComm._ulysses_group = property(_ulysses_group)
+TorchComm._process_group_name = property(_process_group_name)
+
+
+def _register_opaque() -> None:
+    """TorchComm as an opaque reference type of torch.compile. Tried at import and again by
+    ``_load_compiled``: where torch imports this package while it initializes itself (a
+    ``torchcomms`` alias), torch's opaque-type registry is not importable yet, and the module
+    that torch imports later is a fresh one."""
+    try:
+        from torch._library.opaque_object import MemberType, is_opaque_type, register_opaque_type
+    except ImportError:  # an older torch, or torch still initializing: not traceable (yet)
+        return
+    if is_opaque_type(TorchComm):
+        return
+    register_opaque_type(
+        TorchComm,
+        typ="reference",
+        members={
+            "_ulysses_group": MemberType.USE_REAL,
+            "_process_group_name": MemberType.USE_REAL,
+            # NOTE [compiled communicator methods]: constants while tracing, and the methods
+            # whose bodies Dynamo traces
+            **dict.fromkeys(
+                ("get_rank", "get_size", "get_name", "get_backend", "get_device"),
+                MemberType.USE_REAL,
+            ),
+            **dict.fromkeys((*_METHODS, "batch_op_create"), MemberType.INLINED),
+        },
+    )
+
+
+_register_opaque()
+
+
+# (rank, size) that new_comm takes instead of the environment's (NOTE [launchers])
+_rank_size_override = _bootstrap.rank_size_override
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device without an index becomes cuda:(rank % device count), as torchcomms' CUDA
+    backends resolve it (every rank of a node on its own GPU without a set_device call); where
+    the rank is not known yet, the current device."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    try:
+        launch = _bootstrap.detect()
+    except _bootstrap.LaunchError:
+        launch = None
+    if launch is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    rank = launch.rank if launch.local_rank is None else launch.local_rank
+    return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+
+
+def new_comm(
+    backend: str,
+    device,
+    name: str | None = None,
+    abort_process_on_timeout_or_error=None,
+    timeout=None,
+    is_high_priority_stream=None,
+    store=None,
+    enable_reconfigure=False,
+    hints=None,
+) -> TorchComm:
+    """Creates a communicator (collective over the ranks that share the store). The positional
+    order is torchcomms' Python binding's: ``new_comm(backend, device, name, ...)``."""
+    opts = CommOptions(abort_process_on_timeout_or_error, timeout, store, hints, name or "")
+    timeout, abort = opts.timeout, opts.abort_process_on_timeout_or_error
+    hints = dict(hints or {})
+    if is_high_priority_stream:
+        hints.setdefault("nccl.high_priority", "1")
+    device = _indexed(torch.device(device))
+    if not is_backend_built(backend):
+        _registry._load_entry_point_backends()
+    if enable_reconfigure:
+        name = name or f"{backend}_{next(_names)}"
+        unconfigured, options = _reconfigure.new_reconfigurable(backend, name, opts, hints, store)
+        return TorchComm(unconfigured, device, options)
+    if backend in _registry._python_backends:
+        from ._pybackend import Shim
+
+        opts.hints = hints
+        opts.name = name or f"{backend}_{next(_names)}"
+        impl = _registry._python_backends[backend]()
+        impl.init(device, opts.name, opts)
+        return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
+    given_store = store
+    try:
+        launch = _bootstrap.required()
+        if store is None:
+            store = _bootstrap.default_store(launch, timeout)
+    except _bootstrap.LaunchError as e:
+        raise _ValueError(str(e)) from None
+    rank, size = launch.rank, launch.size
+    name = name or f"{backend}_{next(_names)}"
+    options = CommOptions(abort, timeout, store, hints, name)
+    try:
+        impl = _registry.native_comm(backend, rank, size, device, store, options)
+    except Exception as e:
+        e.add_note(
+            f"fastcomms: this process is {launch.describe()}"
+            if given_store is None
+            else f"fastcomms: rank {rank} and size {size} from {launch.source} ({launch.launcher});"
+            " the store was given"
+        )
+        raise
+    return TorchComm(impl, device, options)

@@ -1,0 +1,239 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The communicator's collective and point-to-point operations as one table, the ``TorchComm``
+methods written from it, and the path a call takes when hooks are registered.
+
+NOTE [operation table]: one row per operation says everything its method does: its parameters
+in torchcomms' order (``async_op``, ``hints=None``, ``timeout=None`` follow), what the compiled
+path takes (the tensors it writes and reads, its integers, the reduction), the fields of its
+``<Op>PreHookArgs`` and the extension call. ``methods`` writes each method's Python source from
+its row and compiles it once at import, as ``dataclasses`` writes ``__init__``: a call costs
+what a hand-written method costs (no ``*args``, no per-call binding), ``inspect.signature``
+shows the real parameters, and tracebacks show the source (kept in ``linecache``)."""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import threading
+import typing
+
+from . import _hook_types
+from ._hook_types import POST_OF, OpName, SplitPostHookArgs
+from ._options import _ms, _op
+from ._work import TorchWork
+
+Method = typing.Callable[..., TorchWork]  # a method of OPS, as type checkers see it
+
+
+class Op(typing.NamedTuple):
+    """One row of OPS (the fields are Python source)."""
+
+    name: str  # the method; without a leading "_", its OpName and <Op>PreHookArgs
+    params: str  # the parameters before async_op, torchcomms' names and order
+    written: str  # compiled path: the tensors the op writes,
+    read: str  # the tensors it reads,
+    ints: str  # and its integer arguments
+    pre: str  # the values of the <Op>PreHookArgs fields, in order
+    call: str  # the extension call, up to the arguments every call ends with
+    red: bool = False  # takes ``op``: t, f are its type and factor (compiled: ints, floats lead)
+    prep: str = ""  # a statement that runs first (list arguments made lists)
+    compiled: str = ""  # the compiled call where it is not _compiled.call (no eager autograd)
+
+
+# fmt: off
+OPS = (
+    Op("send", "tensor, dst", "()", "(tensor,)", "(dst,)", "tensor, dst, async_op",
+       "send(tensor, dst"),
+    Op("recv", "tensor, src", "(tensor,)", "()", "(src,)", "tensor, src, async_op",
+       "recv(tensor, src"),
+    Op("broadcast", "tensor, root", "(tensor,)", "()", "(root,)", "tensor, root, async_op",
+       "broadcast(tensor, root"),
+    Op("all_reduce", "tensor, op", "(tensor,)", "()", "()", "tensor, async_op, op",
+       "all_reduce(tensor, t, f", red=True),
+    Op("reduce", "tensor, root, op", "(tensor,)", "()", "(root,)", "tensor, root, async_op, op",
+       "reduce(tensor, root, t, f", red=True),
+    Op("all_gather", "tensor_list, tensor", "outs", "(tensor,)", "()", "tensor, outs, async_op",
+       "all_gather(outs, tensor, False", prep="outs = list(tensor_list)"),
+    Op("all_gather_v", "tensor_list, tensor", "outs", "(tensor,)", "()", "tensor, outs, async_op",
+       "all_gather(outs, tensor, True", prep="outs = list(tensor_list)"),
+    Op("all_gather_single", "output, input", "(output,)", "(input,)", "()",
+       "input, output, async_op", "all_gather_single(output, input"),
+    Op("reduce_scatter", "output, input_list, op", "(output,)", "ins", "()",
+       "ins, output, async_op, op", "reduce_scatter(output, ins, t, f, False", red=True,
+       prep="ins = list(input_list)"),
+    Op("reduce_scatter_v", "output, input_list, op", "(output,)", "ins", "()",
+       "ins, output, async_op, op", "reduce_scatter(output, ins, t, f, True", red=True,
+       prep="ins = list(input_list)"),
+    Op("reduce_scatter_single", "output, input, op", "(output,)", "(input,)", "()",
+       "input, output, async_op, op", "reduce_scatter_single(output, input, t, f", red=True),
+    Op("all_to_all_single", "output, input", "(output,)", "(input,)", "()",
+       "input, output, async_op", "all_to_all_single(output, input"),
+    Op("all_to_all_v_single", "output, input, output_split_sizes, input_split_sizes",
+       "(output,)", "(input,)", "(*outs, *ins)", "input, output, ins, outs, async_op",
+       "all_to_all_v_single(output, input, outs, ins",
+       prep="outs, ins = list(output_split_sizes or ()), list(input_split_sizes or ())"),
+    Op("all_to_all", "output_tensor_list, input_tensor_list", "outs", "ins", "()",
+       "ins, outs, async_op", "all_to_all(outs, ins",
+       prep="outs, ins = list(output_tensor_list), list(input_tensor_list)"),
+    Op("barrier", "", "()", "()", "()", "async_op", "barrier("),
+    Op("scatter", "output_tensor, input_tensor_list, root", "(output_tensor,)", "ins", "(root,)",
+       "output_tensor, ins, root, async_op", "scatter(output_tensor, ins, root",
+       prep="ins = list(input_tensor_list or ())"),
+    Op("gather", "output_tensor_list, input_tensor, root", "outs", "(input_tensor,)", "(root,)",
+       "input_tensor, outs, root, async_op", "gather(outs, input_tensor, root",
+       prep="outs = list(output_tensor_list or ())"),
+    Op("gather_single", "output, input, root", "(output,)", "(input,)", "(root,)",
+       "input, output, root, async_op", "gather_single(output, input, root"),
+    # BatchSendRecv.issue: ops are (is_send, tensor, peer)
+    Op("_batch_op_issue", "ops", "", "", "", "len(ops), async_op", "batch(ops",
+       compiled="_compiled.batch(self, ops, hints, timeout, async_op)"),
+)
+# fmt: on
+
+# The communicator's operations (its methods of those names; the "fake" backend's ops too)
+COLLECTIVE_METHODS = tuple(op.name for op in OPS if not op.name.startswith("_"))
+
+
+def _source(op: Op) -> str:
+    """The method of one row, as Python source."""
+    opname = op.name.lstrip("_")
+    pre_cls = "".join(w.capitalize() for w in opname.split("_")) + "PreHookArgs"
+    end = "" if op.call.endswith("(") else ", "
+    issue = f"TorchWork(self._c.{op.call}{end}async_op, _ms(timeout), hints))"
+    compiled = ["    if _compiling():" if op.compiled else "    if _compiling() or _eager_grad():"]
+    if op.red:
+        compiled.append("        n, fl = _compiled.reduction(op)")
+    compiled.append(  # (None: eagerly, no tensor needs a gradient: the plain call)
+        f"        if (w := {op.compiled}) is not None:"
+        if op.compiled
+        else f"        if (w := _compiled.call(self, {op.name!r}, {op.written}, {op.read}, "
+        + (f"(*n, *{op.ints}), fl, " if op.red else f"{op.ints}, (), ")
+        + "hints, timeout, async_op)) is not None:"
+    )
+    compiled.append("            return w")
+    return "\n".join(
+        [
+            f"def {op.name}(self, {op.params + ', ' if op.params else ''}async_op, hints=None, "
+            "timeout=None):",
+            *([f"    {op.prep}"] if op.prep else []),
+            *compiled,  # NOTE [compiled communicator methods]
+            *(["    t, f = _op(op)"] if op.red else []),
+            "    if self._hooked:  # NOTE [one hook registry]",
+            f"        return _hooked(self, _OpName.{opname}, lambda: _ht.{pre_cls}({op.pre}), "
+            f"lambda: {issue})",
+            f"    return {issue}",
+            "",
+        ]
+    )
+
+
+def methods(namespace: dict) -> dict[str, typing.Callable]:
+    """The methods of OPS, compiled with ``namespace`` as their globals (the module of
+    ``TorchComm``, which rebinds ``_compiling`` and ``_compiled``), where the names they call
+    are added."""
+    namespace.update(_op=_op, _ms=_ms, TorchWork=TorchWork, _hooked=_hooked)
+    namespace.update(_ht=_hook_types, _OpName=OpName)
+    out = {}
+    for op in OPS:
+        src = _source(op)
+        filename = f"<fastcomms generated TorchComm.{op.name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        exec(compile(src, filename, "exec"), namespace)  # noqa: S102 (NOTE [operation table])
+        fn = out[op.name] = namespace.pop(op.name)
+        fn.__qualname__ = f"TorchComm.{op.name}"
+        fn.__module__ = namespace["__name__"]
+    return out
+
+
+# NOTE [one hook registry]: a communicator's hooks live in the C++ communicator's registry (for a
+# Python backend, in the Shim that stands in for it: fastcomms/_pybackend.py), which numbers the
+# ops (NOTE [op ids]) and calls them on the calling thread. A Python hook is registered there as a
+# callback that finds the call in flight on its thread (``_calls``; set only on the hooked path,
+# so a communicator without hooks pays one attribute test per call) and builds torchcomms'
+# argument objects from it, once per call for all hooks. Post-hooks run as the C++ side reports
+# them, deferred to the moment the method has its result: split's post args carry the
+# communicator it made, and observers (``TorchComm._observe``) get the TorchWork. An op the C++
+# side issues for itself (a Ulysses transport's collective) has no call in flight: Python hooks
+# skip it, though it takes an op id.
+_calls = threading.local()
+
+
+class _Call:
+    """The hooked call in flight on a thread."""
+
+    __slots__ = ("key", "name", "pre_args", "args", "issued", "posted", "timed_out")
+
+    def __init__(self, key: int, name: OpName, pre_args) -> None:
+        self.key, self.name, self.pre_args, self.args = key, name, pre_args, None
+        self.issued: list = []  # fn(result) of the observers, then
+        self.posted: list = []  # fn(post args) of the post-hooks, once the method has its result
+        self.timed_out: list = []  # fn(error) of the observers, where the call times out
+
+    def pre(self):
+        if self.args is None:
+            self.args = self.pre_args()
+        return self.args
+
+
+def _hooked(comm, name: OpName, pre_args, issue):
+    """``issue()`` with a call in flight for the hooks of ``comm``."""
+    call = _Call(comm._key, name, pre_args)
+    outer = getattr(_calls, "call", None)
+    _calls.call = call
+    try:
+        result = issue()
+    except TimeoutError as e:
+        for fn in call.timed_out:
+            fn(e)
+        raise
+    finally:
+        _calls.call = outer
+    for fn in call.issued:
+        fn(result)
+    if call.posted:
+        args = SplitPostHookArgs(result) if name is OpName.split else POST_OF[name]()
+        for fn in call.posted:
+            fn(args)
+    return result
+
+
+def _in_flight(key: int) -> _Call | None:
+    call = getattr(_calls, "call", None)
+    return call if call is not None and call.key == key else None
+
+
+def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
+    """What the C++ registry of communicator ``key`` holds for the Python hook ``fn``:
+    (``"pre"``/``"post"``/``"abort"``, callback) pairs; ``kind`` "observe" is
+    ``TorchComm._observe``'s."""
+    if kind == "abort":
+        return [("abort", fn)]
+
+    def pre(_name, op_id, _async_op):
+        if (call := _in_flight(key)) is not None:
+            fn(call.name, op_id, call.pre())
+
+    def post(_name, op_id, _async_op):
+        if (call := _in_flight(key)) is not None:
+            call.posted.append(functools.partial(fn, op_id))
+
+    def timed(_name, op_id, _async_op):
+        if (call := _in_flight(key)) is not None:
+            call.timed_out.append(functools.partial(fn, "timeout", op_id))
+
+    def issued(_name, op_id, _async_op):
+        if (call := _in_flight(key)) is not None:
+            call.issued.append(functools.partial(_observe_issued, fn, op_id))
+
+    return {"pre": [("pre", pre)], "post": [("post", post)]}.get(
+        kind, [("pre", timed), ("post", issued)]
+    )
+
+
+def _observe_issued(fn, op_id: int, result) -> None:
+    work = result if isinstance(result, TorchWork) else None
+    if work is not None:
+        if work._observers is None:
+            work._observers = []
+        work._observers.append(lambda event, payload: fn(event, op_id, payload))
+    fn("issued", op_id, work)

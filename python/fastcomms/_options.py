@@ -1,0 +1,128 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Options as torchcomms spells them: ``ReduceOp``, ``CommOptions``, ``Timeout``, and the one
+rule for timeouts (``_ms``)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import typing
+
+from ._C import RedOpType
+
+# Argument and type errors raised here are the extension's: ValueError / TypeError and RuntimeError
+# at once (NOTE [error mapping] in python/src/binding.cpp), as torchcomms raises RuntimeError.
+from ._C import TypeError as _TypeError
+from ._C import ValueError as _ValueError
+
+_DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
+
+
+class ReduceOp:
+    """A reduction: ``ReduceOp.SUM`` ... and ``ReduceOp.PREMUL_SUM(factor)``; ``.type`` gives
+    the RedOpType."""
+
+    # one per RedOpType but PREMUL_SUM, set below the class (typed here for type checkers)
+    SUM = PRODUCT = MIN = MAX = BAND = BOR = BXOR = AVG = typing.cast("ReduceOp", None)
+
+    def __init__(self, type: RedOpType, factor: float = 1.0) -> None:  # noqa: A002
+        self.type = type
+        self.factor = float(factor)
+
+    def __repr__(self) -> str:
+        if self.type == RedOpType.PREMUL_SUM:
+            return f"ReduceOp.PREMUL_SUM({self.factor})"
+        return f"ReduceOp.{self.type.name}"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ReduceOp) and other.type == self.type and other.factor == self.factor
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.factor))
+
+    @staticmethod
+    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
+        return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+
+for _t in RedOpType.__members__.values():
+    if _t != RedOpType.PREMUL_SUM:
+        setattr(ReduceOp, _t.name, ReduceOp(_t))
+
+
+class Timeout(datetime.timedelta):
+    """torchcomms' Timeout: a ``datetime.timedelta`` (fastcomms takes any timedelta where a
+    timeout goes)."""
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    if v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise _ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {v!r}")
+
+
+def _env_timeout() -> datetime.timedelta:
+    v = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
+    if v is None or v == "":
+        return _DEFAULT_TIMEOUT
+    try:
+        seconds = float(v)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise _ValueError(f"TORCHCOMM_TIMEOUT_SECONDS must be a positive number, got {v!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+class CommOptions:
+    """Communicator options as torchcomms spells them. Unset fields take their defaults from
+    ``TORCHCOMM_TIMEOUT_SECONDS`` (else 600 s) and ``TORCHCOMM_ABORT_ON_ERROR``. Unlike
+    torchcomms, whose abort default is true, fastcomms aborts the process only when asked
+    (the argument or the variable): a timeout or an error is an exception by default."""
+
+    def __init__(
+        self,
+        abort_process_on_timeout_or_error: bool | None = None,
+        timeout: datetime.timedelta | None = None,
+        store=None,
+        hints: dict[str, str] | None = None,
+        name: str = "",
+        enable_reconfigure: bool = False,
+    ) -> None:
+        if abort_process_on_timeout_or_error is None:
+            abort_process_on_timeout_or_error = _env_bool("TORCHCOMM_ABORT_ON_ERROR", False)
+        self.abort_process_on_timeout_or_error = bool(abort_process_on_timeout_or_error)
+        self.timeout = _env_timeout() if timeout is None else _ms(timeout)
+        self.store = store
+        self.hints = dict(hints or {})
+        self.name = name
+        self.enable_reconfigure = bool(enable_reconfigure)
+
+
+def _ms(td, where: str = "") -> datetime.timedelta | None:
+    """A timeout as the C++ side takes it. One rule everywhere (new_comm, set_timeout, per op,
+    windows, monitored_barrier): None means the default, anything else must be positive; under a
+    millisecond rounds up to one (the C++ side counts milliseconds, where 0 would read as "the
+    default"). ``where`` prefixes the error (rank, communicator, op)."""
+    if td is None:
+        return None
+    if not isinstance(td, datetime.timedelta):
+        td = datetime.timedelta(seconds=float(td))
+    if td <= datetime.timedelta(0):
+        raise _ValueError(f"{where + ' ' if where else ''}timeout must be positive, got {td!r}")
+    return max(td, datetime.timedelta(milliseconds=1))
+
+
+def _op(op) -> tuple[RedOpType, float]:
+    if isinstance(op, ReduceOp):
+        return op.type, op.factor
+    if isinstance(op, RedOpType):
+        return op, 1.0
+    raise _TypeError(f"op must be a ReduceOp, got {type(op).__name__}")

@@ -1,0 +1,217 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""One-sided windows (torchcomms' ``TorchCommWindow``) and their attributes."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import typing
+
+import torch
+
+from ._C import UnsupportedError
+from ._options import _ms, _TypeError, _ValueError
+from ._work import _DoneWork
+
+if typing.TYPE_CHECKING:
+    from ._comm import TorchComm
+
+
+class TorchCommWinAccessType(enum.Enum):
+    """How a peer's window memory is reached (torchcomms' names): UNIFIED, loads and stores from
+    this device reach it directly (NVLink peer mappings); SEPARATE, only through put/get."""
+
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class TorchCommWindowAttr:
+    """A window's attributes for one peer (``TorchCommWindow.get_attr``)."""
+
+    def __init__(self) -> None:
+        self.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
+
+    def __repr__(self) -> str:
+        return f"TorchCommWindowAttr(access_type={self.access_type})"
+
+
+class TorchCommWindow:
+    """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink, and
+    nccl with every rank on one host): every rank registers a CUDA tensor of the same size
+    (collective), peers' tensors are mapped here through CUDA IPC. ``put`` copies into a peer's
+    tensor, ``signal``/``wait_signal`` order a peer's puts before this rank's later work; all are
+    enqueued on the caller's current stream
+    (their TorchWork is complete at once: the stream orders them). Not for CUDA graph capture.
+    ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
+    leaves a TimeoutError for ``check_errors`` and the next window call)."""
+
+    # a handle, as the communicator (TorchComm.__copy__)
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
+
+    def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
+        self._comm = comm
+        self._rank, self._size = comm.get_rank(), comm.get_size()
+        self._device = comm.get_device()
+        self._w = comm._c.new_window()  # collective; the backend says if it has windows
+        self._tensor = None  # the registered tensor when the window owns it
+        self._meta = None  # (dtype, shape, itemsize, numel) of the registered tensor
+        if tensor is not None:
+            self.tensor_register(tensor)
+
+    def _where(self, op: str) -> str:
+        return f"[rank {self._rank}/{self._size} {self._comm.get_name()} {op}]"
+
+    def _need(self, op: str) -> torch.Tensor:
+        if self._meta is None:
+            raise _ValueError(f"{self._where(op)} no tensor is registered; call tensor_register")
+        return self._tensor
+
+    def _peer(self, op: str, what: str, q) -> int:
+        if isinstance(q, bool) or not isinstance(q, int):
+            raise _TypeError(f"{self._where(op)} {what} must be an int, got {type(q).__name__}")
+        if not 0 <= q < self._size:
+            raise _ValueError(f"{self._where(op)} {what} must be in [0, {self._size}), got {q}")
+        return q
+
+    def _options(self, op: str, hints, timeout) -> int:
+        """Checks the per-call options; returns the timeout in ms (0: the communicator's)."""
+        if hints is not None and not isinstance(hints, dict):
+            raise _TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
+        td = _ms(timeout, self._where(op))
+        return 0 if td is None else td // datetime.timedelta(milliseconds=1)
+
+    # -- registration ----------------------------------------------------------------------------
+    def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
+        """Collective: this rank's buffer (a contiguous tensor on the communicator's device, the
+        same number of bytes on every rank). ``owning=False``: the window keeps no reference
+        (the caller keeps the tensor alive while the window uses it; ``get_tensor`` is None)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise _TypeError(f"{self._where('tensor_register')} needs a tensor")
+        if tensor.device != self._device or not tensor.is_contiguous():
+            raise _ValueError(
+                f"{self._where('tensor_register')} needs a contiguous tensor on {self._device}, "
+                "got "
+                + (
+                    "a non-contiguous tensor"
+                    if tensor.device == self._device
+                    else str(tensor.device)
+                )
+            )
+        if self._meta is not None:
+            raise RuntimeError(
+                f"{self._where('tensor_register')} a tensor is already registered; call "
+                "tensor_deregister first"
+            )
+        self._w.register_buffer(tensor)
+        self._tensor = tensor if owning else None
+        self._meta = (tensor.dtype, list(tensor.shape), tensor.element_size(), tensor.numel())
+
+    def tensor_deregister(self) -> None:
+        """Collective: releases the registration once every rank's puts are done."""
+        if self._meta is None:
+            raise RuntimeError(f"{self._where('tensor_deregister')} no tensor is registered")
+        self._w.deregister()
+        self._tensor = None
+        self._meta = None
+
+    # -- one-sided ops ---------------------------------------------------------------------------
+    def put(self, tensor, dst_rank, target_offset_nelems, async_op=False, hints=None, timeout=None):
+        """Copies ``tensor`` into rank ``dst_rank``'s buffer from element
+        ``target_offset_nelems`` (elements of the registered tensor's dtype)."""
+        self._need("put")
+        self._options("put", hints, timeout)
+        dtype, _, itemsize, numel = self._meta
+        dst_rank = self._peer("put", "dst_rank", dst_rank)
+        if tensor.device != self._device or not tensor.is_contiguous():
+            raise _ValueError(f"{self._where('put')} needs a contiguous tensor on {self._device}")
+        if tensor.dtype != dtype:
+            raise _TypeError(
+                f"{self._where('put')} tensor is {tensor.dtype}, the window holds {dtype}"
+            )
+        offset = int(target_offset_nelems)
+        if offset < 0 or offset + tensor.numel() > numel:
+            raise _ValueError(
+                f"{self._where('put')} elements [{offset}, {offset + tensor.numel()}) do not fit "
+                f"the window of {numel}"
+            )
+        self._w.put(tensor, dst_rank, offset * itemsize)
+        return _DoneWork()
+
+    def signal(self, peer_rank, async_op=False, hints=None, timeout=None):
+        """Tells ``peer_rank`` that this rank's earlier puts (in stream order) are complete."""
+        self._options("signal", hints, timeout)
+        self._w.signal(self._peer("signal", "peer_rank", peer_rank))
+        return _DoneWork()
+
+    def wait_signal(self, peer_rank, async_op=False, hints=None, timeout=None):
+        """Makes later work on the current stream wait for ``peer_rank``'s next signal, for at
+        most ``timeout`` (default: the communicator's)."""
+        ms = self._options("wait_signal", hints, timeout)
+        self._w.wait_signal(self._peer("wait_signal", "peer_rank", peer_rank), ms)
+        return _DoneWork()
+
+    def map_remote_tensor(self, rank) -> torch.Tensor:
+        """Rank ``rank``'s registered tensor, mapped on this device (kernels may read and write
+        it directly; pair such writes with signal/wait_signal)."""
+        self._need("map_remote_tensor")
+        dtype, shape, _, _ = self._meta
+        like = torch.empty(0, dtype=dtype, device=self._device)
+        return self._w.remote(self._peer("map_remote_tensor", "rank", rank), shape, like)
+
+    def check_errors(self) -> None:
+        """Raises TimeoutError if a wait_signal gave up waiting."""
+        self._w.check_errors()
+
+    # -- attributes ------------------------------------------------------------------------------
+    def get_attr(self, peer_rank) -> TorchCommWindowAttr:
+        """How ``peer_rank``'s buffer is reached: UNIFIED (the window maps every peer's buffer
+        into this device through CUDA IPC with peer access, over NVLink where the GPUs have it,
+        so ``map_remote_tensor`` gives loads and stores)."""
+        self._peer("get_attr", "peer_rank", peer_rank)
+        attr = TorchCommWindowAttr()
+        attr.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
+        return attr
+
+    def get_size(self) -> int:
+        """Bytes of the registered buffer (0 when none)."""
+        return self._w.bytes()
+
+    def get_tensor(self) -> torch.Tensor | None:
+        """The registered tensor; None when none is, or it was registered with owning=False."""
+        return self._tensor
+
+    @property
+    def dtype(self):
+        """The registered tensor's dtype (None before a registration)."""
+        return None if self._meta is None else self._meta[0]
+
+    @property
+    def shape(self):
+        """The registered tensor's shape as a list (None before a registration)."""
+        return None if self._meta is None else list(self._meta[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # -- the device-side window API (torchcomms' NCCLX path) --------------------------------------
+    def _no_device_window(self, op: str):
+        raise UnsupportedError(
+            f"{self._where(op)} device-side windows (get_device_window, local buffer handles for "
+            "kernels that issue RMA themselves) are an NCCLX feature fastcomms does not have; use "
+            "map_remote_tensor for direct loads and stores, or put/signal/wait_signal"
+        )
+
+    def get_device_window(self, signal_count=-1, counter_count=-1, barrier_count=1):
+        self._no_device_window("get_device_window")
+
+    def register_local_buffer(self, tensor):
+        self._no_device_window("register_local_buffer")
+
+    def deregister_local_buffer(self, handle):
+        self._no_device_window("deregister_local_buffer")

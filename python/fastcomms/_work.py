@@ -1,0 +1,62 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""``TorchWork``: the handle on an issued op."""
+
+from __future__ import annotations
+
+import time
+
+from . import _C
+from ._C import WorkStatus
+
+
+class TorchWork:
+    """A handle on an issued op: ``wait()``, ``is_completed()``, ``status()``. Keeps the op's
+    tensors alive until it completes."""
+
+    def __init__(self, work: _C.Work) -> None:
+        self._work = work
+        # fn(event, payload) per observer of the op ("waited" / "timeout"; NOTE [one hook
+        # registry]), None while nothing observes it
+        self._observers: list | None = None
+
+    def wait(self) -> None:
+        if self._observers is None:
+            return self._work.wait()
+        try:
+            self._work.wait()
+        except TimeoutError as e:
+            for fn in self._observers:
+                fn("timeout", e)
+            raise
+        for fn in self._observers:
+            fn("waited", self)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def status(self) -> WorkStatus:
+        return self._work.status()
+
+    def wait_blocking(self) -> None:
+        """Blocks this thread until the op has finished (``wait()`` on a CUDA backend only
+        orders the caller's stream); raises the op's error like ``wait()``."""
+        self.wait()
+        delay = 1e-5
+        while not self._work.is_completed():
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        if self._work.status() != WorkStatus.COMPLETED:
+            self.wait()  # rethrows the error that ended it
+
+
+class _DoneWork:
+    """The TorchWork of a stream-ordered op: already ordered on the caller's current stream."""
+
+    def wait(self) -> None:
+        pass
+
+    def is_completed(self) -> bool:
+        return True
+
+    def status(self) -> WorkStatus:
+        return WorkStatus.COMPLETED

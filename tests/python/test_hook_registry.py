@@ -1,0 +1,121 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The methods written from the operation table keep torchcomms' signatures (NOTE [operation
+table]), and hooks, observers and the C++ communicator share one registry and one op-id
+sequence (NOTE [one hook registry], NOTE [op ids]). One process, world 1 over gloo."""
+
+import inspect
+import os
+
+import fastcomms
+import pytest
+import torch
+import torch.distributed as dist
+from fastcomms import OpName, ReduceOp
+
+# torchcomms' positional order of every generated method (async_op, hints, timeout follow)
+SIGNATURES = {
+    "send": "tensor dst",
+    "recv": "tensor src",
+    "broadcast": "tensor root",
+    "all_reduce": "tensor op",
+    "reduce": "tensor root op",
+    "all_gather": "tensor_list tensor",
+    "all_gather_v": "tensor_list tensor",
+    "all_gather_single": "output input",
+    "reduce_scatter": "output input_list op",
+    "reduce_scatter_v": "output input_list op",
+    "reduce_scatter_single": "output input op",
+    "all_to_all_single": "output input",
+    "all_to_all_v_single": "output input output_split_sizes input_split_sizes",
+    "all_to_all": "output_tensor_list input_tensor_list",
+    "barrier": "",
+    "scatter": "output_tensor input_tensor_list root",
+    "gather": "output_tensor_list input_tensor root",
+    "gather_single": "output input root",
+}
+
+
+def test_signatures_are_torchcomms():
+    for name, params in SIGNATURES.items():
+        sig = inspect.signature(getattr(fastcomms.TorchComm, name))
+        want = ["self", *params.split(), "async_op", "hints", "timeout"]
+        assert list(sig.parameters) == want, (name, sig)
+        assert sig.parameters["hints"].default is None and sig.parameters["timeout"].default is None
+        assert all(
+            p.default is inspect.Parameter.empty for p in list(sig.parameters.values())[:-2]
+        ), (name, sig)
+    assert "all_reduce" in inspect.getsource(fastcomms.TorchComm.all_reduce)  # (linecache)
+
+
+@pytest.fixture
+def comms(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    store = dist.FileStore(os.path.join(tmp_path, "store"), 1)
+    made = [fastcomms.new_comm("gloo", "cpu", f"reg{i}", store=store) for i in range(2)]
+    yield made
+    for c in made:
+        c.finalize()
+
+
+def test_one_registry_one_sequence(comms):
+    a, b = comms
+    seen, raw, post = [], [], []
+    assert a._fast is not None  # no hook: the process group's C++ path
+    ha = a.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
+    hb = b.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
+    hp = a.register_post_hook(lambda op_id, args: post.append((op_id, type(args).__name__)))
+    assert a._fast is None
+    # a hook registered on the C++ communicator itself sees the same ops and ids
+    remove_raw = a.get_backend_impl().register_pre_hook(lambda *i: raw.append(i))
+    x = torch.ones(2)
+    a.all_reduce(x, ReduceOp.SUM, False)
+    b.barrier(False)
+    w = a.broadcast(x, 0, True)
+    w.wait()
+    ids = [i for _, i, _ in seen]
+    assert [n for n, _, _ in seen] == [OpName.all_reduce, OpName.barrier, OpName.broadcast]
+    assert ids == [ids[0], ids[0] + 1, ids[0] + 2]  # across communicators: one sequence
+    assert seen[0][2].tensor is x and seen[0][2].op == ReduceOp.SUM
+    assert raw == [("all_reduce", ids[0], False), ("broadcast", ids[2], True)]
+    assert post == [(ids[0], "AllReducePostHookArgs"), (ids[2], "BroadcastPostHookArgs")]
+    remove_raw()
+    # split: its post-hook gets the communicator it made; finalize's ops have id 0
+    splits = []
+    hs = a.register_post_hook(lambda op_id, args: splits.append(getattr(args, "new_comm", None)))
+    child = a.split([0], "child")
+    assert splits[-1] is child and seen[-1][0] is OpName.split and seen[-1][1] > ids[2]
+    child.finalize()
+    for h in (ha, hb, hp, hs):
+        h.remove()
+    assert a._fast is not None
+    n = len(seen)
+    a.barrier(False)
+    assert len(seen) == n  # removed
+
+
+def test_observer_and_finalize(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    comm = fastcomms.new_comm("gloo", "cpu", "obs", store=dist.HashStore())
+    events, pre = [], []
+    comm._observe(lambda event, op_id, payload: events.append((event, op_id, payload)))
+    comm.register_pre_hook(lambda name, op_id, args: pre.append((name, op_id)))
+    w = comm.all_reduce(torch.ones(1), ReduceOp.SUM, True)
+    w.wait()
+    op_id = pre[0][1]
+    assert events == [("issued", op_id, w), ("waited", op_id, w)]
+    comm.finalize()
+    assert pre[-1] == (OpName.finalize, 0)
+    assert events[-1] == ("issued", 0, None)
+
+
+def test_python_backend_draws_from_the_sequence():
+    fake = fastcomms.new_comm("fake", "cpu", "fake_ids")
+    ids = []
+    fake.register_pre_hook(lambda name, op_id, args: ids.append(op_id))
+    fake.barrier(False)
+    fake.barrier(False)
+    assert ids[1] == ids[0] + 1 and ids[0] > 0
+    fake.finalize()
+    assert ids[-1] == 0
