@@ -87,8 +87,8 @@ def _bad_export(sym):
     if sym.startswith(("operator new", "operator delete", "__cxa_", "__gxx_")):
         return "a C++ runtime symbol (a static libstdc++ copy)"
     head = sym.split("(")[0]
-    if "()::" in sym:  # a function-local static of an inline header function (guard, tag)
-        return None
+    if re.search(r"\)( const)?::", sym):  # a function-local static of an inline header
+        return None  # function, a const member's too (guard, tag)
     if head.startswith(("std::", "__gnu_cxx::", "vtable for std::", "typeinfo for std::")):
         if "<" in sym or "(" not in sym:  # template instantiations; C++17 inline variables
             return None  # (std::piecewise_construct, ...) that every TU using them emits
