@@ -12,14 +12,11 @@ DeviceMesh; its errors) and the USP example's attention against single-process a
 (output and q/k/v gradients, grouped-query, causal zig-zag), with armed controls that the same
 checks must catch."""
 
-import datetime
 import importlib.util
 import os
-import traceback
 
 import pytest
 import torch
-from conftest import _hang_guard, init_rank, spawn
 from fastcomms.ring import zigzag_indices, zigzag_shard, zigzag_unshard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -274,46 +271,32 @@ def _sp_checks(comm, rank, size):
     return len(rows)
 
 
-def _job(rank, size, path, errq):
-    _hang_guard()
-    try:
-        import fastcomms
-        import torch.distributed as dist
-        from fastcomms.ring import RingGroup
-        from torch.distributed.device_mesh import DeviceMesh
+def ring_and_sequence_parallel(comm, rank, size):
+    """Run by conftest's world fixture: comm is a gloo communicator over the world, beside
+    torch.distributed's gloo default group."""
+    import torch.distributed as dist
+    from fastcomms.ring import RingGroup
+    from torch.distributed.device_mesh import DeviceMesh
 
-        store = init_rank(rank, size, path)
-        comm = fastcomms.new_comm(
-            "gloo",
-            "cpu",
-            store=dist.PrefixStore("fc", store),
-            name="ring",
-            timeout=datetime.timedelta(seconds=60),
-        )
-        # rings of 2, 3 and 4 ranks (the first k ranks: group rank = global rank), each over a
-        # fastcomms communicator and a torch.distributed group, and the whole world over a 1-D
-        # DeviceMesh; one spawned world keeps the file quick
-        checks = 0
-        for k in range(2, size + 1):
-            members = list(range(k))
-            sub = comm.split(members if rank < k else [], f"ring{k}")
-            pg = dist.new_group(members) if k < size else dist.group.WORLD
-            if rank < k:
-                checks += _ring_checks(RingGroup(sub), rank, k, f"comm of {k}", pg)
-                checks += _ring_checks(RingGroup(pg), rank, k, f"group of {k}", pg)
-                if k < size:
-                    sub.finalize()
-            dist.barrier()
-        mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
-        checks += _ring_checks(RingGroup(mesh), rank, size, "1-D mesh", dist.group.WORLD)
-        rows = _sp_checks(comm, rank, size)
-        comm.finalize()
-        dist.destroy_process_group()
-        print(f"[rank {rank}/{size}] ring: {checks} checks bit-exact; usp: {rows} cases")
-    except BaseException:
-        errq.put((rank, traceback.format_exc()))
-        raise
+    # rings of 2, 3 and 4 ranks (the first k ranks: group rank = global rank), each over a
+    # fastcomms communicator and a torch.distributed group, and the whole world over a 1-D
+    # DeviceMesh; one spawned world keeps the file quick
+    checks = 0
+    for k in range(2, size + 1):
+        members = list(range(k))
+        sub = comm.split(members if rank < k else [], f"ring{k}")
+        pg = dist.new_group(members) if k < size else dist.group.WORLD
+        if rank < k:
+            checks += _ring_checks(RingGroup(sub), rank, k, f"comm of {k}", pg)
+            checks += _ring_checks(RingGroup(pg), rank, k, f"group of {k}", pg)
+            if k < size:
+                sub.finalize()
+        dist.barrier()
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    checks += _ring_checks(RingGroup(mesh), rank, size, "1-D mesh", dist.group.WORLD)
+    rows = _sp_checks(comm, rank, size)
+    print(f"[rank {rank}/{size}] ring: {checks} checks bit-exact; usp: {rows} cases")
 
 
-def test_ring_and_sequence_parallel():
-    spawn(_job, 4, timeout=170)
+def test_ring_and_sequence_parallel(world):
+    world(ring_and_sequence_parallel, 4)
