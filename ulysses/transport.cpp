@@ -3,12 +3,11 @@
 // transport registry and the transport choice.
 #include "fastcomms/ulysses/transport.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <set>
 
 #include "fastcomms/error.hpp"
+#include "fastcomms/ulysses/hierarchical.hpp"
 
 namespace fastcomms {
 namespace {
@@ -178,6 +177,9 @@ UlyssesTransportPtr make_transport(const std::string& kind, const TransportInit&
     if (init.comm->device().type != DeviceType::kCUDA) return make_collective_transport(init.comm);
     return make_transport("cuda_collective", init);
   }
+  if (kind == "hierarchical")
+    return make_transport(
+        init.device.type == DeviceType::kCUDA ? "hierarchical_nvlink" : "hierarchical_cpu", init);
   TransportFactory f;
   {
     Registry& r = registry();
@@ -254,15 +256,19 @@ std::pair<bool, std::string> nvlink_decision(const std::vector<std::string>& who
   return {true, detail::cat("GPUs ", list(devs), " of one host, every pair NVLink-joined (NVML)")};
 }
 
-TransportChoice select_transport(const TransportInit& init, const std::string& transport,
+TransportChoice select_transport(const TransportInit& init_in, const std::string& transport,
                                  bool require_nvlink, std::optional<std::vector<std::string>> who) {
+  TransportInit init = init_in;
   const std::string where =
       detail::cat("[rank ", init.rank, "/", init.size, " ", init.name, "] UlyssesGroup: ");
-  FASTCOMMS_CHECK(transport == "auto" || transport == "nvlink" || transport == "collective",
-                  kInvalidArgument, where, "transport must be auto, nvlink or collective, got '",
-                  transport, "'");
-  FASTCOMMS_CHECK(!(require_nvlink && transport == "collective"), kInvalidArgument, where,
-                  "require_nvlink=True contradicts transport='collective'");
+  FASTCOMMS_CHECK(transport == "auto" || transport == "nvlink" || transport == "hierarchical" ||
+                      transport == "collective",
+                  kInvalidArgument, where,
+                  "transport must be auto, nvlink, hierarchical or collective, got '", transport,
+                  "'");
+  FASTCOMMS_CHECK(!(require_nvlink && (transport == "collective" || transport == "hierarchical")),
+                  kInvalidArgument, where, "require_nvlink=True contradicts transport='", transport,
+                  "'");
   const auto collective = [&](std::string why) {
     TransportChoice c;
     c.kind = init.device.type == DeviceType::kCUDA ? "cuda_collective" : "collective";
@@ -271,13 +277,16 @@ TransportChoice select_transport(const TransportInit& init, const std::string& t
     return c;
   };
   if (transport == "collective") return collective("transport='collective' was asked");
+  const bool hierarchical_asked = transport == "hierarchical";
   const auto refuse_or = [&](const std::string& why) {
     FASTCOMMS_CHECK(transport != "nvlink" && !require_nvlink, kUnsupported, where,
                     "the NVLink transport is not available: ", why);
+    FASTCOMMS_CHECK(!hierarchical_asked, kUnsupported, where,
+                    "the hierarchical transport is not available: ", why);
     return collective(why);
   };
   // A communicator whose backend owns an engine lends it (no second set of windows).
-  if (init.comm) {
+  if (init.comm && !hierarchical_asked) {
     if (auto lent = init.comm->lend(kLentUlyssesTransport)) {
       TransportChoice c;
       c.transport = std::static_pointer_cast<UlyssesTransport>(lent);
@@ -286,31 +295,69 @@ TransportChoice select_transport(const TransportInit& init, const std::string& t
       return c;
     }
   }
-  if (init.device.type != DeviceType::kCUDA)
+  const bool cuda = init.device.type == DeviceType::kCUDA;
+  if (!cuda && !hierarchical_asked)
     return refuse_or(
         detail::cat("the group's device is ", init.device.str(), ", not a CUDA device"));
-  if (!has_transport("nvlink")) return refuse_or("this build has no CUDA layer");
-  if (!who) {
+  if (cuda && !has_transport("nvlink")) return refuse_or("this build has no CUDA layer");
+  const auto gather = [&](const std::string& mine, const std::string& tag) {
+    if (init.gather) return init.gather(mine);
     FASTCOMMS_CHECK(init.store != nullptr, kInvalidArgument, where,
                     "a store is needed to agree on the transport");
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    const std::string key = init.name + "/who/";
-    init.store->set_string(key + std::to_string(init.rank),
-                           detail::cat(host, "|", init.device.index));
-    who.emplace();
+    const std::string key = detail::cat(init.name, "/", tag, "/");
+    init.store->set_string(key + std::to_string(init.rank), mine);
+    std::vector<std::string> all;
     for (int q = 0; q < init.size; ++q) {
       const auto v = init.store->get(key + std::to_string(q), init.timeout);
-      who->emplace_back(v.begin(), v.end());
+      all.emplace_back(v.begin(), v.end());
     }
+    return all;
+  };
+  if (!who) who = gather(detail::cat(host_name(), "|", cuda ? init.device.index : 0), "who");
+  const auto probe = [](const std::vector<int>& d) { return nvlink_matrix(d); };
+  std::vector<std::string> hosts;
+  for (const std::string& w : *who) hosts.push_back(w.substr(0, w.rfind('|')));
+  const HostMap map = host_map(hosts, init.rank);
+  if (map.hosts == 1) {
+    if (hierarchical_asked)
+      return refuse_or(detail::cat("the ", init.size,
+                                   " ranks are on one host (use 'nvlink' or "
+                                   "'auto' there)"));
+    auto [ok, why] = nvlink_decision(*who, probe);
+    if (!ok) return refuse_or(why);
+    TransportChoice c;
+    c.transport = make_transport("nvlink", init);
+    c.kind = "nvlink";
+    c.reason = why;
+    return c;
   }
-  auto [ok, why] =
-      nvlink_decision(*who, [](const std::vector<int>& d) { return nvlink_matrix(d); });
-  if (!ok) return refuse_or(why);
+  // NOTE [hierarchical choice]: several hosts. NVLink alone cannot serve the group; the
+  // hierarchical path can where some host holds two ranks or more and every host's ranks are
+  // NVLink-joined. Only the ranks of a host can ask NVML about its GPUs, so each host's verdict
+  // is gathered and every rank decides from the same list.
+  const std::string span = detail::cat("the ranks span ", map.hosts, " hosts");
+  if (transport == "nvlink" || require_nvlink) return refuse_or(span);
+  if (map.max_per_host < 2)
+    return refuse_or(span + ", one rank on each: nothing moves inside a host");
+  if (cuda) {
+    std::vector<std::string> mine;
+    for (const int q : map.members) mine.push_back((*who)[q]);
+    const auto [ok, why] = nvlink_decision(mine, probe);
+    const auto verdicts = gather(ok ? std::string("1") : "0" + why, "hosts");
+    for (int q = 0; q < init.size; ++q)
+      if (verdicts[q].empty() || verdicts[q][0] != '1')
+        return refuse_or(detail::cat(span, "; on the host of rank ", q, ": ",
+                                     verdicts[q].empty() ? "?" : verdicts[q].substr(1)));
+  }
+  init.host_of = map.host_of;
   TransportChoice c;
-  c.transport = make_transport("nvlink", init);
-  c.kind = "nvlink";
-  c.reason = why;
+  c.transport = make_transport("hierarchical", init);
+  c.kind = "hierarchical";
+  c.reason = detail::cat(span, " (", map.max_per_host, " ranks on the largest)",
+                         cuda ? ", each host's ranks NVLink-joined: NVLink inside a host, "
+                              : ": a split of the communicator inside a host, ",
+                         init.comm ? init.comm->backend_name() : std::string("the process group"),
+                         " between hosts");
   return c;
 }
 

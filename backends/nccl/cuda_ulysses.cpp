@@ -8,7 +8,7 @@
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/cuda/runtime.hpp"
 #include "fastcomms/error.hpp"
-#include "fastcomms/ulysses/transport.hpp"
+#include "fastcomms/ulysses/hierarchical.hpp"
 
 namespace fastcomms {
 namespace {
@@ -82,7 +82,7 @@ WorkPtr CudaCollectiveTransport::run(const TensorView& x, const TensorView& out,
   // geometry and dtype as well as the byte counts before the exchange. This path carries no chunk
   // header (docs/design.md): NCCL with counts that disagree hangs or reads past a chunk, so only a
   // check before the data can catch a mismatched call.
-  o.call_key = (p.geometry_key * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(x.dtype) + 1) | 1u;
+  o.call_key = ulysses_call_key(p, x.dtype);
   comm_->all_to_all_v_single(
       TensorView::contiguous(recv_.get(), DType::kUInt8, {p.recv_elems * e}, x.device),
       TensorView::contiguous(send_.get(), DType::kUInt8, {p.send_elems * e}, x.device), recv_bytes,

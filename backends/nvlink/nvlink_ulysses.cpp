@@ -142,6 +142,9 @@ NvlinkUlysses::NvlinkUlysses(NvlinkUlyssesOptions options) : opt_(std::move(opti
   FASTCOMMS_CHECK(opt_.store != nullptr, kInvalidArgument, prefix(), "a store is required");
   FASTCOMMS_CHECK(opt_.size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.size, kInvalidArgument,
                   prefix(), "rank ", opt_.rank, " is not in a group of ", opt_.size);
+  FASTCOMMS_CHECK(opt_.plan_ranks.empty() || static_cast<int>(opt_.plan_ranks.size()) == opt_.size,
+                  kInvalidArgument, prefix(), "plan_ranks names ", opt_.plan_ranks.size(),
+                  " ranks for a group of ", opt_.size);
   cuda::DeviceGuard guard(opt_.device);
   // NOTE [vmm windows]: every rank says what it can do; VMM only when all can (and were asked).
   const std::string& alloc = opt_.tuning.window_alloc;
@@ -348,10 +351,11 @@ void NvlinkUlysses::flagged_call(const TensorView& x, const TensorView& out,
   std::vector<int> send_peer, recv_peer;
   for (int k = 0; k < opt_.size; ++k) {
     const int q = (opt_.rank + k) % opt_.size;  // rotated: ranks do not all start at peer 0
-    sends.push_back({x.data, q == opt_.rank ? out.data : nullptr, p.puts[q]});
+    sends.push_back({x.data, q == opt_.rank ? out.data : nullptr, p.puts[plan_rank(q)]});
     send_peer.push_back(q);
     if (q == opt_.rank) continue;
-    recvs.push_back({nullptr, out.data, peer_plan(p, req, q)->puts[opt_.rank]});
+    recvs.push_back(
+        {nullptr, out.data, peer_plan(p, req, plan_rank(q))->puts[plan_rank(opt_.rank)]});
     recv_peer.push_back(q);
   }
   ++epoch_;
@@ -470,9 +474,10 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
   // NOTE [a group of one rank]: no peer, so no barrier, no epoch and no window: the call is one
   // copy of x into out (the plan's own-share descriptor) on the copy engine, a single memcpy
   // node when captured in a CUDA graph. Zero copy and copying are the same call here.
+  const int me = plan_rank(opt_.rank);
   if (opt_.size == 1) {
-    if (!p.puts[0].empty() && !faults_.skip_transfer)
-      cuda::copy_engine_async({x.data, out.data, p.puts[0]}, stream);
+    if (!p.puts[me].empty() && !faults_.skip_transfer)
+      cuda::copy_engine_async({x.data, out.data, p.puts[me]}, stream);
     return;
   }
   if (flagged_eligible(p, engine)) {
@@ -488,13 +493,14 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
   const uint64_t key = p.geometry_key ^ (copying ? 0 : 0x9e3779b97f4a7c15ull);
   // This rank's own share (it never crosses a link: straight into `out` when copying) and the
   // remote blocks, rotated so that ranks do not all hit peer 0 first.
-  const cuda::CopyJob own{x.data, copying ? out.data : dest.ptrs[opt_.rank], p.puts[opt_.rank]};
+  const cuda::CopyJob own{x.data, copying ? out.data : dest.ptrs[opt_.rank], p.puts[me]};
   std::vector<cuda::CopyJob> remote;
-  int64_t max_chunk = p.puts[opt_.rank].bytes();
+  int64_t max_chunk = p.puts[me].bytes();
   for (int k = 1; k < opt_.size; ++k) {
     const int peer = (opt_.rank + k) % opt_.size;
-    max_chunk = std::max(max_chunk, p.puts[peer].bytes());
-    if (!p.puts[peer].empty()) remote.push_back({x.data, dest.ptrs[peer], p.puts[peer]});
+    const plan::CopyDesc& put = p.puts[plan_rank(peer)];
+    max_chunk = std::max(max_chunk, put.bytes());
+    if (!put.empty()) remote.push_back({x.data, dest.ptrs[peer], put});
   }
   ++epoch_;
   if (engine == TransferEngine::kAuto)
@@ -704,8 +710,8 @@ void NvlinkUlysses::copy_out(const TensorView& out, const plan::UlyssesPlan& p,
   std::vector<cuda::CopyJob> out_jobs;
   for (int q = 0; q < opt_.size; ++q) {
     if (q == opt_.rank) continue;
-    const auto theirs = peer_plan(p, req, q);
-    const plan::CopyDesc& in = theirs->puts[opt_.rank];
+    const auto theirs = peer_plan(p, req, plan_rank(q));
+    const plan::CopyDesc& in = theirs->puts[plan_rank(opt_.rank)];
     if (in.empty()) continue;
     plan::CopyDesc c = in;
     c.src_offset = in.dst_offset;

@@ -115,6 +115,10 @@ struct NvlinkUlyssesOptions {
   std::string name = "ulysses";                    ///< Key namespace in the store.
   std::chrono::milliseconds timeout{600'000};      ///< Store waits and device barrier waits.
   NvlinkTuning tuning = NvlinkTuning::from_env();  ///< Engine knobs.
+  /// NOTE [hierarchical split]: the ranks of the plans this group runs, by member (empty: the
+  /// group's own ranks). A host's engine of a hierarchical group runs the whole group's plan,
+  /// member q being rank plan_ranks[q] of it: puts go to members only, at the plan's offsets.
+  std::vector<int> plan_ranks;
 };
 
 /// One group of ranks doing Ulysses all-to-alls over NVLink.
@@ -307,6 +311,8 @@ class NvlinkUlysses {
   // the grids with one lane: each rank here, twice where several share the GPU (their lanes are
   // counted from the start there)
   int one_lane_grids() const { return ranks_here_ > 1 ? 2 * ranks_here_ : 1; }
+  // Member q's rank in the plans this group runs (NvlinkUlyssesOptions::plan_ranks).
+  int plan_rank(int q) const { return opt_.plan_ranks.empty() ? q : opt_.plan_ranks[q]; }
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;
   UlyssesPlanCache plans_;

@@ -22,7 +22,6 @@ import collections
 import datetime
 import math
 import os
-import socket
 import tempfile
 import uuid
 
@@ -104,8 +103,12 @@ class UlyssesGroup(_OpaqueBase):
 
     The group holds one transport of the Ulysses layer: NVLink peer-to-peer when ``transport``
     allows it and every rank of the group sits on one host with every pair of its GPUs
-    NVLink-joined (NVML's answer; "unknown" is never taken for yes), else the collective path of
-    the group's backend. Over an "nvlink" communicator the backend lends its own engine.
+    NVLink-joined (NVML's answer; "unknown" is never taken for yes); "hierarchical" when the ranks
+    span hosts, some host holds two or more and each host's GPUs are NVLink-joined (NVLink inside
+    a host, the group's collective backend between hosts, both at once; on CPU only when asked for,
+    over a TorchComm); else the collective path of the group's backend. ``transport`` is "auto",
+    "nvlink", "hierarchical" or "collective" (which forces the flat path). Over an "nvlink"
+    communicator the backend lends its own engine.
     Constructing a group on CUDA is collective. ``self.transport`` says what was chosen and
     ``self.transport_reason`` why. Calls from one thread at a time, in the same order on every
     rank.
@@ -149,7 +152,7 @@ class UlyssesGroup(_OpaqueBase):
             self._t, kind, self.transport_reason = self._over_process_group(
                 group, device, transport, require_nvlink
             )
-        self.transport = "nvlink" if kind == "nvlink" else "collective"
+        self.transport = kind if kind in ("nvlink", "hierarchical") else "collective"
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
 
     # -- transport selection -----------------------------------------------------------------------
@@ -170,19 +173,32 @@ class UlyssesGroup(_OpaqueBase):
         default = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         self.device = self._resolve_device(device, default)
         index = self.device.index if self.device is not None and self.device.type == "cuda" else -1
-        who, store = [], None
+        who, store, gather, capsule = [], None, None, None
         if transport != "collective" and index >= 0:
-            # Every rank's host and GPU (the decision's input), then a store on this host for the
-            # NVLink setup when there is one host (the only case NVLink can serve).
+            from . import _c10d
+
+            # Every rank's host and GPU (the decision's input), then a store shared by the ranks
+            # of each host for the NVLink setup (NOTE [hierarchical choice]: several hosts also
+            # need an all-gather of their verdicts and the group for the exchange between them).
             who = [None] * self._size
-            dist.all_gather_object(who, f"{socket.gethostname()}|{index}", group=pg)
-            if len({w.rsplit("|", 1)[0] for w in who}) == 1:
-                # A fresh file name; FileStore deletes the file when the last rank lets go of it
-                # (removing it earlier would leave a peer's FileStore retrying to open it).
-                fresh = os.path.join(tempfile.gettempdir(), f"fastcomms_ulysses_{uuid.uuid4().hex}")
-                path = [fresh if self._rank == 0 else None]
-                dist.broadcast_object_list(path, src=dist.get_global_rank(pg, 0), group=pg)
-                store = dist.FileStore(path[0], self._size)
+            dist.all_gather_object(who, f"{_C.host_name()}|{index}", group=pg)
+            hosts = list(dict.fromkeys(w.rsplit("|", 1)[0] for w in who))
+            mine = who[self._rank].rsplit("|", 1)[0]
+            # A fresh file name (one per host); FileStore deletes the file when the last rank lets
+            # go of it (removing it earlier would leave a peer's FileStore retrying to open it).
+            fresh = os.path.join(tempfile.gettempdir(), f"fastcomms_ulysses_{uuid.uuid4().hex}")
+            path = [fresh if self._rank == 0 else None]
+            dist.broadcast_object_list(path, src=dist.get_global_rank(pg, 0), group=pg)
+            here = sum(w.rsplit("|", 1)[0] == mine for w in who)
+            store = dist.FileStore(f"{path[0]}_{hosts.index(mine)}", here)
+            if len(hosts) > 1:
+
+                def gather(value):
+                    out = [None] * self._size
+                    dist.all_gather_object(out, value, group=pg)
+                    return out
+
+                capsule = _c10d._process_group_capsule(pg)
         t, kind, why = _C.select_transport(
             self._rank,
             self._size,
@@ -193,6 +209,8 @@ class UlyssesGroup(_OpaqueBase):
             transport,
             bool(require_nvlink),
             who,
+            gather,
+            capsule,
         )
         if t is None:  # the collective path over the group itself (NOTE [ulysses op in c++])
             from . import _c10d

@@ -21,6 +21,7 @@
 #include "fastcomms/core/window.hpp"
 #include "fastcomms/error.hpp"
 #include "fastcomms/ulysses/fp8.hpp"
+#include "fastcomms/ulysses/hierarchical.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 #include "python_state.hpp"
 #ifdef FASTCOMMS_WITH_CUDA
@@ -1035,26 +1036,48 @@ PYBIND11_MODULE(_C, m) {
   // ProcessGroup): the caller gathered every rank's "host|device" (`who`) and passes a store
   // the ranks share. The transport is None when the collective path is chosen (the caller runs
   // it with torch ops).
-  m.def("select_transport",
-        [](int rank, int size, int device_index, py::object store, const std::string& name,
-           std::chrono::milliseconds timeout, const std::string& transport, bool require_nvlink,
-           std::vector<std::string> who) {
-          TransportInit init;
-          init.rank = rank;
-          init.size = size;
-          init.device = device_index >= 0 ? Device{DeviceType::kCUDA, device_index} : Device{};
-          if (!store.is_none()) init.store = std::make_shared<PyStore>(std::move(store));
-          init.name = name;
-          init.timeout = timeout;
-          TransportChoice choice;
-          {
-            py::gil_scoped_release release;
-            choice = select_transport(init, transport, require_nvlink, std::move(who));
-          }
-          return py::make_tuple(
-              choice.transport ? py::cast(PyTransport{choice.transport, init.device}) : py::none(),
-              choice.kind, choice.reason);
-        });
+  // A hierarchical group (ranks on several hosts) also needs `gather` (an all-gather of one str
+  // per rank over the group: the hosts' verdicts) and `pg` (the group's capsule, the exchange
+  // between hosts); `store` is then shared by the ranks of this rank's host.
+  m.def(
+      "select_transport",
+      [](int rank, int size, int device_index, py::object store, const std::string& name,
+         std::chrono::milliseconds timeout, const std::string& transport, bool require_nvlink,
+         std::vector<std::string> who, py::object gather, py::object pg) {
+        TransportInit init;
+        init.rank = rank;
+        init.size = size;
+        init.device = device_index >= 0 ? Device{DeviceType::kCUDA, device_index} : Device{};
+        if (!store.is_none()) init.store = std::make_shared<PyStore>(std::move(store));
+        init.name = name;
+        init.timeout = timeout;
+        if (!gather.is_none()) {
+          // Released under the GIL whichever thread drops the last copy.
+          std::shared_ptr<py::object> held(new py::object(std::move(gather)), [](py::object* o) {
+            py::gil_scoped_acquire gil;
+            delete o;
+          });
+          init.gather = [held](const std::string& mine) {
+            py::gil_scoped_acquire gil;
+            return (*held)(mine).cast<std::vector<std::string>>();
+          };
+        }
+        if (!pg.is_none()) init.exchange = python::process_group_exchange(pg.cast<py::capsule>());
+        TransportChoice choice;
+        {
+          py::gil_scoped_release release;
+          choice = select_transport(init, transport, require_nvlink, std::move(who));
+        }
+        return py::make_tuple(
+            choice.transport ? py::cast(PyTransport{choice.transport, init.device}) : py::none(),
+            choice.kind, choice.reason);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("device_index"), py::arg("store"), py::arg("name"),
+      py::arg("timeout"), py::arg("transport"), py::arg("require_nvlink"), py::arg("who"),
+      py::arg("gather") = py::none(), py::arg("pg") = py::none());
+  m.def("host_name", &fastcomms::host_name,
+        "This process's host for the Ulysses transport choice (FASTCOMMS_HOST_ID, tests only, "
+        "else the host name).");
 
   // ---- FP8 on the wire (issue 38): the C++ host implementation and the CUDA kernels, for the
   // tests (tests/python/test_fp8*.py). The caller allocates: q's dtype is the wire format, out's

@@ -37,6 +37,11 @@ struct PyTransport {
   }
 };
 
+/// The byte all-to-all of a hierarchical group over a torch.distributed ProcessGroup (its capsule
+/// from fastcomms._c10d._process_group_capsule): alltoall_base of uint8 tensors; on CUDA ordered
+/// after the exchange's stream and before what follows on it, on a torch stream of the pool.
+ByteExchange process_group_exchange(const pybind11::capsule& pg);
+
 /// Registers the Ulysses op (NOTE [ulysses op in c++]) and its Python entry points on `m`.
 void bind_ulysses_op(pybind11::module_& m);
 

@@ -79,6 +79,16 @@ struct UlyssesMemoryStats {
   uint64_t calls = 0;        ///< Calls issued so far.
 };
 
+/// A byte all-to-all_v over a group: `recv` and `send` are uint8 buffers, the counts are bytes per
+/// rank (chunks in rank order), `key` the call's word for the call check (NOTE [call check]). On
+/// CUDA it is enqueued on `stream` (a cudaStream_t); on CPU it returns once done.
+using ByteExchange = std::function<void(
+    const TensorView& recv, const TensorView& send, const std::vector<int64_t>& recv_bytes,
+    const std::vector<int64_t>& send_bytes, void* stream, uint64_t key)>;
+
+/// An all-gather of one string per rank over a whole group (the transport choice's inputs).
+using StringGather = std::function<std::vector<std::string>(const std::string& mine)>;
+
 /// What a transport is built from.
 struct TransportInit {
   int rank = 0;                                ///< This rank in the group.
@@ -88,6 +98,15 @@ struct TransportInit {
   std::string name = "ulysses";                ///< Store key namespace and message name.
   std::chrono::milliseconds timeout{600'000};  ///< Store and device-side waits.
   std::shared_ptr<Communicator> comm;          ///< The group's communicator (collective paths).
+  /// Hierarchical: every rank's host index (hierarchical.hpp); the store is then shared by the
+  /// ranks of this rank's host at least.
+  std::vector<int> host_of;
+  /// Hierarchical: the byte all-to-all between hosts (null: comm's all_to_all_v_single).
+  ByteExchange exchange;
+  /// Hierarchical on CPU: the byte all-to-all among this host's ranks (null: a split of comm).
+  ByteExchange local_exchange;
+  /// The transport choice's all-gather (null: through the store, which then spans the group).
+  StringGather gather;
 };
 
 /// One way of moving a Ulysses all-to-all. Calls on one transport come from one thread at a
@@ -101,7 +120,7 @@ class UlyssesTransport : public std::enable_shared_from_this<UlyssesTransport> {
   UlyssesTransport(const UlyssesTransport&) = delete;
   UlyssesTransport& operator=(const UlyssesTransport&) = delete;
 
-  /// "collective", "cuda_collective" or "nvlink".
+  /// "collective", "cuda_collective", "nvlink" or "hierarchical".
   virtual std::string kind() const = 0;
   /// This rank.
   int rank() const { return rank_; }
@@ -176,7 +195,8 @@ void register_transport(const std::string& kind, TransportFactory factory);
 /// Whether `kind` is registered ("collective" always is).
 bool has_transport(const std::string& kind);
 /// Makes a transport of `kind`: "collective" (init.comm's device picks the CPU or the CUDA
-/// collective path), "cuda_collective", "nvlink" (collective over init's store). Throws
+/// collective path), "cuda_collective", "nvlink" (collective over init's store), "hierarchical"
+/// (init.host_of; on CUDA the NVLink engine of backends/nvlink inside a host). Throws
 /// kUnsupported for a kind this build lacks.
 UlyssesTransportPtr make_transport(const std::string& kind, const TransportInit& init);
 
@@ -199,15 +219,18 @@ std::pair<bool, std::string> nvlink_decision(const std::vector<std::string>& who
 /// The transport a Ulysses group takes.
 struct TransportChoice {
   UlyssesTransportPtr transport;  ///< Null when the collective path was chosen without a comm.
-  std::string kind;               ///< "nvlink", "collective" or "cuda_collective".
+  std::string kind;               ///< "nvlink", "hierarchical", "collective" or "cuda_collective".
   std::string reason;             ///< Why, in words.
 };
 
 /// Chooses and makes the transport of a group, collectively (every rank gets the same answer).
-/// `transport`: "auto", "nvlink" or "collective"; `require_nvlink` makes "auto" refuse instead of
-/// falling back. A communicator whose backend lends an engine (init.comm's nvlink backend) gives
-/// that one. Otherwise every rank's "host|device" is gathered (from `who` when the caller already
-/// has it, else through init.store) and nvlink_decision() decides.
+/// `transport`: "auto", "nvlink", "hierarchical" or "collective"; `require_nvlink` makes "auto"
+/// refuse instead of falling back. A communicator whose backend lends an engine (init.comm's
+/// nvlink backend) gives that one. Otherwise every rank's "host|device" is gathered (from `who`
+/// when the caller already has it, else through init.gather or init.store): one host,
+/// nvlink_decision() decides; several hosts (NOTE [hierarchical choice]), "hierarchical" when some
+/// host holds two ranks or more and every host's ranks are NVLink-joined (on CPU only when asked
+/// for), else the collective path.
 TransportChoice select_transport(const TransportInit& init, const std::string& transport,
                                  bool require_nvlink,
                                  std::optional<std::vector<std::string>> who = std::nullopt);
