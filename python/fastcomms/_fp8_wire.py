@@ -40,7 +40,7 @@ def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
     q = torch.empty(x.shape, dtype=wire, device=x.device)
     scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     _C._fp8_quantize(x, q, scales)
-    pad = 4 if group.transport == "nvlink" else 1
+    pad = 4 if group.transport in ("nvlink", "hierarchical") else 1  # P2P rows: 16-byte units
     s = scales.unsqueeze(-1)
     if pad > 1:
         s = torch.nn.functional.pad(s, (0, pad - 1))

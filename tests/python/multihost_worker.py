@@ -127,6 +127,19 @@ def main():
         assert torch.equal(y, torch.cat([x[:, :, 2 * rank : 2 * rank + 2] for x in xs], dim=1))
         assert torch.equal(g.all_to_all_4d(y, mode=1), xs[rank])
         done.append(f"ulysses ({g.transport})")
+        # the hierarchical path (NOTE [hierarchical split]): the namespaces share a host name, so
+        # each rank names its namespace as its host
+        os.environ["FASTCOMMS_HOST_ID"] = me
+        h = UlyssesGroup(comm, transport="hierarchical")
+        assert h.transport == "hierarchical" and "span 2 hosts" in h.transport_reason
+        seq, heads = [1, 4, 2, 3], [2, 1, 3, 2]  # uneven, world 4
+        xh = torch.randn(2, seq[rank], sum(heads), 8, generator=torch.Generator().manual_seed(rank))
+        kw = {"seq_splits": seq, "head_splits": heads}
+        yh = h.all_to_all_4d(xh, **kw)
+        assert torch.equal(yh, g.all_to_all_4d(xh, **kw))
+        assert torch.equal(h.all_to_all_4d(yh, mode=1, **kw), xh)
+        h.destroy()
+        done.append("hierarchical ulysses")
         ring_and_2d(comm, rank, n)
         done += ["ring", "2-D group", "usp attention"]
         sub.finalize()

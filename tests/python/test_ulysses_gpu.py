@@ -549,3 +549,78 @@ def _shared_gpu_worker(store, rank, world):
 @pytest.mark.parametrize("size", [2, 4])
 def test_ulysses_nvlink_ranks_sharing_a_gpu_as_mps_clients(mps_daemon, size):
     _spawn(_shared_gpu_worker, size)
+
+
+# -- the hierarchical transport on one GPU (issue 37, NOTE [hierarchical split]) -----------------
+def _hierarchical_worker(store, rank, world, hosts_of=None):
+    """4 ranks on GPU 0 as MPS clients, split into 2 "hosts" by FASTCOMMS_HOST_ID: each host's
+    pair over the NVLink engine, the hosts over torch's gloo group (CUDA tensors through
+    alltoall_base). Bit-exact against the flat reference for both modes, even and uneven splits,
+    dtypes, kv_replicas, zero copy, async, autograd; then the armed control (the exchange between
+    hosts left out) must leave poison in the other host's blocks, every run."""
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    os.environ["FASTCOMMS_HOST_ID"] = f"gpu-host-{rank // 2}"
+    seed = _shared_seed(store, rank, "hier_seed")
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed * 31 + rank)
+    g = UlyssesGroup(None, device=dev)
+    assert g.transport == "hierarchical", g.transport_reason
+    ref = UlyssesGroup(None)  # torch.distributed gloo on CPU copies: the flat path
+    checks = 0
+    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8):
+        for mode in (0, 1):
+            for uneven in (False, True):
+                b, d, seq, heads = _geometry(rng, world, mode, uneven)
+                x = _input(rank, mode, b, d, seq, heads, dtype, gen, dev)
+                kw = {"seq_splits": seq, "head_splits": heads} if uneven else {}
+                want = _reference(ref, x, mode, seq if uneven else None, heads if uneven else None)
+                what = f"seed {seed} {dtype} mode {mode} b {b} d {d} seq {seq} heads {heads}"
+                got = g.all_to_all_4d(x, mode=mode, **kw)
+                assert _same_bytes(got, want), what
+                z = g.empty_output(x, mode=mode, **kw)
+                z.view(torch.uint8).fill_(0xA5)
+                g.all_to_all_4d(x, mode=mode, out=z, **kw)
+                assert _same_bytes(z, want), what + " zero copy"
+                w = g.all_to_all_4d_async(x, mode=mode, **kw)
+                again = g.all_to_all_4d(x, mode=mode, **kw)
+                assert _same_bytes(w.wait(), want), what + " async beside a sync call"
+                assert _same_bytes(again, want), what + " sync beside an async call"
+                checks += 4
+    # GQA: one KV head per pair of ranks, and the gradient through it
+    x = _rand((1, 64, 2, 64), torch.float32, gen).normal_().to(dev)
+    want = _reference(ref, x.repeat_interleave(2, dim=2), 0, None, None)
+    assert _same_bytes(g.all_to_all_4d(x, kv_replicas=2), want), f"seed {seed} kv_replicas"
+    xa = x.clone().requires_grad_()
+    wgt = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed)).to(dev)
+    (g.all_to_all_4d(xa, kv_replicas=2) * wgt).sum().backward()
+    xb = x.cpu().requires_grad_()
+    (ref.all_to_all_4d(xb, kv_replicas=2) * wgt.cpu()).sum().backward()
+    assert _same_bytes(xa.grad, xb.grad), f"seed {seed} kv_replicas backward"
+    checks += 2
+    # the armed control
+    x = _rand((1, 32, 2 * world, 64), torch.bfloat16, gen).to(dev)
+    want = _reference(ref, x, 0, None, None)
+    g._tune("fault", "skip_remote")
+    out = torch.full(tuple(want.shape), float("nan"), dtype=torch.bfloat16, device=dev)
+    g.all_to_all_4d(x, out=out)
+    torch.cuda.synchronize()
+    g._tune("fault", "none")
+    assert not _same_bytes(out, want), "armed control matched: the test could not fail"
+    for q in range(world):
+        block = out[:, 32 * q : 32 * q + 32].cpu()
+        if q // 2 == rank // 2:
+            assert _same_bytes(block, want[:, 32 * q : 32 * q + 32]), f"control: local block {q}"
+        else:
+            assert block.isnan().all(), f"control: block {q} from the other host was written"
+    assert _same_bytes(g.all_to_all_4d(x), want), "after the control"
+    torch.cuda.synchronize()
+    g.destroy()
+    print(f"[rank {rank}] hierarchical, 2 hosts x 2 ranks on GPU 0: {checks} checks bit-exact")
+
+
+@needs_cuda_build
+def test_hierarchical_two_hosts_on_one_gpu_as_mps_clients(mps_daemon):
+    _spawn(_hierarchical_worker, 4)
