@@ -9,10 +9,10 @@
   on the FP8 bytes and on the scales: what stacks without a fused path do;
 
 and the bytes each rank puts on the wire (bf16 rows; FP8 rows and a 16-byte scale per row).
-Ranks are spawned on GPU rank % device_count; on one GPU run it under tools/gpu/mps.sh, and read
-the times as HBM copies, not link figures. Each variant is checked against the torch reference first (bit-exact
-for fp8 wire and separate). Rounds interleave the variants; medians of rounds after a warm-up,
-CUDA events, a barrier before every round. A benchmark, not a test.
+Ranks are spawned on GPU rank % device_count; on one GPU run it under tools/gpu/mps.sh, and
+read the times as HBM copies, not link figures. The fused and the separate path are checked
+bit-exact against each other first. Rounds interleave the variants; medians of rounds after a
+warm-up, CUDA events, a barrier before every round. A benchmark, not a test.
 
 Usage: python3 tools/gpu/bench_fp8_wire.py [--nproc 2] [--rounds 7] [--iters 10]"""
 
