@@ -38,13 +38,62 @@ struct Bytes<8> {
   using Word = uint2;
 };
 
+// One row of d values at xr quantized into qr, its scale into *scale_out, by the G lanes of a
+// group; every lane calls it (the shuffles need whole groups), `valid` false for a group past the
+// last row.
+template <class V, bool kE4M3, int G, bool kVec>
+__device__ __forceinline__ void quantize_row(const typename V::Storage* __restrict__ xr,
+                                             uint8_t* __restrict__ qr, float* scale_out, int64_t d,
+                                             int lane, bool valid) {
+  using S = typename V::Storage;
+  constexpr int N = 16 / static_cast<int>(sizeof(S));  // values per 16-byte vector
+  float amax = 0.0f;                                   // fmaxf ignores NaN
+  if (valid) {
+    if constexpr (kVec) {
+      const auto* xv = reinterpret_cast<const uint4*>(xr);
+      for (int64_t v = lane; v < d / N; v += G) {
+        const uint4 u = xv[v];
+        S e[N];
+        memcpy(e, &u, 16);
+#pragma unroll
+        for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(V::load(e[j])));
+      }
+    } else {
+      for (int64_t i = lane; i < d; i += G) amax = fmaxf(amax, fabsf(V::load(xr[i])));
+    }
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o, G));
+  const float scale = detail::fp8_scale<kE4M3>(amax);
+  if (!valid) return;
+  if (lane == 0) *scale_out = scale;
+  if constexpr (kVec) {
+    using Word = typename Bytes<N>::Word;
+    const auto* xv = reinterpret_cast<const uint4*>(xr);
+    auto* qv = reinterpret_cast<Word*>(qr);
+    for (int64_t v = lane; v < d / N; v += G) {
+      const uint4 u = xv[v];
+      S e[N];
+      memcpy(e, &u, 16);
+      uint16_t b[N / 2];
+#pragma unroll
+      for (int j = 0; j < N / 2; ++j) {
+        b[j] = detail::fp8_encode2<kE4M3>(V::load(e[2 * j]), V::load(e[2 * j + 1]), scale);
+      }
+      Word w;
+      memcpy(&w, b, sizeof(w));
+      qv[v] = w;
+    }
+  } else {
+    for (int64_t i = lane; i < d; i += G) qr[i] = detail::fp8_encode<kE4M3>(V::load(xr[i]), scale);
+  }
+}
+
 template <class V, bool kE4M3, int G, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const typename V::Storage* __restrict__ x, int64_t rows, int64_t d,
                     uint8_t* __restrict__ q, float* __restrict__ scales) {
-  using S = typename V::Storage;
   constexpr int kRowsPerBlock = kThreads / G;
-  constexpr int N = 16 / static_cast<int>(sizeof(S));  // values per 16-byte vector
   const int lane = static_cast<int>(threadIdx.x) % G;
   const int group = static_cast<int>(threadIdx.x) / G;
   // Every thread of a block runs the same iterations (the shuffles need whole warps).
@@ -52,49 +101,43 @@ __global__ void __launch_bounds__(kThreads)
        first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t row = first + group;
     const bool valid = row < rows;
-    const S* xr = x + (valid ? row : 0) * d;
-    uint8_t* qr = q + (valid ? row : 0) * d;
-    float amax = 0.0f;  // fmaxf ignores NaN
-    if (valid) {
-      if constexpr (kVec) {
-        const auto* xv = reinterpret_cast<const uint4*>(xr);
-        for (int64_t v = lane; v < d / N; v += G) {
-          const uint4 u = xv[v];
-          S e[N];
-          memcpy(e, &u, 16);
-#pragma unroll
-          for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(V::load(e[j])));
-        }
-      } else {
-        for (int64_t i = lane; i < d; i += G) amax = fmaxf(amax, fabsf(V::load(xr[i])));
-      }
-    }
-#pragma unroll
-    for (int o = G / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o, G));
-    const float scale = detail::fp8_scale<kE4M3>(amax);
-    if (!valid) continue;
-    if (lane == 0) scales[row] = scale;
-    if constexpr (kVec) {
-      using Word = typename Bytes<N>::Word;
-      const auto* xv = reinterpret_cast<const uint4*>(xr);
-      auto* qv = reinterpret_cast<Word*>(qr);
-      for (int64_t v = lane; v < d / N; v += G) {
-        const uint4 u = xv[v];
-        S e[N];
-        memcpy(e, &u, 16);
-        uint16_t b[N / 2];
-#pragma unroll
-        for (int j = 0; j < N / 2; ++j) {
-          b[j] = detail::fp8_encode2<kE4M3>(V::load(e[2 * j]), V::load(e[2 * j + 1]), scale);
-        }
-        Word w;
-        memcpy(&w, b, sizeof(w));
-        qv[v] = w;
-      }
-    } else {
-      for (int64_t i = lane; i < d; i += G)
-        qr[i] = detail::fp8_encode<kE4M3>(V::load(xr[i]), scale);
-    }
+    const int64_t r = valid ? row : 0;
+    quantize_row<V, kE4M3, G, kVec>(x + r * d, q + r * d, scales + r, d, lane, valid);
+  }
+}
+
+// NOTE [fp8 fused push]: the rows a descriptor (in FP8 bytes, i.e. elements) covers, quantized
+// from the source as they are written to the destination (a peer's window): row k of a job is
+// value (k % runs) of row y, slice z, where a run of width / d rows is contiguous on both sides.
+constexpr int kPushJobs = 16;
+struct PushBatch {
+  Fp8PushJob jobs[kPushJobs];
+  int count;
+};
+static_assert(sizeof(PushBatch) <= 4096, "kernel parameter space");
+
+template <class V, bool kE4M3, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads) quantize_push_kernel(PushBatch batch, int64_t d) {
+  using S = typename V::Storage;
+  constexpr int kRowsPerBlock = kThreads / G;
+  if (blockIdx.y >= static_cast<unsigned>(batch.count)) return;
+  const Fp8PushJob& job = batch.jobs[blockIdx.y];
+  const plan::CopyDesc& c = job.desc;
+  const int64_t runs = c.width / d;
+  const int64_t rows = runs * c.height * c.depth;
+  const int lane = static_cast<int>(threadIdx.x) % G;
+  const int group = static_cast<int>(threadIdx.x) / G;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; first < rows;
+       first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = first + group;
+    const bool valid = row < rows;
+    const int64_t k = valid ? row : 0;
+    const int64_t i = k % runs, t = k / runs, y = t % c.height, z = t / c.height;
+    const int64_t src = c.src_offset + z * c.src_slice_pitch + y * c.src_pitch + i * d;
+    const int64_t dst = c.dst_offset + z * c.dst_slice_pitch + y * c.dst_pitch + i * d;
+    quantize_row<V, kE4M3, G, kVec>(static_cast<const S*>(job.x) + src,
+                                    static_cast<uint8_t*>(job.q) + dst, job.scales + dst / d, d,
+                                    lane, valid);
   }
 }
 
@@ -194,6 +237,47 @@ void fp8_quantize_rows(const void* x, Fp8Value in, int64_t rows, int64_t d, void
     }
   });
   FASTCOMMS_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in, Fp8Wire wire,
+                       cudaStream_t stream) {
+  check_args("cuda::fp8_quantize_push", in, wire, 1, d);
+  if (count == 0 || d == 0) return;
+  dispatch(in, wire, [&]<class V, bool kE4M3>() {
+    using S = typename V::Storage;
+    constexpr int N = 16 / static_cast<int>(sizeof(S));
+    for (int first = 0; first < count; first += kPushJobs) {
+      PushBatch batch{};
+      batch.count = std::min(kPushJobs, count - first);
+      bool vec = (d * static_cast<int64_t>(sizeof(S))) % 16 == 0;
+      int64_t rows = 0;
+      for (int j = 0; j < batch.count; ++j) {
+        const Fp8PushJob& job = jobs[first + j];
+        const plan::CopyDesc& c = job.desc;
+        FASTCOMMS_CHECK(
+            c.empty() || (c.width % d == 0 && c.src_offset % d == 0 && c.dst_offset % d == 0 &&
+                          c.src_pitch % d == 0 && c.dst_pitch % d == 0),
+            kInvalidArgument, "cuda::fp8_quantize_push: a descriptor not made of whole rows of ",
+            d);
+        batch.jobs[j] = job;
+        rows = std::max(rows, c.width / d * c.height * c.depth);
+        vec = vec && aligned(job.x, 16) && aligned(job.q, N);
+      }
+      if (rows == 0) continue;
+      const int64_t units = vec ? d / N : d;
+      auto launch = [&]<int G, bool kVec>() {
+        const unsigned blocks = std::min<unsigned>(grid_for(rows, kThreads / G), 4 * 132);
+        quantize_push_kernel<V, kE4M3, G, kVec>
+            <<<dim3(blocks, batch.count), kThreads, 0, stream>>>(batch, d);
+      };
+      if (units >= 32) {
+        vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
+      } else {
+        vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
+      }
+      FASTCOMMS_CUDA_LAUNCH_CHECK();
+    }
+  });
 }
 
 void fp8_dequantize_rows(const void* q, Fp8Wire wire, const float* scales, int64_t rows, int64_t d,

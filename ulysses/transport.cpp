@@ -139,6 +139,11 @@ WorkPtr UlyssesTransport::all_to_all_4d(const TensorView& x, const TensorView& o
   return run(x, out, args, req, p, stream);
 }
 
+bool UlyssesTransport::all_to_all_4d_fp8(const TensorView&, const TensorView&, const TensorView*,
+                                         const UlyssesArgs&, DType, void*) {
+  return false;
+}
+
 std::shared_ptr<void> UlyssesTransport::empty_output(int64_t) { return nullptr; }
 
 std::shared_ptr<UlyssesTransport> UlyssesTransport::async_lane() { return shared_from_this(); }

@@ -6,37 +6,23 @@
 
 #include <utility>
 
+#include "backends/nvlink/fp8_dtypes.hpp"
 #include "fastcomms/cuda/fp8.hpp"
 #include "fastcomms/ulysses/fp8.hpp"
 
 namespace fastcomms {
 namespace {
 
-// The arguments were checked by the Ulysses layer (check_fp8_rows): only these dtypes arrive.
-cuda::Fp8Wire wire_of(DType dt) {
-  return dt == DType::kFloat8E4M3FN ? cuda::Fp8Wire::kE4M3FN : cuda::Fp8Wire::kE5M2;
-}
-cuda::Fp8Value value_of(DType dt) {
-  switch (dt) {
-    case DType::kFloat16:
-      return cuda::Fp8Value::kFloat16;
-    case DType::kBFloat16:
-      return cuda::Fp8Value::kBFloat16;
-    default:
-      return cuda::Fp8Value::kFloat32;
-  }
-}
-
 const bool kRegistered = [] {
   Fp8DeviceKernels k;
   k.quantize = [](const void* x, DType in, int64_t rows, int64_t d, void* q, DType wire,
                   float* scales, void* stream) {
-    cuda::fp8_quantize_rows(x, value_of(in), rows, d, q, wire_of(wire), scales,
+    cuda::fp8_quantize_rows(x, fp8_value_of(in), rows, d, q, fp8_wire_of(wire), scales,
                             static_cast<cudaStream_t>(stream));
   };
   k.dequantize = [](const void* q, DType wire, const float* scales, int64_t rows, int64_t d,
                     void* out, DType out_dtype, void* stream) {
-    cuda::fp8_dequantize_rows(q, wire_of(wire), scales, rows, d, out, value_of(out_dtype),
+    cuda::fp8_dequantize_rows(q, fp8_wire_of(wire), scales, rows, d, out, fp8_value_of(out_dtype),
                               static_cast<cudaStream_t>(stream));
   };
   register_fp8_device_kernels(std::move(k));

@@ -46,6 +46,42 @@ WorkPtr NvlinkTransport::run(const TensorView& x, const TensorView& out, const U
   return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
 }
 
+bool NvlinkTransport::all_to_all_4d_fp8(const TensorView& x, const TensorView& out,
+                                        const TensorView* scales, const UlyssesArgs& args,
+                                        DType wire, void* stream) {
+  // NOTE [fp8 fused push]: groups of two ranks or more, rows a whole number of 16 bytes in FP8
+  // (the peer-to-peer path's unit), float16/bfloat16/float32 values; else the caller's unfused
+  // path.
+  const bool value =
+      x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat32;
+  if (size_ < 2 || !value || x.shape.size() != 4 || x.shape[3] % 16 != 0) return false;
+  const std::string where = prefix();
+  check_input(x);
+  const plan::UlyssesRequest req =
+      ulysses_request({x.shape[0], x.shape[1], x.shape[2], x.shape[3]}, 1, args, rank_, size_,
+                      name_, plan::Path::kPeerToPeer);
+  FASTCOMMS_CHECK(x.is_contiguous(), kInvalidArgument, where, "x must be contiguous, got ",
+                  x.describe());
+  const auto p8 = plan_for(req);
+  const std::vector<int64_t> shape(p8->out_shape.begin(), p8->out_shape.end());
+  const DType want = scales == nullptr ? x.dtype : wire;
+  FASTCOMMS_CHECK(
+      out.dtype == want && out.device == x.device && out.is_contiguous() && out.shape == shape,
+      kInvalidArgument, where, "out is ", out.describe(), ", expected a contiguous ",
+      dtype_name(want), " tensor of shape [", shape[0], ", ", shape[1], ", ", shape[2], ", ",
+      shape[3], "] on ", x.device.str());
+  if (scales != nullptr)
+    FASTCOMMS_CHECK(scales->dtype == DType::kFloat32 && scales->device == x.device &&
+                        scales->is_contiguous() &&
+                        scales->shape == std::vector<int64_t>(shape.begin(), shape.end() - 1),
+                    kInvalidArgument, where, "scales is ", scales->describe(),
+                    ", expected a contiguous float32 tensor of out's shape without d");
+  NvlinkUlysses& e = engine();
+  e.run_fp8(x, out, scales ? static_cast<float*>(scales->data) : nullptr, *p8, wire,
+            static_cast<cudaStream_t>(stream));
+  return true;
+}
+
 std::shared_ptr<void> NvlinkTransport::empty_output(int64_t bytes) {
   void* p = engine().empty_output(bytes);
   return std::shared_ptr<void>(engine_, p);  // the mapping lives as long as the buffer is held

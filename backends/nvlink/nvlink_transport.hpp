@@ -21,6 +21,8 @@ class NvlinkTransport final : public UlyssesTransport {
                   const NvlinkTuning& tuning = NvlinkTuning::from_env());
   std::string kind() const override { return "nvlink"; }
   std::shared_ptr<void> empty_output(int64_t bytes) override;
+  bool all_to_all_4d_fp8(const TensorView& x, const TensorView& out, const TensorView* scales,
+                         const UlyssesArgs& args, DType wire, void* stream) override;
   std::shared_ptr<UlyssesTransport> async_lane() override;
   UlyssesMemoryStats memory_stats() const override;
   void check_errors() override;

@@ -1,6 +1,9 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "backends/nvlink/nvlink_ulysses.hpp"
 
+#include "backends/nvlink/fp8_dtypes.hpp"
+#include "fastcomms/cuda/fp8.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -513,6 +516,51 @@ void NvlinkUlysses::run(const TensorView& x, const TensorView& out, const plan::
   // async copying call under a GEMM chain hid no more of itself with them (44% vs 55-62%).
   const bool ce_out = opt_.tuning.copy_out == CopyOutEngine::kCopyEngine;
   if (copying && p.out_bytes > 0) copy_out(out, p, req, stream, ce_out);
+}
+
+void NvlinkUlysses::run_fp8(const TensorView& x, const TensorView& out, float* scales,
+                            const plan::UlyssesPlan& p8, DType wire, cudaStream_t stream) {
+  check_errors();
+  cuda::DeviceGuard guard(opt_.device);
+  FASTCOMMS_CHECK(opt_.size > 1, kInvalidArgument, prefix(), "the fused FP8 path needs peers");
+  const int64_t d = p8.d;
+  // The window: FP8 rows laid out as the largest output, then one scale per row.
+  const int64_t q_bytes = (p8.max_out_bytes + 15) / 16 * 16;
+  const int64_t rows_max = d > 0 ? p8.max_out_bytes / d : 0;
+  ensure_window(q_bytes + 4 * rows_max + 16, stream);
+  std::vector<cuda::Fp8PushJob> jobs;
+  for (int k = 0; k < opt_.size; ++k) {  // rotated: ranks do not all start at peer 0
+    const int peer = (opt_.rank + k) % opt_.size;
+    const plan::CopyDesc& put = p8.puts[plan_rank(peer)];
+    if (put.empty()) continue;
+    auto* base = static_cast<char*>(window_.ptrs[peer]);
+    jobs.push_back({x.data, base, reinterpret_cast<float*>(base + q_bytes), put});
+  }
+  // Ranks must agree that the call is FP8 and in which format: the key carries both.
+  const uint64_t key = p8.geometry_key ^ (0xf8f8f8f8f8f8f8f8ull + static_cast<uint64_t>(wire));
+  ++epoch_;
+  cuda::BarrierArgs b = barrier_args(key);
+  b.slot = kSlotEntry;
+  cuda::barrier_async(b, stream);
+  cuda::fp8_quantize_push(jobs.data(), static_cast<int>(jobs.size()), d, fp8_value_of(x.dtype),
+                          fp8_wire_of(wire), stream);
+  b.slot = kSlotExit;
+  b.advance = true;
+  cuda::barrier_async(b, stream);
+  const auto* local = static_cast<const char*>(window_.local());
+  const auto* local_scales = reinterpret_cast<const float*>(local + q_bytes);
+  const int64_t rows = d > 0 ? p8.out_bytes / d : 0;
+  if (scales == nullptr) {
+    cuda::fp8_dequantize_rows(local, fp8_wire_of(wire), local_scales, rows, d, out.data,
+                              fp8_value_of(out.dtype), stream);
+    return;
+  }
+  if (p8.out_bytes > 0) {
+    FASTCOMMS_CUDA_CHECK(
+        cudaMemcpyAsync(out.data, local, p8.out_bytes, cudaMemcpyDeviceToDevice, stream));
+    FASTCOMMS_CUDA_CHECK(cudaMemcpyAsync(scales, local_scales, rows * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
 }
 
 bool NvlinkUlysses::flagged_eligible(const plan::UlyssesPlan& p, TransferEngine engine) const {

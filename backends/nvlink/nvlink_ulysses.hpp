@@ -143,6 +143,14 @@ class NvlinkUlysses {
   /// The same with the call already validated (x on this device, `out` checked against `p`).
   void run(const TensorView& x, const TensorView& out, const plan::UlyssesRequest& req,
            const plan::UlyssesPlan& p, cudaStream_t stream, TransferEngine engine);
+  /// FP8 on the wire fused into the transfer (NOTE [fp8 fused push]): `p8` is the call's plan
+  /// for one-byte elements (x's shape); every rank quantizes its rows as it writes them into the
+  /// peers' windows (FP8 rows at the output's offsets, a float32 scale per output row after
+  /// them), then dequantizes its window into `out` (x's dtype; `scales` null) or copies the FP8
+  /// rows into `out` (dtype `wire`) and the scales into `scales`. The SM kernel runs it (the copy
+  /// engines cannot quantize). Groups of two ranks or more; validated by the caller.
+  void run_fp8(const TensorView& x, const TensorView& out, float* scales,
+               const plan::UlyssesPlan& p8, DType wire, cudaStream_t stream);
 
   /// Collective: a device buffer of `bytes` mapped into every peer; passing it (as a tensor of
   /// the right shape) as `out` skips the copy-out. Released by destroy() or the destructor.

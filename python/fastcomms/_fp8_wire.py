@@ -11,9 +11,12 @@ rows, so the result is exactly quantize → exchange → dequantize of the torch
 what the tests hold it to. On the NVLink transport the scales travel padded to 16 bytes per row
 (the peer-to-peer path moves rows of whole 16-byte units), elsewhere as 4 bytes. Mode 1 with
 ``kv_replicas`` moves the virtual heads and sums each head's replicas after dequantizing (the
-scales belong to the rows as sent). Quantization is a kernel of its own before the transfer, not
-yet fused into the transfer kernel (so it costs one read of x and one write of the FP8 rows; the
-copy engines could not quantize anyway). Backward: the gradient in its own dtype by the other mode
+scales belong to the rows as sent). On the NVLink transport (groups of two ranks or more, d a
+multiple of 16) quantization is fused into the transfer (NOTE [fp8 fused push]): the SM kernel
+reads x once and writes FP8 rows and their scales into the peers' windows, and the copy-out
+dequantizes (or copies the FP8 rows and scales out, ``return_scales``); the copy engines cannot
+quantize, so this path never takes them. Elsewhere quantization is a kernel of its own before the
+exchange. Backward: the gradient in its own dtype by the other mode
 (straight through the quantization), or FP8 again with ``grad_wire_dtype``.
 """
 
@@ -37,6 +40,11 @@ def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
             "no mode 1 with kv_replicas > 1 (whose replicas are summed after dequantizing)"
         )
     x = x.contiguous()
+    k = 1 if summed else kv  # mode 1 with replicas: the virtual heads as sent, summed below
+    if x.is_cuda and group.transport == "nvlink":
+        done = _fused(group, gid, x, mode, seq, heads, k, out, wire, return_scales, summed, kv)
+        if done is not None:
+            return done
     q = torch.empty(x.shape, dtype=wire, device=x.device)
     scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     _C._fp8_quantize(x, q, scales)
@@ -44,7 +52,6 @@ def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
     s = scales.unsqueeze(-1)
     if pad > 1:
         s = torch.nn.functional.pad(s, (0, pad - 1))
-    k = 1 if summed else kv  # mode 1 with replicas: the virtual heads as sent, summed below
     qo = _C.ulysses_all_to_all_4d(q, gid, mode, seq, heads, k)
     so = _C.ulysses_all_to_all_4d(s, gid, mode, seq, heads, k)[..., 0].contiguous()
     if return_scales:
@@ -63,6 +70,35 @@ def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
         _check_out(where, out, qo.shape, x.dtype)
     _C._fp8_dequantize(qo, so, out)
     return out
+
+
+def _fused(group, gid, x, mode, seq, heads, k, out, wire, return_scales, summed, kv):
+    """NOTE [fp8 fused push]: the transport quantizes as it writes into the peers' windows and
+    dequantizes in its copy-out; None where it has no fused path for this call."""
+    shape = list(group._shapes(gid, x, mode, seq, heads, k)[0])
+    code = 0 if wire == torch.float8_e4m3fn else 1
+    if return_scales:
+        qo = torch.empty(shape, dtype=wire, device=x.device)
+        so = torch.empty(shape[:-1], dtype=torch.float32, device=x.device)
+        return (qo, so) if _C.ulysses_fp8_fused(x, gid, mode, seq, heads, k, qo, so, code) else None
+    if summed:
+        y = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if not _C.ulysses_fp8_fused(x, gid, mode, seq, heads, k, y, None, code):
+            return None
+        reps = y.unflatten(2, (y.shape[2] // kv, kv))
+        if out is None:
+            return reps.sum(3)
+        _check_out(
+            f"[rank {group._rank}/{group._size}] all_to_all_4d",
+            out,
+            reps.shape[:3] + reps.shape[4:],
+            x.dtype,
+        )
+        return torch.sum(reps, 3, out=out)
+    dst = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
+    if out is not None:
+        _check_out(f"[rank {group._rank}/{group._size}] all_to_all_4d", out, shape, x.dtype)
+    return dst if _C.ulysses_fp8_fused(x, gid, mode, seq, heads, k, dst, None, code) else None
 
 
 def _check_out(where, out, shape, dtype):

@@ -461,6 +461,30 @@ void bind_ulysses_op(py::module_& m) {
       },
       py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
       py::arg("heads"), py::arg("kv_replicas") = 1);
+  // FP8 on the wire fused into the transfer where the group's transport has such a path
+  // (fastcomms._fp8_wire, NOTE [fp8 fused push]); False when it has none for this call. `wire`:
+  // 0 float8_e4m3fn, 1 float8_e5m2; `scales` given: out holds the FP8 rows.
+  m.def(
+      "ulysses_fp8_fused",
+      [](const at::Tensor& x, int64_t group, int64_t mode, std::optional<std::vector<int64_t>> seq,
+         std::optional<std::vector<int64_t>> heads, int64_t kv, const at::Tensor& out,
+         std::optional<at::Tensor> scales, int64_t wire) {
+        const UlyssesTransportPtr t = groups().get(group);
+        const UlyssesArgs a = make_args(mode, as_ref(seq), as_ref(heads), kv);
+        const TensorView xv = view(x), ov = view(out);
+        std::optional<TensorView> sv;
+        if (scales) sv = view(*scales);
+        void* stream = current_stream(xv.device);
+        bool done = false;
+        without_gil([&] {
+          done =
+              t->all_to_all_4d_fp8(xv, ov, sv ? &*sv : nullptr, a,
+                                   wire == 0 ? DType::kFloat8E4M3FN : DType::kFloat8E5M2, stream);
+        });
+        return done;
+      },
+      py::arg("x"), py::arg("group"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
+      py::arg("kv_replicas"), py::arg("out"), py::arg("scales"), py::arg("wire"));
   // The collective path over a torch.distributed ProcessGroup (its capsule from
   // fastcomms._c10d._process_group_capsule: the two modules share no pybind11 types).
   m.def("process_group_transport", [](py::capsule pg, int rank, int size, int device_index) {

@@ -624,3 +624,87 @@ def _hierarchical_worker(store, rank, world, hosts_of=None):
 @needs_cuda_build
 def test_hierarchical_two_hosts_on_one_gpu_as_mps_clients(mps_daemon):
     _spawn(_hierarchical_worker, 4)
+
+
+# -- FP8 on the wire fused into the NVLink transfer (issue 38, NOTE [fp8 fused push]) ------------
+def _fp8_reference(ref, x, wire, mode, seq, heads, kv):
+    """quantize (torch reference) -> the flat exchange of the FP8 bytes and of the scales (gloo,
+    CPU copies) -> (FP8 rows, scales), for mode 0 with kv replicas or any mode without."""
+    from fastcomms import _fp8
+
+    q, s = _fp8.quantize_reference(x.detach().cpu(), wire)
+    kw = {"seq_splits": seq, "head_splits": heads} if seq is not None else {}
+    qo = ref.all_to_all_4d(q.view(torch.uint8), mode=mode, kv_replicas=kv, **kw).view(wire)
+    so = ref.all_to_all_4d(s.unsqueeze(-1), mode=mode, kv_replicas=kv, **kw)[..., 0]
+    return qo, so.contiguous()
+
+
+def _fp8_fused_worker(store, rank, world):
+    """Ranks on GPU 0 as MPS clients over the NVLink transport: all_to_all_4d(x, wire_dtype=...)
+    takes the fused path (one call, one epoch: the unfused path makes two) and is bit-exact against
+    quantize -> exchange -> dequantize of the torch reference, for float16/bfloat16/float32 x, both
+    FP8 formats, both modes, even and uneven splits and kv_replicas, dequantized, into out= and
+    with return_scales; then the armed control (one scale of the reference perturbed) must differ."""
+    from fastcomms import _fp8
+    from fastcomms.ulysses import UlyssesGroup
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    seed = _shared_seed(store, rank, "fp8_fused_seed")
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed * 31 + rank)
+    g = UlyssesGroup(None, device=dev, transport="nvlink")
+    ref = UlyssesGroup(None)
+    checks = 0
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for wire in (torch.float8_e4m3fn, torch.float8_e5m2):
+            for mode in (0, 1):
+                for uneven in (False, True):
+                    b, d, seq, heads = _geometry(rng, world, mode, uneven)
+                    d = 16 * rng.randint(1, 8)
+                    shape = (
+                        (b, seq[rank], sum(heads), d)
+                        if mode == 0
+                        else (b, sum(seq), heads[rank], d)
+                    )
+                    scale = 10.0 ** rng.randint(-3, 3)
+                    x = (torch.randn(shape, generator=gen) * scale).to(dev, dtype)
+                    sp, hp = (seq, heads) if uneven else (None, None)
+                    kw = {"seq_splits": seq, "head_splits": heads} if uneven else {}
+                    qo, so = _fp8_reference(ref, x, wire, mode, sp, hp, 1)
+                    want = _fp8.dequantize_reference(qo, so, dtype)
+                    what = f"seed {seed} {dtype} {wire} mode {mode} b {b} d {d} {seq} {heads}"
+                    before = g.memory_stats()["calls"]
+                    got = g.all_to_all_4d(x, mode=mode, wire_dtype=wire, **kw)
+                    assert g.memory_stats()["calls"] - before == 1, what + ": not the fused path"
+                    assert _same_bytes(got, want), what
+                    out = torch.full(tuple(want.shape), float("nan"), dtype=dtype, device=dev)
+                    g.all_to_all_4d(x, mode=mode, wire_dtype=wire, out=out, **kw)
+                    assert _same_bytes(out, want), what + " out="
+                    gq, gs = g.all_to_all_4d(
+                        x, mode=mode, wire_dtype=wire, return_scales=True, **kw
+                    )
+                    assert _same_bytes(gq, qo) and _same_bytes(gs, so), what + " return_scales"
+                    checks += 3
+    # GQA: one K/V head to every rank, mode 0
+    x = torch.randn((1, 48, 1, 64), generator=gen).to(dev, torch.bfloat16)
+    qo, so = _fp8_reference(ref, x, torch.float8_e4m3fn, 0, None, None, world)
+    want = _fp8.dequantize_reference(qo, so, torch.bfloat16)
+    got = g.all_to_all_4d(x, wire_dtype=torch.float8_e4m3fn, kv_replicas=world)
+    assert _same_bytes(got, want), f"seed {seed} kv_replicas={world}"
+    # the armed control: one scale of the reference perturbed by one ulp must show
+    bad = so.clone()
+    bad.view(torch.int32)[0, 0, 0] += 1
+    assert not _same_bytes(
+        got, _fp8.dequantize_reference(qo, bad, torch.bfloat16)
+    ), "armed control: a perturbed scale went unnoticed"
+    checks += 2
+    torch.cuda.synchronize()
+    g.destroy()
+    print(f"[rank {rank}] fp8 fused, {world} ranks on GPU 0: {checks} checks bit-exact")
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("size", [2, 3])
+def test_fp8_wire_fused_into_the_nvlink_transfer(mps_daemon, size):
+    _spawn(_fp8_fused_worker, size)

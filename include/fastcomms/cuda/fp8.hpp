@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "fastcomms/plan/ulysses_plan.hpp"
+
 namespace fastcomms::cuda {
 
 /// The FP8 format on the wire.
@@ -39,6 +41,25 @@ enum class Fp8Value : int8_t {
 /// @param stream the stream the kernel is ordered on
 void fp8_quantize_rows(const void* x, Fp8Value in, int64_t rows, int64_t d, void* q, Fp8Wire wire,
                        float* scales, cudaStream_t stream);
+
+/// One destination of the fused quantize-and-push (NOTE [fp8 fused push] in cuda/fp8.cu).
+struct Fp8PushJob {
+  const void* x = nullptr;  ///< Base of the source values (desc's source offsets, in elements).
+  void* q = nullptr;        ///< Base of the destination FP8 bytes (desc's destination offsets).
+  float* scales = nullptr;  ///< Base of the destination scales: one per destination row of d.
+  plan::CopyDesc desc;      ///< In FP8 bytes (one per element): whole rows of d on both sides.
+};
+
+/// Quantizes the rows the jobs' descriptors cover, writing the FP8 bytes and each row's scale
+/// at the destination (a peer's window over NVLink, or local memory): one read of the source,
+/// bit for bit fp8_quantize_rows's values. Descriptors must cover whole rows of `d`.
+/// @param jobs, count the destinations
+/// @param d the row length (values)
+/// @param in the dtype of the sources
+/// @param wire the FP8 format written
+/// @param stream the stream the kernels are ordered on
+void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in, Fp8Wire wire,
+                       cudaStream_t stream);
 
 /// Dequantizes `rows` rows of `d` FP8 values `q` with their `scales` into `out` (rows * d values
 /// of dtype `out_dtype`). Any d >= 0 and any alignment; 16-byte stores where out is 16-byte

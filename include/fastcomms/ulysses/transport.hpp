@@ -142,6 +142,17 @@ class UlyssesTransport : public std::enable_shared_from_this<UlyssesTransport> {
   WorkPtr all_to_all_4d(const TensorView& x, const TensorView& out, const UlyssesArgs& args,
                         void* stream);
 
+  /// FP8 on the wire fused into the transfer, where this transport has such a path (NOTE [fp8
+  /// wire]): x's rows of d values (float16, bfloat16 or float32) are quantized to `wire` as they
+  /// are sent, then dequantized into `out` (x's dtype, the call's output shape; `scales` null)
+  /// or left as FP8 rows in `out` (dtype `wire`) with their float32 scales in `scales` (out's
+  /// shape without d). Validates like all_to_all_4d. Returns false, having done nothing, where
+  /// the transport has no fused path for this call: the caller then quantizes, exchanges the
+  /// FP8 rows and the scales, and dequantizes.
+  virtual bool all_to_all_4d_fp8(const TensorView& x, const TensorView& out,
+                                 const TensorView* scales, const UlyssesArgs& args, DType wire,
+                                 void* stream);
+
   /// Collective: a device buffer of `bytes` that peers write directly when a tensor on it is
   /// passed as `out` (zero copy). The pointer keeps what backs the buffer alive (it stays valid
   /// after destroy() while held). Null where the transport has no such buffers (then an
