@@ -644,7 +644,7 @@ def _fp8_fused_worker(store, rank, world):
     takes the fused path (one call, one epoch: the unfused path makes two) and is bit-exact against
     quantize -> exchange -> dequantize of the torch reference, for float16/bfloat16/float32 x, both
     FP8 formats, both modes, even and uneven splits and kv_replicas, dequantized, into out= and
-    with return_scales; then the armed control (one scale of the reference perturbed) must differ."""
+    with return_scales; then the armed control (a reference scale perturbed) must differ."""
     from fastcomms import _fp8
     from fastcomms.ulysses import UlyssesGroup
 
