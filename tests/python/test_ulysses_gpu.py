@@ -692,9 +692,10 @@ def _fp8_fused_worker(store, rank, world):
     want = _fp8.dequantize_reference(qo, so, torch.bfloat16)
     got = g.all_to_all_4d(x, wire_dtype=torch.float8_e4m3fn, kv_replicas=world)
     assert _same_bytes(got, want), f"seed {seed} kv_replicas={world}"
-    # the armed control: one scale of the reference perturbed by one ulp must show
+    # the armed control: one row's scale of the reference doubled must show (one float32 ulp
+    # would not: the bfloat16 output rounds it away)
     bad = so.clone()
-    bad.view(torch.int32)[0, 0, 0] += 1
+    bad[0, 0, 0] *= 2
     assert not _same_bytes(
         got, _fp8.dequantize_reference(qo, bad, torch.bfloat16)
     ), "armed control: a perturbed scale went unnoticed"
