@@ -248,7 +248,9 @@ def async_and_transport(comm, rank, size):
         UlyssesGroup(comm, require_nvlink=True)
     with pytest.raises(ValueError, match="contradicts"):
         UlyssesGroup(comm, require_nvlink=True, transport="collective")
-    with pytest.raises(ValueError, match="transport must be auto, nvlink or collective"):
+    with pytest.raises(
+        ValueError, match="transport must be auto, nvlink, hierarchical or collective"
+    ):
         UlyssesGroup(comm, transport="p2p")
     assert g.memory_stats()["device_bytes"] == 0
     g.destroy()
