@@ -171,14 +171,6 @@ def compiled_methods(comm, rank, size, backend="inductor", only=None):
             assert not counters["graph_break"], (name, dict(counters["graph_break"]))
 
 
-def test_compiled_methods(world):
-    world(compiled_methods, 2)
-
-
-def test_compiled_methods_world3(world):
-    world(compiled_methods, 3)
-
-
 def other_backends(comm, rank, size):
     """The same cases under Dynamo's "eager" backend (the in-place op runs as traced) and
     "aot_eager" (functionalized, not re-inplaced: the op runs on clones that are copied back)."""
@@ -232,14 +224,6 @@ def program_order(comm, rank, size):
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
 
 
-def test_program_order(world):
-    world(program_order, 2)
-
-
-def test_program_order_world3(world):
-    world(program_order, 3)
-
-
 def batch_and_hooks(comm, rank, size):
     """A batch filled and issued inside the graph; pre-hooks and post-hooks see every call of
     every run of the compiled function (the eager call runs inside the op)."""
@@ -272,14 +256,6 @@ def batch_and_hooks(comm, rank, size):
         assert "batch" in seen[0][1], seen
     pre.remove()
     post.remove()
-
-
-def test_batch_and_hooks(world):
-    world(batch_and_hooks, 2)
-
-
-def test_batch_and_hooks_world3(world):
-    world(batch_and_hooks, 3)
 
 
 def compiled_errors(comm, rank, size):
@@ -505,14 +481,6 @@ def compiled_backward(comm, rank, size):
         loss.backward()
 
 
-def test_compiled_backward(world):
-    world(compiled_backward, 2)
-
-
-def test_compiled_backward_world3(world):
-    world(compiled_backward, 3)
-
-
 _stamps: list[float] = []
 
 
@@ -594,14 +562,6 @@ def async_overlap(comm, rank, size):
                 assert at > 0.5 * delay, f"control: the node ran before the call ({at:.3f} s)"
 
 
-def test_async_overlap(world):
-    world(async_overlap, 2)
-
-
-def test_async_overlap_world3(world):
-    world(async_overlap, 3)
-
-
 def eager_autograd(comm, rank, size):
     """NOTE [eager autograd]: with TORCHCOMMS_PATCH_FOR_COMPILE=1, the eager methods are
     differentiable where a tensor of the call needs a gradient: x.grad as
@@ -646,9 +606,26 @@ def eager_autograd(comm, rank, size):
     dist.barrier()
 
 
-def test_eager_autograd(world):
-    world(eager_autograd, 2)
+# One spawned world per size runs every body in turn: each process pays torch.compile's start-up
+# (inductor's imports and caches, the first compile) once instead of once per body, which was
+# most of this file's time in CI. Every body resets dynamo and removes its hooks itself.
+SUITE = (
+    compiled_methods,
+    program_order,
+    batch_and_hooks,
+    compiled_backward,
+    async_overlap,
+    eager_autograd,
+)
 
 
-def test_eager_autograd_world3(world):
-    world(eager_autograd, 3)
+def compiled_suite(comm, rank, size):
+    for body in SUITE:
+        body(comm, rank, size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_compiled_bodies(world, size):
+    """compiled_methods, program_order, batch_and_hooks, compiled_backward, async_overlap and
+    eager_autograd at 2 and 3 processes."""
+    world(compiled_suite, size)
