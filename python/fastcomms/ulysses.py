@@ -346,7 +346,8 @@ class UlyssesGroup(_OpaqueBase):
         once. Every rank must release its results at the same point of its program.
 
         ``kv_replicas``: as in ``all_to_all_4d`` (mode 1 sums the replicas on the same stream;
-        not with ``lend=True``)."""
+        not with ``lend=True``). ``wire_dtype``: as in ``all_to_all_4d``; with ``lend=True`` the
+        FP8 rows land in the group's window and are dequantized into the lent buffer."""
         seq, heads = self._args(mode, seq_splits, head_splits)
         kv = self._kv(kv_replicas)
         summed = mode == 1 and kv > 1
@@ -384,12 +385,6 @@ class UlyssesGroup(_OpaqueBase):
                 "data to move); use all_to_all_4d for shapes"
             )
         t = self._live()
-        if wire_dtype is not None and lend:
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True with "
-                "wire_dtype is not supported (the received FP8 rows are dequantized into a new "
-                "tensor)"
-            )
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()

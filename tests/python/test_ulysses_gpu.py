@@ -685,7 +685,10 @@ def _fp8_fused_worker(store, rank, world):
                         x, mode=mode, wire_dtype=wire, return_scales=True, **kw
                     )
                     assert _same_bytes(gq, qo) and _same_bytes(gs, so), what + " return_scales"
-                    checks += 3
+                    lent = g.all_to_all_4d_async(x, mode=mode, wire_dtype=wire, lend=True, **kw)
+                    assert _same_bytes(lent.wait(), want), what + " async, lent"
+                    del lent
+                    checks += 4
     # GQA: one K/V head to every rank, mode 0
     x = torch.randn((1, 48, 1, 64), generator=gen).to(dev, torch.bfloat16)
     qo, so = _fp8_reference(ref, x, torch.float8_e4m3fn, 0, None, None, world)
