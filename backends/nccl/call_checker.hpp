@@ -1,6 +1,7 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #pragma once
-// NOTE [nccl call check]: the nccl backend's default call check (FASTCOMMS_CHECK_CALLS=1; the
+// NOTE [nccl call check]: the nccl backend's call check beside the op (FASTCOMMS_CHECK_CALLS=1,
+// opt-in until its cost is measured on two GPUs; the
 // nvlink backend runs every op but its peer-to-peer all-to-all on an inner nccl communicator, so
 // it has it too). NCCL cannot compare calls before it moves data without a round trip per call
 // (the strict check, through the store), so this one compares them beside the op: for every

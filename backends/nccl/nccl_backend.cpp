@@ -578,8 +578,11 @@ NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, 
       auto it = init.options.hints.find(name);
       return it == init.options.hints.end() ? std::string(otherwise) : it->second;
     };
+    // Opt-in here (FASTCOMMS_CHECK_CALLS=1 or the hint): issue 39 puts the check beside the op
+    // on by default only where it costs <= 3% from 1 MiB, which needs two GPUs to measure and
+    // has not been measured yet (docs/reliability.md). Unset, nccl and nvlink check nothing.
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
-    const std::string v = hint("check_calls", e ? e : "1");
+    const std::string v = hint("check_calls", e ? e : "0");
     const std::string fuse = hint("nccl.check_calls_fuse", "0");
     const std::string memory = hint("nccl.check_calls_memory", "device");
     FASTCOMMS_CHECK(parse_check_mode(v, &mode_), kInvalidArgument, prefix_,
