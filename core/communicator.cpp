@@ -158,7 +158,8 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
   key_space_ = key_space ? std::move(key_space) : options_.store;
   // NOTE [call check]: the check through the store runs with "strict" (the hint check_calls,
   // else FASTCOMMS_CHECK_CALLS); "1" (the default) and "0" leave it to the backend (gloo's
-  // default checks: NOTE [call check modes] in backends/gloo/gloo_backend.cpp).
+  // default checks: NOTE [call check modes] in backends/gloo/gloo_backend.cpp; nccl's and
+  // nvlink's: NOTE [nccl call check] in backends/nccl/call_checker.hpp).
   {
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
     std::string v = e ? e : "1";
@@ -434,6 +435,8 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   fp.key = o.call_key;
   ctx.fingerprint = fp;
   // NOTE [call check]: collectives only (a point-to-point op is issued by its two ranks alone).
+  // A backend that compares calls itself (gloo in band, nccl beside the op) gets the sizes per
+  // peer too, and the store is left alone.
   const bool collective = op != OpKind::kSend && op != OpKind::kRecv && op != OpKind::kBatchP2P;
   const bool in_band = collective && backend_->checks_calls(ctx);
   const bool store_check = collective && size_ > 1 && !in_band && wants_check(o);

@@ -115,6 +115,14 @@ class RealNcclApi final : public NcclApi {
   cudaError_t cuda_memset_async(void* ptr, int value, size_t count, cudaStream_t stream) override {
     return cudaMemsetAsync(ptr, value, count, stream);
   }
+  cudaError_t cuda_memcpy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                cudaStream_t stream) override {
+    return cudaMemcpyAsync(dst, src, count, kind, stream);
+  }
+  cudaError_t cuda_host_alloc(void** ptr, size_t size, unsigned int flags) override {
+    return cudaHostAlloc(ptr, size, flags);
+  }
+  cudaError_t cuda_free_host(void* ptr) override { return cudaFreeHost(ptr); }
 };
 
 }  // namespace

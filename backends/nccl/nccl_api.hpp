@@ -91,6 +91,10 @@ class NcclApi {
   virtual cudaError_t cuda_free(void* ptr) = 0;
   virtual cudaError_t cuda_memset_async(void* ptr, int value, size_t count,
                                         cudaStream_t stream) = 0;
+  virtual cudaError_t cuda_memcpy_async(void* dst, const void* src, size_t count,
+                                        cudaMemcpyKind kind, cudaStream_t stream) = 0;
+  virtual cudaError_t cuda_host_alloc(void** ptr, size_t size, unsigned int flags) = 0;
+  virtual cudaError_t cuda_free_host(void* ptr) = 0;
 };
 
 /// The real NCCL and CUDA runtime (one process-wide instance; it holds no state).

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -21,8 +22,10 @@
 #include <utility>
 
 #include "backends/ipc/ipc_window.hpp"
+#include "backends/nccl/call_checker.hpp"
 #include "backends/nccl/nccl_api.hpp"
 #include "backends/nccl/nccl_backend.hpp"
+#include "backends/nccl/nccl_util.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/log.hpp"
 #include "fastcomms/core/store.hpp"
@@ -35,154 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 // How often the watchdog looks at the ops in flight and at the communicator's asynchronous error.
 constexpr std::chrono::milliseconds kWatchdogTick{50};
-
-const char* nccl_result_name(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess:
-      return "ncclSuccess";
-    case ncclUnhandledCudaError:
-      return "ncclUnhandledCudaError";
-    case ncclSystemError:
-      return "ncclSystemError";
-    case ncclInternalError:
-      return "ncclInternalError";
-    case ncclInvalidArgument:
-      return "ncclInvalidArgument";
-    case ncclInvalidUsage:
-      return "ncclInvalidUsage";
-    case ncclRemoteError:
-      return "ncclRemoteError";
-    case ncclInProgress:
-      return "ncclInProgress";
-    case ncclNumResults:
-      break;
-  }
-  return "an unknown ncclResult_t";
-}
-
-// NOTE [nccl error codes]: what a failed NCCL call raises. An argument or a usage NCCL refuses is
-// the caller's (kInvalidArgument: a ValueError in Python, and never a process abort, the
-// communicator still works); a CUDA failure inside NCCL is kCudaError; a system, remote (a peer
-// failed) or internal NCCL failure is the transport's (kBackendError). ncclInProgress cannot come
-// from the blocking communicators this backend makes, so it is a broken invariant (kInternal).
-ErrorCode nccl_error_code(ncclResult_t r) {
-  switch (r) {
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return ErrorCode::kInvalidArgument;
-    case ncclUnhandledCudaError:
-      return ErrorCode::kCudaError;
-    case ncclInProgress:
-      return ErrorCode::kInternal;
-    default:
-      return ErrorCode::kBackendError;
-  }
-}
-
-// "ncclSystemError (unhandled system error); NCCL's last error: ...": a result in words.
-std::string nccl_result_text(NcclApi& api, ncclComm_t comm, ncclResult_t r) {
-  std::string text = detail::cat(nccl_result_name(r), " (", api.get_error_string(r), ")");
-  if (comm != nullptr) {
-    const char* last = api.get_last_error(comm);
-    if (last != nullptr && *last != '\0') text += detail::cat("; NCCL's last error: ", last);
-  }
-  return text;
-}
-
-// Throws the Error of a failed NCCL call: `prefix` (rank, communicator, op), the call, its result.
-void nccl_check(NcclApi& api, ncclComm_t comm, const std::string& prefix, const char* call,
-                ncclResult_t r) {
-  if (r != ncclSuccess) [[unlikely]]
-    throw Error(nccl_error_code(r),
-                detail::cat(prefix, call, " failed: ", nccl_result_text(api, comm, r)));
-}
-
-// Throws kCudaError for a failed CUDA runtime call: `prefix`, the call, the CUDA error.
-void cuda_check(NcclApi& api, const std::string& prefix, const char* call, cudaError_t err) {
-  if (err != cudaSuccess) [[unlikely]]
-    throw Error(ErrorCode::kCudaError,
-                detail::cat(prefix, call, " failed: ", api.cuda_get_error_name(err), " (",
-                            api.cuda_get_error_string(err), ")"));
-}
-
-// RAII over the seam (NOTE [nccl seam]), as fastcomms/cuda/runtime.hpp has over the runtime:
-// copy deleted, destructors do local work only and never throw.
-class DeviceGuard {
- public:
-  DeviceGuard(NcclApi& api, int device, const std::string& prefix) : api_(api) {
-    cuda_check(api_, prefix, "cudaGetDevice", api_.cuda_get_device(&previous_));
-    if (device != previous_)
-      cuda_check(api_, prefix, "cudaSetDevice", api_.cuda_set_device(device));
-  }
-  ~DeviceGuard() { (void)api_.cuda_set_device(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  NcclApi& api_;
-  int previous_ = 0;
-};
-
-// A non-blocking stream of the current device.
-class Stream {
- public:
-  Stream(NcclApi& api, bool high_priority, const std::string& prefix) : api_(&api) {
-    int lo = 0, hi = 0;
-    cuda_check(*api_, prefix, "cudaDeviceGetStreamPriorityRange",
-               api_->cuda_device_get_stream_priority_range(&lo, &hi));
-    cuda_check(*api_, prefix, "cudaStreamCreateWithPriority",
-               api_->cuda_stream_create_with_priority(&s_, cudaStreamNonBlocking,
-                                                      high_priority ? hi : lo));
-  }
-  ~Stream() {
-    if (s_) (void)api_->cuda_stream_destroy(s_);
-  }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  NcclApi* api_;
-  cudaStream_t s_ = nullptr;
-};
-
-// An event without timing.
-class Event {
- public:
-  Event(NcclApi& api, const std::string& prefix) : api_(&api) {
-    cuda_check(*api_, prefix, "cudaEventCreateWithFlags",
-               api_->cuda_event_create_with_flags(&e_, cudaEventDisableTiming));
-  }
-  ~Event() {
-    if (e_) (void)api_->cuda_event_destroy(e_);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-  cudaEvent_t release() { return std::exchange(e_, nullptr); }
-
- private:
-  NcclApi* api_;
-  cudaEvent_t e_ = nullptr;
-};
-
-// Device memory of the current device.
-class DeviceBuffer {
- public:
-  DeviceBuffer(NcclApi& api, size_t bytes, const std::string& prefix) : api_(&api) {
-    cuda_check(*api_, prefix, "cudaMalloc", api_->cuda_malloc(&p_, bytes));
-  }
-  ~DeviceBuffer() {
-    if (p_) (void)api_->cuda_free(p_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-
- private:
-  NcclApi* api_;
-  void* p_ = nullptr;
-};
 
 // Checks that `init` names a CUDA device and makes it current, before the backend makes anything
 // on it; returns `api`.
@@ -231,27 +86,37 @@ char* bytes(const TensorView& t) { return static_cast<char*>(t.data); }
 size_t nbytes(const TensorView& t) { return static_cast<size_t>(t.nbytes()); }
 
 // Completion of one op on the internal stream (it owns `done`).
-class NcclWork : public Work {
+class NcclWork : public CheckedWork {
  public:
-  NcclWork(std::shared_ptr<NcclApi> api, cudaEvent_t done, cudaStream_t caller, const OpContext& c)
+  // `checker`: the call check this op's call is compared by (NOTE [nccl call check]), or null.
+  NcclWork(std::shared_ptr<NcclApi> api, cudaEvent_t done, cudaStream_t caller, const OpContext& c,
+           std::shared_ptr<CallChecker> checker)
       : api_(std::move(api)),
         done_(done),
         caller_(caller),
         prefix_(c.prefix),
         what_(detail::cat(op_name(c.op), " (op ", c.op_id, ")")),
         timeout_(c.timeout),
-        deadline_(Clock::now() + c.timeout) {}
+        deadline_(Clock::now() + c.timeout),
+        checker_(std::move(checker)) {}
   ~NcclWork() override { (void)api_->cuda_event_destroy(done_); }
 
   WorkStatus status() const override {
-    const int s = state_.load();
-    if (s == kTimedOut) return WorkStatus::kTimedOut;
-    if (s == kAborted || s == kFailed) return WorkStatus::kError;
+    if (const WorkStatus s = settled(); s != WorkStatus::kInProgress) return s;
     const cudaError_t err = api_->cuda_event_query(done_);
-    if (err == cudaSuccess) return WorkStatus::kCompleted;
     if (err == cudaErrorNotReady) return WorkStatus::kInProgress;
-    (void)api_->cuda_get_last_error();
-    return WorkStatus::kError;
+    if (err != cudaSuccess) {
+      (void)api_->cuda_get_last_error();
+      return WorkStatus::kError;
+    }
+    if (checker_) {
+      // NOTE [nccl call check]: the op's fingerprints landed before its completion event, so
+      // they are compared before the op reports completion; a mismatch fails this work.
+      RelaxedCapture relaxed(*api_);
+      checker_->poll();
+      if (const WorkStatus s = settled(); s != WorkStatus::kInProgress) return s;
+    }
+    return WorkStatus::kCompleted;
   }
   void wait() override {
     const int s = state_.load();
@@ -261,7 +126,11 @@ class NcclWork : public Work {
                               " ms; the communicator was aborted"));
     if (s == kAborted)
       throw Error(ErrorCode::kAborted, prefix_ + "nccl: the communicator was aborted");
-    if (s == kFailed) throw Error(failed_code_, prefix_ + "nccl: " + failed_why_);
+    if (s == kFailed) {
+      if (checker_) checker_->note_raised();  // NOTE [nccl call check]: finalize need not
+      std::lock_guard<std::mutex> lock(mu_);
+      throw Error(failed_code_, prefix_ + "nccl: " + failed_why_);
+    }
     cuda_check(*api_, prefix_ + "nccl: ", "cudaStreamWaitEvent",
                api_->cuda_stream_wait_event(caller_, done_, 0));
   }
@@ -272,16 +141,31 @@ class NcclWork : public Work {
     return detail::cat(what_, " timed out after ", timeout_.count(), " ms");
   }
   bool done() const { return api_->cuda_event_query(done_) == cudaSuccess; }
-  void mark(int s) { state_.store(s); }
-  // NOTE [nccl async errors]: the communicator failed under this op.
-  void fail(ErrorCode code, std::string why) {
+  // The first of mark() and fail() wins: a timed-out op stays timed out, a failed one failed.
+  void mark(int s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load() == kRunning) state_.store(s);
+  }
+  // NOTE [nccl async errors]: the communicator failed under this op; NOTE [nccl call check]:
+  // the op's call was mismatched.
+  void fail(ErrorCode code, std::string why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load() != kRunning) return;
     failed_code_ = code;
     failed_why_ = std::move(why);
-    state_.store(kFailed);  // publishes the two above
+    state_.store(kFailed);
   }
   static constexpr int kRunning = 0, kTimedOut = 1, kAborted = 2, kFailed = 3;
 
  private:
+  // What the state says (kInProgress: still running as far as it knows).
+  WorkStatus settled() const {
+    const int s = state_.load();
+    if (s == kTimedOut) return WorkStatus::kTimedOut;
+    if (s == kAborted || s == kFailed) return WorkStatus::kError;
+    return WorkStatus::kInProgress;
+  }
+
   std::shared_ptr<NcclApi> api_;
   cudaEvent_t done_;
   cudaStream_t caller_;
@@ -289,6 +173,8 @@ class NcclWork : public Work {
   std::string what_;
   std::chrono::milliseconds timeout_;
   Clock::time_point deadline_;
+  std::shared_ptr<CallChecker> checker_;
+  mutable std::mutex mu_;  // a failure's code and reason, and state changes
   ErrorCode failed_code_ = ErrorCode::kBackendError;
   std::string failed_why_;
   std::atomic<int> state_{kRunning};
@@ -384,14 +270,14 @@ class NcclBackend : public Backend {
     });
   }
   WorkPtr broadcast(const TensorView& t, int root, const OpContext& c) override {
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       check(c, "ncclBroadcast",
             api_->broadcast(t.data, t.data, nbytes(t), ncclUint8, root, comm_, s));
     });
   }
   WorkPtr all_reduce(const TensorView& t, const ReduceOp& op, const OpContext& c) override {
     const ncclDataType_t dt = nccl_type(t.dtype, c.prefix);
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       with_op(op, t.dtype, dt, c, [&](ncclRedOp_t r) {
         check(c, "ncclAllReduce", api_->all_reduce(t.data, t.data, t.numel(), dt, r, comm_, s));
       });
@@ -399,7 +285,7 @@ class NcclBackend : public Backend {
   }
   WorkPtr reduce(const TensorView& t, int root, const ReduceOp& op, const OpContext& c) override {
     const ncclDataType_t dt = nccl_type(t.dtype, c.prefix);
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       with_op(op, t.dtype, dt, c, [&](ncclRedOp_t r) {
         check(c, "ncclReduce", api_->reduce(t.data, t.data, t.numel(), dt, r, root, comm_, s));
       });
@@ -408,7 +294,7 @@ class NcclBackend : public Backend {
   WorkPtr all_gather(const std::vector<TensorView>& outputs, const TensorView& input,
                      const OpContext& c) override {
     // Every rank broadcasts its input into the matching output (sizes may differ per rank).
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       group(c, [&] {
         for (int r = 0; r < size_; ++r) {
           const void* src = r == rank_ ? input.data : outputs[r].data;
@@ -420,7 +306,7 @@ class NcclBackend : public Backend {
   }
   WorkPtr all_gather_single(const TensorView& output, const TensorView& input,
                             const OpContext& c) override {
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       check(c, "ncclAllGather",
             api_->all_gather(input.data, output.data, nbytes(input), ncclUint8, comm_, s));
     });
@@ -429,7 +315,7 @@ class NcclBackend : public Backend {
                          const ReduceOp& op, const OpContext& c) override {
     // One reduce per rank into that rank's output (sizes may differ per rank).
     const ncclDataType_t dt = nccl_type(output.dtype, c.prefix);
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       with_op(op, output.dtype, dt, c, [&](ncclRedOp_t r) {
         group(c, [&] {
           for (int q = 0; q < size_; ++q)
@@ -443,7 +329,7 @@ class NcclBackend : public Backend {
   WorkPtr reduce_scatter_single(const TensorView& output, const TensorView& input,
                                 const ReduceOp& op, const OpContext& c) override {
     const ncclDataType_t dt = nccl_type(output.dtype, c.prefix);
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       with_op(op, output.dtype, dt, c, [&](ncclRedOp_t r) {
         check(c, "ncclReduceScatter",
               api_->reduce_scatter(input.data, output.data, output.numel(), dt, r, comm_, s));
@@ -486,7 +372,7 @@ class NcclBackend : public Backend {
     });
   }
   WorkPtr barrier(const OpContext& c) override {
-    return run(c, [&](cudaStream_t s) {
+    return run_collective(c, [&](cudaStream_t s) {
       check(c, "ncclAllReduce",
             api_->all_reduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclInt32, ncclSum, comm_,
                              s));
@@ -540,9 +426,57 @@ class NcclBackend : public Backend {
   void abort() override;
   void finalize() override;
 
+  // NOTE [nccl call check]: with the default setting this backend compares collectives itself,
+  // beside the op, so the communicator runs no check through the store.
+  bool checks_calls(const OpContext& ctx) const override {
+    return size_ > 1 && op_mode(ctx) == CheckMode::kDefault;
+  }
+
  private:
+  // FASTCOMMS_CHECK_CALLS, or the hint check_calls (NOTE [nccl call check]): off, the default
+  // (beside the op), or strict (the communicator's check, through the store, before data moves).
+  enum class CheckMode { kOff, kDefault, kStrict };
+  static bool parse_check_mode(const std::string& v, CheckMode* m) {
+    if (v == "0")
+      *m = CheckMode::kOff;
+    else if (v == "1")
+      *m = CheckMode::kDefault;
+    else if (v == "strict")
+      *m = CheckMode::kStrict;
+    else
+      return false;
+    return true;
+  }
+  // The op's mode: its hint check_calls (as the communicator reads it), else the communicator's.
+  // Every rank must give an op the same.
+  CheckMode op_mode(const OpContext& ctx) const {
+    if (ctx.hints != nullptr) {
+      if (auto h = ctx.hints->find("check_calls"); h != ctx.hints->end()) {
+        CheckMode m;
+        FASTCOMMS_CHECK(parse_check_mode(h->second, &m), kInvalidArgument, ctx.prefix,
+                        "hint check_calls must be 0, 1 or strict, got '", h->second, "'");
+        return m;
+      }
+    }
+    return mode_;
+  }
   template <typename Fn>
-  WorkPtr run(const OpContext& c, Fn&& issue);
+  WorkPtr run(const OpContext& c, Fn&& issue, bool collective_kernels = false);
+  // An op made of NCCL collectives (not of sends and receives): with nccl.check_calls_fuse=1
+  // its call check's all-gather joins its NCCL group (NOTE [nccl call check]).
+  template <typename Fn>
+  WorkPtr run_collective(const OpContext& c, Fn&& issue) {
+    return run(c, std::forward<Fn>(issue), true);
+  }
+  // NOTE [nccl call check]: compares the checks whose fingerprints landed (without blocking) and
+  // aborts the communicator on a mismatch. `relaxed`: this thread's capture mode is relaxed
+  // already (the watchdog's). mu_ held by `lock`, released around ncclCommAbort.
+  void sync_checks_locked(std::unique_lock<std::mutex>& lock, bool relaxed);
+  // Fails the ops in flight with the mismatch and aborts the communicator; mu_ held by `lock`.
+  void abort_for_mismatch(std::unique_lock<std::mutex>& lock);
+  // Marks the communicator aborted for `why` and calls ncclCommAbort; mu_ held by `lock`, which it
+  // releases around the call.
+  void abort_comm_locked(std::unique_lock<std::mutex>& lock, const std::string& why);
   // Issues fn's calls as one NCCL group (one launch; a batch's sends and receives are matched
   // together, so no rank waits on a peer's later call).
   template <typename Fn>
@@ -573,7 +507,15 @@ class NcclBackend : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable_locked(prefix);
   }
-  void check_usable_locked(const std::string& prefix) const {
+  void check_usable_locked(const std::string& prefix) {
+    // NOTE [nccl call check]: a mismatch is the callers' error, raised by every later call.
+    if (!mismatch_.empty()) {
+      mismatch_raised_ = true;
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          detail::cat(prefix,
+                      "the communicator was aborted after a mismatched collective: ", mismatch_));
+    }
     if (aborted_)
       throw Error(ErrorCode::kAborted,
                   detail::cat(prefix, "the communicator was aborted",
@@ -606,6 +548,13 @@ class NcclBackend : public Backend {
   int windows_ = 0;                    // windows made so far (their store namespace)
   std::map<void*, void*> registered_;  // NOTE [nccl memory registration]: pointer -> handle
   void drop_registrations();
+  // NOTE [nccl call check]
+  CheckMode mode_ = CheckMode::kDefault;
+  std::shared_ptr<CallChecker> checker_;  // null at size 1
+  std::mutex issue_mu_;           // one op's exchange and its NCCL calls go out together, in order
+  uint64_t collectives_ = 0;      // collectives issued (under issue_mu_): their sequence numbers
+  std::string mismatch_;          // the mismatch that aborted the communicator; under mu_
+  bool mismatch_raised_ = false;  // a call raised it (else finalize() does); under mu_
 };
 
 NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, ncclComm_t comm)
@@ -621,6 +570,46 @@ NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, 
       stream_(on_device(*api_, init, prefix_), high_priority(init), prefix_),
       ready_(*api_, prefix_),
       barrier_buf_(*api_, sizeof(int), prefix_) {
+  // NOTE [nccl call check]: the setting, the same on every rank (checked below), since a checked
+  // call's all-gather would otherwise meet a peer's op.
+  CheckPlacement placement;
+  {
+    const auto hint = [&](const char* name, const char* otherwise) {
+      auto it = init.options.hints.find(name);
+      return it == init.options.hints.end() ? std::string(otherwise) : it->second;
+    };
+    // Opt-in here (FASTCOMMS_CHECK_CALLS=1 or the hint): issue 39 puts the check beside the op
+    // on by default only where it costs <= 3% from 1 MiB, which needs two GPUs to measure and
+    // has not been measured yet (docs/reliability.md). Unset, nccl and nvlink check nothing.
+    const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
+    const std::string v = hint("check_calls", e ? e : "0");
+    const std::string fuse = hint("nccl.check_calls_fuse", "0");
+    const std::string memory = hint("nccl.check_calls_memory", "device");
+    FASTCOMMS_CHECK(parse_check_mode(v, &mode_), kInvalidArgument, prefix_,
+                    "check_calls (hint check_calls or FASTCOMMS_CHECK_CALLS) must be 0, 1 or "
+                    "strict, got '",
+                    v, "'");
+    FASTCOMMS_CHECK(fuse == "0" || fuse == "1", kInvalidArgument, prefix_,
+                    "hint nccl.check_calls_fuse must be 0 or 1, got '", fuse, "'");
+    FASTCOMMS_CHECK(memory == "device" || memory == "host", kInvalidArgument, prefix_,
+                    "hint nccl.check_calls_memory must be device or host, got '", memory, "'");
+    placement.fuse = fuse == "1";
+    placement.mapped = memory == "host";
+    if (size_ > 1) {
+      const std::string mine = detail::cat(v, " fuse=", fuse, " memory=", memory);
+      init.options.store->set_string(detail::cat("check_calls/", rank_), mine);
+      const int peer = rank_ == 0 ? 1 : 0;
+      const auto got =
+          init.options.store->get(detail::cat("check_calls/", peer), init.options.timeout);
+      const std::string theirs(got.begin(), got.end());
+      FASTCOMMS_CHECK(theirs == mine, kInvalidArgument, prefix_, "rank ", peer,
+                      " runs the call check as '", theirs, "' and this rank as '", mine,
+                      "': every rank needs the same FASTCOMMS_CHECK_CALLS and hints check_calls, "
+                      "nccl.check_calls_fuse and nccl.check_calls_memory (NOTE [nccl call "
+                      "check])");
+      checker_ = std::make_shared<CallChecker>(api_, size_, placement);
+    }
+  }
   if (comm_ == nullptr) {
     ncclUniqueId id;
     const std::string key = "nccl_unique_id";
@@ -680,30 +669,136 @@ NcclBackend::~NcclBackend() {
       FASTCOMMS_LOG(kWarn, prefix_, abort ? "ncclCommAbort" : "ncclCommDestroy",
                     " at destruction failed: ", nccl_result_text(*api_, nullptr, r));
   }
+  // NOTE [nccl call check]: its slots go with the communicator, and the works it held.
+  if (checker_) checker_->close();
 }
 
 template <typename Fn>
-WorkPtr NcclBackend::run(const OpContext& c, Fn&& issue) {
+WorkPtr NcclBackend::run(const OpContext& c, Fn&& issue, bool collective_kernels) {
   const std::string prefix = c.prefix + "nccl: ";
-  check_usable(prefix);
   DeviceGuard guard(*api_, device_, prefix);
   cudaStream_t caller = as_stream(c.stream);
-  cuda_check(*api_, prefix, "cudaEventRecord", api_->cuda_event_record(ready_.get(), caller));
-  cuda_check(*api_, prefix, "cudaStreamWaitEvent",
-             api_->cuda_stream_wait_event(stream_.get(), ready_.get(), 0));
-  issue(stream_.get());
-  Event done(*api_, prefix);
-  cuda_check(*api_, prefix, "cudaEventRecord", api_->cuda_event_record(done.get(), stream_.get()));
-  auto work = std::make_shared<NcclWork>(api_, done.release(), caller, c);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cuda_check(*api_, prefix, "cudaStreamIsCapturing",
              api_->cuda_stream_is_capturing(caller, &capture));
-  if (capture == cudaStreamCaptureStatusNone) {  // captured ops have no timeline to watch
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // NOTE [nccl call check]: a mismatch whose fingerprints landed raises here at the latest
+    // (not while capturing: a capture may not query events).
+    if (!captured) sync_checks_locked(lock, /*relaxed=*/false);
+    check_usable_locked(prefix);
+  }
+  const bool collective =
+      c.op != OpKind::kSend && c.op != OpKind::kRecv && c.op != OpKind::kBatchP2P;
+  // Captured calls are not checked: their fingerprints would be the capture's, replayed.
+  const bool checked = collective && checker_ && !captured && c.fingerprint.op >= 0 &&
+                       op_mode(c) == CheckMode::kDefault;
+  std::lock_guard<std::mutex> issuing(issue_mu_);  // the exchange and the op, in one order
+  const cudaStream_t s = stream_.get();
+  cuda_check(*api_, prefix, "cudaEventRecord", api_->cuda_event_record(ready_.get(), caller));
+  cuda_check(*api_, prefix, "cudaStreamWaitEvent",
+             api_->cuda_stream_wait_event(s, ready_.get(), 0));
+  if (collective) ++collectives_;
+  int slot = -1;
+  bool posted = false, landed = false;
+  std::shared_ptr<NcclWork> work;
+  try {
+    if (checked) {
+      // NOTE [nccl call check]: this rank's fingerprint, all-gathered just before the op.
+      slot = checker_->acquire(
+          encode_wire(c.fingerprint, c.peer_out, c.peer_in, collectives_, rank_, size_), prefix);
+      checker_->stage(slot, s, prefix);
+      const auto exchange = [&] {
+        check(c, "ncclAllGather",
+              api_->all_gather(checker_->send_buffer(slot), checker_->recv_buffer(slot),
+                               sizeof(WireFingerprint), ncclUint8, comm_, s));
+      };
+      if (checker_->placement().fuse && collective_kernels) {
+        group(c, [&] {
+          exchange();
+          issue(s);
+        });
+        posted = true;
+        checker_->land(slot, s, prefix);
+        landed = true;
+      } else {
+        exchange();
+        posted = true;
+        checker_->land(slot, s, prefix);
+        landed = true;
+        issue(s);
+        checker_->join(slot, s, prefix);
+      }
+    } else {
+      issue(s);
+    }
+    Event done(*api_, prefix);
+    cuda_check(*api_, prefix, "cudaEventRecord", api_->cuda_event_record(done.get(), s));
+    work =
+        std::make_shared<NcclWork>(api_, done.release(), caller, c, checked ? checker_ : nullptr);
+  } catch (...) {
+    if (slot >= 0) {
+      if (!posted)
+        checker_->abandon(slot);
+      else if (!landed)  // no event says when its fingerprints land: this rank stops comparing
+        checker_->cancel();
+      else  // compared all the same: the peers' ops went out
+        checker_->track(slot, c.fingerprint, nullptr);
+    }
+    throw;
+  }
+  if (slot >= 0) checker_->track(slot, c.fingerprint, work);
+  if (!captured) {  // captured ops have no timeline to watch
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.push_back(work);
   }
   cv_.notify_all();
   return work;
+}
+
+void NcclBackend::sync_checks_locked(std::unique_lock<std::mutex>& lock, bool relaxed) {
+  if (!checker_ || aborted_) return;
+  bool mismatched = false;
+  if (!checker_->pending()) {  // nothing to query (a work's status() may have found one)
+    mismatched = !checker_->mismatch().empty();
+  } else if (relaxed) {
+    mismatched = checker_->poll();
+  } else {
+    RelaxedCapture relax(*api_);  // NOTE [watchdog and graph capture]
+    mismatched = checker_->poll();
+  }
+  if (mismatched) abort_for_mismatch(lock);
+}
+
+void NcclBackend::abort_for_mismatch(std::unique_lock<std::mutex>& lock) {
+  mismatch_ = checker_->mismatch();
+  // The mismatched op's work and the checked ones after it failed already (the first failure
+  // wins); the rest in flight (sends and receives after it) end here.
+  for (const auto& w : in_flight_)
+    if (!w->done())
+      w->fail(ErrorCode::kInvalidArgument,
+              "the communicator was aborted after a mismatched collective: " + mismatch_);
+  in_flight_.clear();
+  FASTCOMMS_LOG(kError, "[rank ", rank_, "/", size_, " ", options_.name,
+                " call check] nccl: a mismatched collective: ", mismatch_,
+                "; aborting the communicator");
+  abort_comm_locked(lock, "a mismatched collective");
+}
+
+void NcclBackend::abort_comm_locked(std::unique_lock<std::mutex>& lock, const std::string& why) {
+  abort_reason_ = why;
+  aborted_ = true;
+  // NOTE [nccl call check]: what lands after the abort is no peer's call.
+  if (checker_) checker_->cancel();
+  const ncclComm_t comm = std::exchange(comm_, nullptr);
+  lock.unlock();
+  (void)api_->cuda_set_device(device_);
+  // Ends the stuck kernels; the communicator is unusable after.
+  const ncclResult_t r = api_->comm_abort(comm);
+  if (r != ncclSuccess)
+    FASTCOMMS_LOG(kWarn, prefix_, "ncclCommAbort failed: ", nccl_result_text(*api_, nullptr, r));
+  lock.lock();
 }
 
 template <typename Fn>
@@ -769,6 +864,10 @@ void NcclBackend::watchdog() {
   while (!stop_) {
     cv_.wait_for(lock, kWatchdogTick);
     if (stop_ || aborted_) continue;
+    // NOTE [nccl call check]: before the timeouts, so an op that hangs because its call was
+    // mismatched ends with the mismatch, not a timeout.
+    sync_checks_locked(lock, /*relaxed=*/true);
+    if (stop_ || aborted_) continue;
     const auto now = Clock::now();
     while (!in_flight_.empty() && in_flight_.front()->done()) in_flight_.pop_front();
     // NOTE [nccl async errors]: a failure NCCL finds outside a call (a peer that died, a network
@@ -809,16 +908,7 @@ void NcclBackend::abort_from_watchdog(std::unique_lock<std::mutex>& lock, const 
     lock.unlock();  // NOTE [process abort]: the communicator's abort hooks run first
     process_abort_->abort_process(where + why);
   }
-  abort_reason_ = why;
-  aborted_ = true;
-  const ncclComm_t comm = std::exchange(comm_, nullptr);
-  lock.unlock();
-  (void)api_->cuda_set_device(device_);
-  // Ends the stuck kernels; the communicator is unusable after.
-  const ncclResult_t r = api_->comm_abort(comm);
-  if (r != ncclSuccess)
-    FASTCOMMS_LOG(kWarn, where, "ncclCommAbort failed: ", nccl_result_text(*api_, nullptr, r));
-  lock.lock();
+  abort_comm_locked(lock, why);
 }
 
 void NcclBackend::abort() {
@@ -827,6 +917,7 @@ void NcclBackend::abort() {
   for (const auto& w : in_flight_)
     if (!w->done()) w->mark(NcclWork::kAborted);
   in_flight_.clear();
+  if (checker_) checker_->cancel();  // NOTE [nccl call check]: nothing lands from peers now
   if (comm_) {
     (void)api_->cuda_set_device(device_);
     const ncclResult_t r = api_->comm_abort(comm_);
@@ -837,9 +928,30 @@ void NcclBackend::abort() {
 }
 
 void NcclBackend::finalize() {
-  if (aborted_) return;
+  // NOTE [nccl call check]: a mismatch no call raised yet (a sync op's caller never hears of its
+  // op again) is raised here, once the last checks are compared.
+  const auto raise_mismatch = [&](std::unique_lock<std::mutex>&) {
+    if (mismatch_.empty() || mismatch_raised_ || (checker_ && checker_->raised())) return;
+    mismatch_raised_ = true;
+    throw Error(ErrorCode::kInvalidArgument,
+                detail::cat("[rank ", rank_, "/", size_, " ", options_.name,
+                            " finalize] nccl: a collective was mismatched across ranks and the "
+                            "communicator was aborted: ",
+                            mismatch_));
+  };
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    raise_mismatch(lock);
+    if (aborted_) return;
+  }
   DeviceGuard guard(*api_, device_, prefix_);
   cuda_check(*api_, prefix_, "cudaStreamSynchronize", api_->cuda_stream_synchronize(stream_.get()));
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    sync_checks_locked(lock, /*relaxed=*/false);  // every op's fingerprints landed by now
+    raise_mismatch(lock);
+    if (aborted_) return;  // the watchdog aborted it meanwhile
+  }
   drop_registrations();  // NOTE [nccl memory registration]
 }
 

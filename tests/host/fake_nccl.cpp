@@ -229,6 +229,7 @@ void FakeNccl::release(int device) {
   for (auto& l : launches_)
     if (l->device == device) l->held = false;
   cv_.notify_all();
+  progress();
 }
 
 void FakeNccl::set_wait_limit(std::chrono::milliseconds limit) {
@@ -268,6 +269,7 @@ FakeNccl::Live FakeNccl::live() const {
   for (const auto& [h, s] : streams_) l.streams += !s->destroyed && !s->legacy;
   for (const auto& [h, e] : events_) l.events += !e->destroyed;
   l.buffers = static_cast<int>(buffers_.size());
+  l.host_buffers = static_cast<int>(host_buffers_.size());
   return l;
 }
 
@@ -365,6 +367,39 @@ bool FakeNccl::wait_for(std::unique_lock<std::mutex>& lock, Pred pred, const std
 void FakeNccl::finish(Launch& launch) {
   --launch.parts_left;
   cv_.notify_all();
+  progress();
+}
+
+void FakeNccl::progress() {
+  for (bool ran = true; ran;) {
+    ran = false;
+    for (auto it = copies_.begin(); it != copies_.end();) {
+      if (!std::all_of(it->deps.begin(), it->deps.end(), [&](const auto& l) { return done(*l); })) {
+        ++it;
+        continue;
+      }
+      if (it->bytes > 0) std::memmove(it->dst, it->src, it->bytes);
+      it->launch->parts_left = 0;
+      it = copies_.erase(it);
+      ran = true;
+      cv_.notify_all();
+    }
+  }
+}
+
+const FakeNccl::HostAlloc* FakeNccl::host_alloc_of(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  auto it = host_buffers_.upper_bound(c);
+  if (it == host_buffers_.begin()) return nullptr;
+  --it;
+  return c < it->first + it->second.size ? &it->second : nullptr;
+}
+
+void FakeNccl::check_nccl_buffer(const void* p, const char* call, const char* what) {
+  const HostAlloc* h = host_alloc_of(p);
+  if (h != nullptr && !(h->flags & cudaHostAllocMapped))
+    violation(std::string(call) + ": the " + what +
+              " is pinned host memory that is not mapped into the device's address space");
 }
 
 ncclResult_t FakeNccl::enqueue(Part part, Stream* stream) {
@@ -423,15 +458,17 @@ void FakeNccl::run_collective(World& w, uint64_t seq) {
   for (auto& p : w.colls[seq]) parts.push_back(std::move(*p));
   w.colls.erase(seq);
   const Part& p0 = parts[0];
-  bool agree = true, aborted = false;
+  bool agree = true, aborted = false, same_kind = true, same_bytes = true, known = true;
   for (const Part& p : parts) {
     agree &= p.kind == p0.kind && p.count == p0.count && p.dt == p0.dt &&
              (p.op >= ncclNumOps) == (p0.op >= ncclNumOps) &&
              (p.op >= ncclNumOps || p.op == p0.op) &&
              (p.kind != Kind::kBroadcast && p.kind != Kind::kReduce ? true : p.peer == p0.peer);
+    same_kind &= p.kind == p0.kind;
+    same_bytes &= p.count * type_size(p.dt) == p0.count * type_size(p0.dt);
+    known &= type_size(p.dt) != 0;
     aborted |= p.comm->aborted;
   }
-  const size_t es = type_size(p0.dt), n = p0.count, P = parts.size();
   if (!agree) {
     std::ostringstream os;
     os << "mismatched collective #" << seq << ":";
@@ -439,50 +476,63 @@ void FakeNccl::run_collective(World& w, uint64_t seq) {
       os << " rank " << p.comm->rank << " " << kind_name(p.kind) << "(count " << p.count
          << ", type " << p.dt << ", op " << p.op << ", root " << p.peer << ")";
     violation(os.str());
-  } else if (es == 0) {
+    // Kinds or byte counts that differ: NCCL's kernels wait for bytes that never come (or read
+    // past a buffer). The launches stay in flight until their communicator is aborted.
+    if (!same_kind || !same_bytes) return;
+  }
+  const size_t P = parts.size();
+  if (!known) {
     violation(std::string(kind_name(p0.kind)) + " of a type the fake does not know");
   } else if (!aborted) {
-    std::vector<char> out;
+    // Each rank's kernel runs its own call over everyone's bytes (the same call on every rank
+    // where they agree). Every output is computed before any is written (in-place calls).
     std::vector<const void*> in;
     std::vector<double> factors;
     for (const Part& p : parts) {
       in.push_back(p.send);
       factors.push_back(p.factor);
     }
-    switch (p0.kind) {
-      case Kind::kBroadcast:
-        out.assign(static_cast<const char*>(parts[p0.peer].send),
-                   static_cast<const char*>(parts[p0.peer].send) + n * es);
-        for (const Part& p : parts) std::memcpy(p.recv, out.data(), n * es);
-        break;
-      case Kind::kAllGather:
-        out.resize(P * n * es);
-        for (size_t r = 0; r < P; ++r) std::memcpy(out.data() + r * n * es, in[r], n * es);
-        for (const Part& p : parts) std::memcpy(p.recv, out.data(), out.size());
-        break;
-      case Kind::kAllReduce:
-      case Kind::kReduce:
-      case Kind::kReduceScatter: {
-        const size_t total = p0.kind == Kind::kReduceScatter ? n * P : n;
-        out.resize(total * es);
-        if (!reduce_all(p0.dt, in, factors, p0.op, total, out.data())) {
-          violation(std::string(kind_name(p0.kind)) + " of a type the fake does not reduce");
+    std::vector<std::vector<char>> outs(P);
+    std::vector<bool> writes(P, true);
+    for (size_t r = 0; r < P; ++r) {
+      const Part& v = parts[r];
+      const size_t es = type_size(v.dt), n = v.count;
+      std::vector<char>& out = outs[r];
+      switch (v.kind) {
+        case Kind::kBroadcast: {
+          const auto* src = static_cast<const char*>(parts[static_cast<size_t>(v.peer)].send);
+          out.assign(src, src + n * es);
           break;
         }
-        for (size_t r = 0; r < P; ++r) {
-          const Part& p = parts[r];
-          if (p0.kind == Kind::kAllReduce)
-            std::memcpy(p.recv, out.data(), n * es);
-          else if (p0.kind == Kind::kReduce && static_cast<int>(r) == p0.peer)
-            std::memcpy(p.recv, out.data(), n * es);
-          else if (p0.kind == Kind::kReduceScatter)
-            std::memcpy(p.recv, out.data() + r * n * es, n * es);
+        case Kind::kAllGather:
+          out.resize(P * n * es);
+          for (size_t q = 0; q < P; ++q) std::memcpy(out.data() + q * n * es, in[q], n * es);
+          break;
+        case Kind::kAllReduce:
+        case Kind::kReduce:
+        case Kind::kReduceScatter: {
+          const size_t total = v.kind == Kind::kReduceScatter ? n * P : n;
+          std::vector<char> all(total * es);
+          if (!reduce_all(v.dt, in, factors, v.op, total, all.data())) {
+            violation(std::string(kind_name(v.kind)) + " of a type the fake does not reduce");
+            writes[r] = false;
+            break;
+          }
+          if (v.kind == Kind::kReduceScatter)
+            out.assign(all.begin() + static_cast<std::ptrdiff_t>(r * n * es),
+                       all.begin() + static_cast<std::ptrdiff_t>((r + 1) * n * es));
+          else
+            out = std::move(all);
+          writes[r] = v.kind != Kind::kReduce || static_cast<int>(r) == v.peer;
+          break;
         }
-        break;
+        default:
+          writes[r] = false;
+          break;
       }
-      default:
-        break;
     }
+    for (size_t r = 0; r < P; ++r)
+      if (writes[r] && !outs[r].empty()) std::memcpy(parts[r].recv, outs[r].data(), outs[r].size());
   }
   for (Part& p : parts) finish(*p.launch);
 }
@@ -626,6 +676,7 @@ ncclResult_t FakeNccl::comm_abort(ncclComm_t comm) {
   for (auto& l : launches_)
     if (l->comm == c) l->aborted = true;
   cv_.notify_all();
+  progress();
   return ncclSuccess;
 }
 
@@ -770,6 +821,8 @@ ncclResult_t FakeNccl::group_end() {
   if (take_failure(NAME, c->device, &r)) return r;                                     \
   Stream* s = stream_of(stream, NAME);                                                 \
   if (s == nullptr) return refuse(ncclInvalidArgument);                                \
+  check_nccl_buffer(SEND, NAME, "send buffer");                                        \
+  check_nccl_buffer(RECV, NAME, "receive buffer");                                     \
   if ((KIND == Kind::kSend || KIND == Kind::kRecv || KIND == Kind::kBroadcast ||       \
        KIND == Kind::kReduce) &&                                                       \
       (PEER < 0 || PEER >= c->size)) {                                                 \
@@ -1021,6 +1074,55 @@ cudaError_t FakeNccl::cuda_memset_async(void* ptr, int value, size_t count, cuda
   FAKE_CUDA_ENTER("cudaMemsetAsync", s ? s->device : t_device, stream, nullptr);
   if (s == nullptr) return cudaErrorInvalidResourceHandle;
   std::memset(ptr, value, count);  // host memory: done at once
+  return cudaSuccess;
+}
+
+cudaError_t FakeNccl::cuda_memcpy_async(void* dst, const void* src, size_t count,
+                                        cudaMemcpyKind kind, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stream* s = stream_of(stream, "cudaMemcpyAsync");
+  FAKE_CUDA_ENTER("cudaMemcpyAsync", s ? s->device : t_device, stream, nullptr);
+  if (s == nullptr) return cudaErrorInvalidResourceHandle;
+  // A copy from or to pageable memory would block the host (or run at once, unordered).
+  if ((kind == cudaMemcpyHostToDevice && host_alloc_of(src) == nullptr) ||
+      (kind == cudaMemcpyDeviceToHost && host_alloc_of(dst) == nullptr))
+    violation("cudaMemcpyAsync with pageable host memory");
+  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
+    violation("cudaMemcpyAsync of a kind the fake does not model");
+  auto launch = std::make_shared<Launch>();
+  launch->device = s->device;
+  launch->parts_left = 1;
+  launches_.push_back(launch);
+  std::erase_if(s->deps, [&](const auto& l) { return done(*l); });
+  copies_.push_back(Copy{dst, src, count, s->deps, launch});
+  s->deps.push_back(launch);
+  progress();
+  return cudaSuccess;
+}
+
+cudaError_t FakeNccl::cuda_host_alloc(void** ptr, size_t size, unsigned int flags) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FAKE_CUDA_ENTER("cudaHostAlloc", t_device, nullptr, nullptr);
+  auto mem = std::make_unique<char[]>(std::max<size_t>(size, 1));
+  char* p = mem.get();
+  *ptr = p;
+  host_buffers_[p] = HostAlloc{std::move(mem), std::max<size_t>(size, 1), flags};
+  return cudaSuccess;
+}
+
+cudaError_t FakeNccl::cuda_free_host(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FAKE_CUDA_ENTER("cudaFreeHost", t_device, nullptr, nullptr);
+  if (ptr == nullptr) return cudaSuccess;
+  auto it = host_buffers_.find(static_cast<const char*>(ptr));
+  if (it == host_buffers_.end()) {
+    violation("cudaFreeHost of memory cudaHostAlloc never gave");
+    return cudaErrorInvalidValue;
+  }
+  for (const Copy& c : copies_)
+    if (host_alloc_of(c.dst) == &it->second || host_alloc_of(c.src) == &it->second)
+      violation("cudaFreeHost of memory an asynchronous copy still uses");
+  host_buffers_.erase(it);
   return cudaSuccess;
 }
 

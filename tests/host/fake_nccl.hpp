@@ -12,7 +12,13 @@
 // completes a match moves the bytes, and the launch it belongs to (one call, or every call of one
 // group) completes once all its parts are matched. Streams and events are host objects: an event
 // is complete once every launch its stream held when it was recorded is complete, so an op whose
-// peer never comes, or one held with hold(), stays in progress.
+// peer never comes, or one held with hold(), stays in progress. An asynchronous copy is a launch
+// too: it moves its bytes once everything before it on its stream is complete, and its host side
+// must be pinned (cudaHostAlloc). Mismatched collectives are what NCCL makes of them: where the
+// ranks' calls are of one kind and move the same bytes (float32 against int32, SUM against MAX,
+// another root) each rank's kernel does its own call over everyone's bytes, so the data comes out
+// mixed and nothing fails; where the kind or the byte counts differ the launches hang until their
+// communicator is aborted (NCCL hangs or reads past a buffer). Either is listed in violations().
 //
 // The fake models NCCL; it knows nothing of the backend's decisions (timeouts, error codes, which
 // calls go into a group). What the backend does wrong against NCCL's rules (a call on a
@@ -53,7 +59,7 @@ class FakeNccl final : public nccl_backend::NcclApi {
   };
   /// Objects alive now.
   struct Live {
-    int comms = 0, streams = 0, events = 0, buffers = 0;
+    int comms = 0, streams = 0, events = 0, buffers = 0, host_buffers = 0;
   };
 
   FakeNccl();
@@ -146,6 +152,10 @@ class FakeNccl final : public nccl_backend::NcclApi {
   cudaError_t cuda_malloc(void** ptr, size_t size) override;
   cudaError_t cuda_free(void* ptr) override;
   cudaError_t cuda_memset_async(void* ptr, int value, size_t count, cudaStream_t stream) override;
+  cudaError_t cuda_memcpy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                cudaStream_t stream) override;
+  cudaError_t cuda_host_alloc(void** ptr, size_t size, unsigned int flags) override;
+  cudaError_t cuda_free_host(void* ptr) override;
 
   struct Launch;
   struct Stream;
@@ -165,6 +175,20 @@ class FakeNccl final : public nccl_backend::NcclApi {
     cudaError_t error;
     int device, left;
   };
+  // An asynchronous copy: runs once every launch its stream held before it is complete.
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    std::vector<std::shared_ptr<Launch>> deps;
+    std::shared_ptr<Launch> launch;
+  };
+  // Pinned host memory (cudaHostAlloc).
+  struct HostAlloc {
+    std::unique_ptr<char[]> mem;
+    size_t size;
+    unsigned int flags;
+  };
 
   // All below run with mu_ held.
   Comm* comm_of(ncclComm_t comm, const char* call);
@@ -178,6 +202,9 @@ class FakeNccl final : public nccl_backend::NcclApi {
   ncclResult_t enqueue(Part part, Stream* stream);
   void submit(const std::shared_ptr<Launch>& launch, Part& part);
   void finish(Launch& launch);
+  void progress();  // runs the copies whose streams reached them
+  const HostAlloc* host_alloc_of(const void* p) const;  // the pinned allocation holding p
+  void check_nccl_buffer(const void* p, const char* call, const char* what);
   void run_collective(World& world, uint64_t seq);
   bool done(const Launch& launch) const;
   template <typename Pred>
@@ -202,6 +229,8 @@ class FakeNccl final : public nccl_backend::NcclApi {
   std::map<const void*, std::unique_ptr<Event>> events_;
   std::vector<std::shared_ptr<Launch>> launches_;
   std::map<void*, std::unique_ptr<char[]>> buffers_;
+  std::map<const char*, HostAlloc> host_buffers_;
+  std::vector<Copy> copies_;
 };
 
 }  // namespace fastcomms::test

@@ -7,8 +7,10 @@
 // none of NCCL's rules the fake checks and released every stream, event and buffer.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <latch>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "fake_nccl.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/reduce_op.hpp"
+#include "fastcomms/core/wire_fingerprint.hpp"
 #include "harness.hpp"
 
 namespace fastcomms {
@@ -40,15 +43,20 @@ struct FakeWorld {
       return nccl_backend::make_nccl_backend(init, f);
     });
   }
-  // Every communicator is gone: nothing left alive, no rule broken.
-  void expect_clean() const {
+  // Every communicator is gone: nothing left alive, no rule broken (but the mismatched
+  // collectives and sizes a test makes on purpose, where `mismatches` says so).
+  void expect_clean(bool mismatches = false) const {
     const auto v = fake->violations();
-    for (const auto& what : v) ADD_FAILURE() << "fake NCCL: " << what;
+    for (const auto& what : v)
+      if (!mismatches ||
+          (what.rfind("mismatched collective", 0) != 0 && what.rfind("ncclSend of ", 0) != 0))
+        ADD_FAILURE() << "fake NCCL: " << what;
     const FakeNccl::Live l = fake->live();
     EXPECT_EQ(l.comms, 0) << "communicators neither destroyed nor aborted";
     EXPECT_EQ(l.streams, 0) << "streams not destroyed";
     EXPECT_EQ(l.events, 0) << "events not destroyed";
     EXPECT_EQ(l.buffers, 0) << "device buffers not freed";
+    EXPECT_EQ(l.host_buffers, 0) << "pinned host buffers not freed";
   }
 };
 
@@ -56,9 +64,11 @@ Device cuda(int r) { return Device{DeviceType::kCUDA, r}; }
 
 // Runs fn(comm, rank) on P ranks as threads (rank r on fake device r), then finalizes and drops
 // each communicator. Returns each rank's error ("" where it succeeded).
+// `hints`: the communicator's hints on rank r (hints_of(r)), e.g. check_calls.
 std::vector<std::string> run_ranks(FakeWorld& w, int P,
                                    const std::function<void(Communicator&, int)>& fn,
-                                   std::chrono::milliseconds timeout = 10s) {
+                                   std::chrono::milliseconds timeout = 10s,
+                                   const std::function<Hints(int)>& hints_of = nullptr) {
   auto store = std::make_shared<MemoryStore>();
   const std::string name = unique_name("fake");
   std::vector<std::string> errors(static_cast<size_t>(P));
@@ -70,6 +80,7 @@ std::vector<std::string> run_ranks(FakeWorld& w, int P,
         o.store = store;
         o.name = name;
         o.timeout = timeout;
+        if (hints_of) o.hints = hints_of(r);
         auto comm = Communicator::create(w.backend, r, P, cuda(r), o);
         fn(*comm, r);
         comm->finalize();
@@ -170,44 +181,52 @@ TEST(NcclFake, CollectivesMoveTheBytes) {
 
 // NOTE [nccl backend streams]: an op waits for the caller's stream through an event, runs on the
 // internal stream, records its completion event there, and a sync op makes the caller's stream
-// wait on it; the host never blocks.
+// wait on it; the host never blocks. (The call check's own calls, on by default, are
+// CallCheckCostInCalls's.)
 TEST(NcclFake, StreamsNote) {
   FakeWorld w;
   auto& fake = *w.fake;
-  expect_ok(run_ranks(w, 2, [&](Communicator& comm, int r) {
-    cudaStream_t caller = nullptr;
-    ASSERT_EQ(fake.cuda_stream_create_with_priority(&caller, cudaStreamNonBlocking, 0),
-              cudaSuccess);
-    const size_t mark = fake.calls().size();
-    Buf a(DType::kFloat32, 8, r);
-    CallOptions o;
-    o.stream = caller;
-    auto work = comm.all_reduce(a.view(), ReduceOp::sum(), o);
-    std::vector<FakeNccl::Call> mine;  // this thread's calls during the op, device switches aside
-    const auto all = fake.calls();
-    for (size_t i = mark; i < all.size(); ++i)
-      if (all[i].thread == std::this_thread::get_id() && all[i].name != "cudaGetDevice" &&
-          all[i].name != "cudaSetDevice")
-        mine.push_back(all[i]);
-    std::vector<std::string> names;
-    for (const auto& c : mine) names.push_back(c.name);
-    const std::vector<std::string> want = {"cudaEventRecord",    "cudaStreamWaitEvent",
-                                           "ncclAllReduce",      "cudaEventCreateWithFlags",
-                                           "cudaEventRecord",    "cudaStreamIsCapturing",
-                                           "cudaStreamWaitEvent"};
-    ASSERT_EQ(names, want) << "rank " << r;
-    const void* internal = mine[2].stream;
-    EXPECT_NE(internal, static_cast<const void*>(caller));
-    EXPECT_EQ(mine[0].stream, caller) << "ready is recorded on the caller's stream";
-    EXPECT_EQ(mine[1].stream, internal) << "the internal stream waits for ready";
-    EXPECT_EQ(mine[1].event, mine[0].event);
-    EXPECT_EQ(mine[4].stream, internal) << "done is recorded on the internal stream";
-    EXPECT_NE(mine[4].event, mine[0].event) << "done is an event of its own";
-    EXPECT_EQ(mine[6].stream, caller) << "the caller's stream waits for done (the sync op)";
-    EXPECT_EQ(mine[6].event, mine[4].event);
-    EXPECT_EQ(settle(work), WorkStatus::kCompleted);
-    ASSERT_EQ(fake.cuda_stream_destroy(caller), cudaSuccess);
-  }));
+  expect_ok(run_ranks(
+      w, 2,
+      [&](Communicator& comm, int r) {
+        cudaStream_t caller = nullptr;
+        ASSERT_EQ(fake.cuda_stream_create_with_priority(&caller, cudaStreamNonBlocking, 0),
+                  cudaSuccess);
+        const size_t mark = fake.calls().size();
+        Buf a(DType::kFloat32, 8, r);
+        CallOptions o;
+        o.stream = caller;
+        auto work = comm.all_reduce(a.view(), ReduceOp::sum(), o);
+        std::vector<FakeNccl::Call>
+            mine;  // this thread's calls during the op, device switches aside
+        const auto all = fake.calls();
+        for (size_t i = mark; i < all.size(); ++i)
+          if (all[i].thread == std::this_thread::get_id() && all[i].name != "cudaGetDevice" &&
+              all[i].name != "cudaSetDevice")
+            mine.push_back(all[i]);
+        std::vector<std::string> names;
+        for (const auto& c : mine) names.push_back(c.name);
+        const std::vector<std::string> want = {
+            "cudaStreamIsCapturing",    "cudaEventRecord", "cudaStreamWaitEvent", "ncclAllReduce",
+            "cudaEventCreateWithFlags", "cudaEventRecord", "cudaStreamWaitEvent"};
+        ASSERT_EQ(names, want) << "rank " << r;
+        const void* internal = mine[3].stream;
+        EXPECT_NE(internal, static_cast<const void*>(caller));
+        EXPECT_EQ(mine[0].stream, caller) << "captured calls are told apart first";
+        EXPECT_EQ(mine[1].stream, caller) << "ready is recorded on the caller's stream";
+        EXPECT_EQ(mine[2].stream, internal) << "the internal stream waits for ready";
+        EXPECT_EQ(mine[2].event, mine[1].event);
+        EXPECT_EQ(mine[5].stream, internal) << "done is recorded on the internal stream";
+        EXPECT_NE(mine[5].event, mine[1].event) << "done is an event of its own";
+        EXPECT_EQ(mine[6].stream, caller) << "the caller's stream waits for done (the sync op)";
+        EXPECT_EQ(mine[6].event, mine[5].event);
+        EXPECT_EQ(settle(work), WorkStatus::kCompleted);
+        ASSERT_EQ(fake.cuda_stream_destroy(caller), cudaSuccess);
+      },
+      10s,
+      [](int) {
+        return Hints{{"check_calls", "0"}};
+      }));
   w.expect_clean();
 }
 
@@ -624,6 +643,497 @@ TEST(NcclFake, FinalizeOrder) {
                                                "ncclCommDeregister", "ncclCommDestroy"}))
         << "device " << dev;
   }
+  w.expect_clean();
+}
+
+// ---- NOTE [wire fingerprint] ------------------------------------------------------------------
+
+CallFingerprint call(OpKind op, DType dt, int64_t count, int root = -1,
+                     const ReduceOp* r = nullptr) {
+  CallFingerprint f;
+  f.op = static_cast<int32_t>(op);
+  f.dtype = static_cast<int32_t>(dt);
+  f.count = count;
+  f.root = root;
+  if (r != nullptr) {
+    f.reduce = static_cast<int32_t>(r->type);
+    if (r->type == RedOpType::kPremulSum) std::memcpy(&f.factor_bits, &r->factor, 8);
+  }
+  return f;
+}
+
+TEST(WireFingerprint, InWordsAndCompared) {
+  const ReduceOp sum = ReduceOp::sum(), premul = ReduceOp::premul_sum(0.5);
+  const CallFingerprint ar = call(OpKind::kAllReduce, DType::kFloat32, 1024, -1, &sum);
+  EXPECT_EQ(describe(encode_wire(ar, {}, {}, 3, 0, 2).wire),
+            "all_reduce(SUM, 1024 x float32) as collective #3");
+  EXPECT_EQ(
+      describe(encode_wire(call(OpKind::kBroadcast, DType::kInt64, 8, 2), {}, {}, 1, 0, 4).wire),
+      "broadcast(root 2, 8 x int64) as collective #1");
+  EXPECT_EQ(describe(encode_wire(CallFingerprint{.op = static_cast<int32_t>(OpKind::kBarrier)}, {},
+                                 {}, 9, 0, 2)
+                         .wire),
+            "barrier() as collective #9");
+  const std::string p = describe(
+      encode_wire(call(OpKind::kAllReduce, DType::kFloat64, 4, -1, &premul), {}, {}, 1, 0, 2).wire);
+  EXPECT_EQ(p.rfind("all_reduce(PREMUL_SUM, float64, count, factor and call key digest ", 0), 0u)
+      << p;
+  // Bits that are no call still read as words.
+  EXPECT_EQ(describe(WireFingerprint{~uint64_t{0}, 7}),
+            "op 63(reduction 14, root 4194302, dtype 62, body kind 3 0000000000000007) as "
+            "collective #16777215");
+
+  // Three ranks: the same call agrees; one rank's other dtype names both calls, ranks grouped.
+  std::vector<WireFingerprint> all;
+  std::vector<WireCall> calls;
+  for (int r = 0; r < 3; ++r) {
+    calls.push_back(
+        encode_wire(call(OpKind::kAllReduce, r == 1 ? DType::kInt32 : DType::kFloat32, 4, -1, &sum),
+                    {}, {}, 1, r, 3));
+    all.push_back(calls.back().wire);
+  }
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(wire_mismatch(all.data(), 3, calls[r]),
+              "ranks issued different collectives: ranks 0, 2 called all_reduce(SUM, 4 x float32) "
+              "as collective #1; rank 1 called all_reduce(SUM, 4 x int32) as collective #1");
+  all[1] = all[0];
+  EXPECT_EQ(wire_mismatch(all.data(), 3, calls[0]), "");
+  // Another sequence number: the ranks' collectives are out of step.
+  all[2] = encode_wire(ar, {}, {}, 2, 2, 3).wire;
+  all[0] = all[1] = encode_wire(ar, {}, {}, 1, 0, 3).wire;
+  EXPECT_NE(wire_mismatch(all.data(), 3, calls[0])
+                .find("rank 2 called all_reduce(SUM, 1024 x "
+                      "float32) as collective #2"),
+            std::string::npos);
+  // Another PREMUL_SUM factor: the digests differ.
+  const ReduceOp other = ReduceOp::premul_sum(0.25);
+  all[0] = all[1] =
+      encode_wire(call(OpKind::kAllReduce, DType::kFloat32, 4, -1, &premul), {}, {}, 1, 0, 3).wire;
+  all[2] =
+      encode_wire(call(OpKind::kAllReduce, DType::kFloat32, 4, -1, &other), {}, {}, 1, 2, 3).wire;
+  EXPECT_NE(wire_mismatch(all.data(), 3, calls[0]), "");
+}
+
+// The sizes per peer of the _v forms: each rank's 16 bytes add up to what every rank expects
+// exactly when every rank expects from each peer what that peer sends it.
+TEST(WireFingerprint, SizesPerPeerPairUp) {
+  const int P = 3;
+  std::vector<std::vector<int64_t>> bytes = {{4, 8, 12}, {16, 0, 4}, {8, 8, 0}};  // [from][to]
+  const auto encode = [&](int r, const std::vector<std::vector<int64_t>>& expect) {
+    std::vector<int64_t> out(P), in(P);
+    for (int q = 0; q < P; ++q) {
+      out[q] = bytes[r][q];
+      in[q] = expect[q][r];
+    }
+    return encode_wire(call(OpKind::kAllToAllVSingle, DType::kFloat32, -1), out, in, 5, r, P);
+  };
+  const auto compare = [&](const std::vector<std::vector<int64_t>>& expect) {
+    std::vector<WireCall> calls;
+    std::vector<WireFingerprint> all;
+    for (int r = 0; r < P; ++r) {
+      calls.push_back(encode(r, expect));
+      all.push_back(calls.back().wire);
+    }
+    std::vector<std::string> found;
+    for (int r = 0; r < P; ++r) found.push_back(wire_mismatch(all.data(), P, calls[r]));
+    return found;
+  };
+  for (const auto& m : compare(bytes)) EXPECT_EQ(m, "");
+  auto wrong = bytes;
+  wrong[0][2] += 4;  // rank 2 expects 4 bytes more from rank 0 than rank 0 sends it
+  for (const auto& m : compare(wrong))
+    EXPECT_EQ(m.rfind("ranks disagree on the sizes per peer of all_to_all_v_single(float32, sizes "
+                      "per peer, pairing term ",
+                      0),
+              0u)
+        << m;
+  wrong = bytes;
+  std::swap(wrong[1][0], wrong[2][0]);  // rank 0 expects the same total, from the wrong peers
+  for (const auto& m : compare(wrong)) EXPECT_NE(m, "");
+}
+
+// ---- NOTE [nccl call check] ------------------------------------------------------------------
+
+Hints check_hints(const std::string& mode, const std::string& fuse = "0",
+                  const std::string& memory = "device") {
+  return Hints{
+      {"check_calls", mode}, {"nccl.check_calls_fuse", fuse}, {"nccl.check_calls_memory", memory}};
+}
+
+// One class of mismatch: rank `last` issues `theirs`, every other rank `ours`.
+struct Mismatch {
+  const char* name;
+  std::string ours, theirs;  // each call in words, as the message names it
+  std::function<WorkPtr(Communicator&, int r, bool differs, Buf& a)> issue;
+};
+
+std::vector<Mismatch> mismatches() {
+  return {
+      {"dtype (same bytes)", "all_reduce(SUM, 4 x float32)", "all_reduce(SUM, 4 x int32)",
+       [](Communicator& c, int r, bool differs, Buf& a) {
+         Buf x(differs ? DType::kInt32 : DType::kFloat32, 4, r);
+         a = std::move(x);
+         return c.all_reduce(a.view(), ReduceOp::sum());
+       }},
+      {"reduce op", "all_reduce(SUM, 4 x float32)", "all_reduce(MAX, 4 x float32)",
+       [](Communicator& c, int, bool differs, Buf& a) {
+         return c.all_reduce(a.view(), differs ? ReduceOp::max() : ReduceOp::sum());
+       }},
+      {"root", "broadcast(root 0, 4 x float32)", "broadcast(root 1, 4 x float32)",
+       [](Communicator& c, int, bool differs, Buf& a) { return c.broadcast(a.view(), differs); }},
+      // NCCL hangs on these two (the fake too): the fingerprints still land, before the op.
+      {"op kind", "all_reduce(SUM, 4 x float32)", "broadcast(root 0, 4 x float32)",
+       [](Communicator& c, int, bool differs, Buf& a) {
+         return differs ? c.broadcast(a.view(), 0) : c.all_reduce(a.view(), ReduceOp::sum());
+       }},
+      {"count", "all_reduce(SUM, 4 x float32)", "all_reduce(SUM, 5 x float32)",
+       [](Communicator& c, int r, bool differs, Buf& a) {
+         if (differs) a = Buf(DType::kFloat32, 5, r);
+         return c.all_reduce(a.view(), ReduceOp::sum());
+       }},
+  };
+}
+
+// The default check: every rank raises ValueError at the mismatched collective, naming each
+// rank's call and its own, well within the timeout (also where NCCL hangs), and every later
+// call raises it; the communicator is aborted. Worlds 2 and 3, every placement.
+TEST(NcclFake, CallCheckRaisesOnEveryRank) {
+  const std::vector<std::array<const char*, 2>> placements = {
+      {"0", "device"}, {"1", "device"}, {"0", "host"}, {"1", "host"}};
+  for (const auto& [fuse, memory] : placements) {
+    for (const int P : {2, 3}) {
+      for (const Mismatch& m : mismatches()) {
+        SCOPED_TRACE(detail::cat(m.name, ", world ", P, ", fuse ", fuse, ", memory ", memory));
+        FakeWorld w;
+        auto& fake = *w.fake;
+        const bool hangs = std::string(m.name) == "op kind" || std::string(m.name) == "count";
+        const bool timeout = hangs && std::string(fuse) == "1";
+        expect_ok(run_ranks(
+            w, P,
+            [&](Communicator& comm, int r) {
+              Buf a(DType::kFloat32, 4, r);
+              for (int i = 0; i < 4; ++i) a.t.set(i, r + 1);
+              const auto t0 = Clock::now();
+              // A sync op: it raises where the fingerprints landed before its wait() (the
+              // watchdog may compare them at once), else its work fails once they land.
+              const Error e = thrown([&] {
+                const WorkPtr work = m.issue(comm, r, r == P - 1, a);
+                // Fused placements find a hung op's mismatch only at its timeout (1 s here).
+                EXPECT_EQ(settle(work), timeout ? WorkStatus::kTimedOut : WorkStatus::kError);
+                work->wait();
+              });
+              EXPECT_LT(seconds_since(t0), timeout ? 4.0 : 3.0);
+              const std::string msg = e.what();
+              if (timeout) {
+                EXPECT_EQ(e.code(), ErrorCode::kTimeout) << msg;
+                return;
+              }
+              EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << msg;
+              const std::string ours = P == 2 ? "rank 0" : "ranks 0, 1";
+              EXPECT_NE(msg.find("nccl: ranks issued different collectives: " + ours + " called " +
+                                 m.ours + " as collective #1; rank " + std::to_string(P - 1) +
+                                 " called " + m.theirs + " as collective #1 (this rank called " +
+                                 (r == P - 1 ? m.theirs : m.ours) + ")"),
+                        std::string::npos)
+                  << msg;
+              EXPECT_NE(msg.find("FASTCOMMS_CHECK_CALLS=strict"), std::string::npos) << msg;
+              // Every later call raises it; the communicator was aborted (a hang ended).
+              Buf b(DType::kFloat32, 4, r);
+              const Error later = thrown([&] { comm.all_reduce(b.view(), ReduceOp::sum()); });
+              EXPECT_EQ(later.code(), ErrorCode::kInvalidArgument) << later.what();
+              EXPECT_NE(std::string(later.what())
+                            .find("all_reduce] nccl: the communicator was aborted after a "
+                                  "mismatched collective: ranks issued different collectives"),
+                        std::string::npos)
+                  << later.what();
+              const auto until = Clock::now() + 2s;
+              while (fake.count("ncclCommAbort", r) == 0 && Clock::now() < until)
+                std::this_thread::sleep_for(1ms);
+              EXPECT_EQ(fake.count("ncclCommAbort", r), 1);
+            },
+            timeout ? 1s : 10s, [&](int) { return check_hints("1", fuse, memory); }));
+        EXPECT_EQ(fake.count("ncclCommDestroy"), 0) << "every communicator was aborted";
+        w.expect_clean(/*mismatches=*/true);
+      }
+    }
+  }
+}
+
+// The sizes per peer of all_to_all_v_single: the last rank sends rank 0 one row more than rank 0
+// expects (and itself one less).
+TEST(NcclFake, CallCheckComparesSizesPerPeer) {
+  for (const int P : {2, 3}) {
+    FakeWorld w;
+    expect_ok(run_ranks(
+        w, P,
+        [&](Communicator& comm, int r) {
+          Buf in(DType::kFloat32, P, r), out(DType::kFloat32, P, r);
+          std::vector<int64_t> in_splits(P, 1), out_splits(P, 1);
+          if (r == P - 1) {
+            in_splits[0] = 2;
+            in_splits[P - 1] = 0;
+          }
+          const Error e = thrown([&] {  // at the call, or once its fingerprints land
+            const WorkPtr work =
+                comm.all_to_all_v_single(out.view(), in.view(), out_splits, in_splits, {});
+            EXPECT_EQ(settle(work), WorkStatus::kError);
+            work->wait();
+          });
+          EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+          EXPECT_NE(std::string(e.what()).find("nccl: ranks disagree on the sizes per peer of "
+                                               "all_to_all_v_single(float32, sizes per peer"),
+                    std::string::npos)
+              << e.what();
+        },
+        10s, [&](int) { return check_hints("1"); }));
+    EXPECT_FALSE(w.fake->violations().empty()) << "NCCL saw the sizes that differ";
+    w.expect_clean(/*mismatches=*/true);
+  }
+}
+
+// The armed control: with FASTCOMMS_CHECK_CALLS=0 the same mismatches whose byte counts agree go
+// through without an error on any rank, with wrong data; no fingerprint is exchanged.
+TEST(NcclFake, CallCheckOffLetsMismatchesThroughWithWrongData) {
+  for (const int P : {2, 3}) {
+    SCOPED_TRACE(detail::cat("world ", P));
+    FakeWorld w;
+    expect_ok(run_ranks(
+        w, P,
+        [&](Communicator& comm, int r) {
+          const bool last = r == P - 1;
+          // SUM on every rank but the last, MAX there: the ranks end with different "sums".
+          Buf a(DType::kFloat32, 4, r);
+          for (int i = 0; i < 4; ++i) a.t.set(i, r + 1);
+          EXPECT_EQ(settle(comm.all_reduce(a.view(), last ? ReduceOp::max() : ReduceOp::sum())),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(a.t.get(0), last ? P : P * (P + 1) / 2) << "rank " << r;
+          // float32 1.0 everywhere but int32 1 on the last rank: the last rank adds float bits.
+          Buf b(last ? DType::kInt32 : DType::kFloat32, 4, r);
+          for (int i = 0; i < 4; ++i) b.t.set(i, 1);
+          EXPECT_EQ(settle(comm.all_reduce(b.view(), ReduceOp::sum())), WorkStatus::kCompleted);
+          if (last) {
+            EXPECT_EQ(b.t.get(0), 1065353216.0 * (P - 1) + 1);
+          } else {
+            EXPECT_NE(b.t.get(0), P) << "rank " << r << " summed right";
+          }
+          // The last rank names itself the root: it keeps its own bytes, not rank 0's.
+          Buf c(DType::kFloat32, 4, r);
+          for (int i = 0; i < 4; ++i) c.t.set(i, 10 * r + i);
+          EXPECT_EQ(settle(comm.broadcast(c.view(), last ? P - 1 : 0)), WorkStatus::kCompleted);
+          EXPECT_EQ(c.t.get(1), last ? 10 * (P - 1) + 1 : 1) << "rank " << r;
+        },
+        10s, [&](int) { return check_hints("0"); }));
+    EXPECT_EQ(w.fake->count("ncclAllGather"), 0) << "no fingerprint was exchanged";
+    EXPECT_FALSE(w.fake->violations().empty()) << "NCCL saw the mismatched collectives";
+    w.expect_clean(/*mismatches=*/true);
+  }
+}
+
+// Matched calls of every collective go through with the check on, in every placement, with
+// the right data; one all-gather more per collective, none per point-to-point op.
+TEST(NcclFake, CallCheckPassesMatchedCalls) {
+  const std::vector<Hints> settings = {
+      check_hints("0"), check_hints("1"), check_hints("1", "1", "device"),
+      check_hints("1", "0", "host"), check_hints("1", "1", "host")};
+  const int P = 3;
+  std::vector<int> gathers;
+  for (const Hints& h : settings) {
+    SCOPED_TRACE(detail::cat("fuse ", h.at("nccl.check_calls_fuse"), ", memory ",
+                             h.at("nccl.check_calls_memory"), ", check ", h.at("check_calls")));
+    FakeWorld w;
+    expect_ok(run_ranks(
+        w, P,
+        [&](Communicator& comm, int r) {
+          Buf a(DType::kFloat32, 4, r);
+          for (int i = 0; i < 4; ++i) a.t.set(i, r + i);
+          EXPECT_EQ(settle(comm.all_reduce(a.view(), ReduceOp::sum())), WorkStatus::kCompleted);
+          EXPECT_EQ(a.t.get(1), 0 + 1 + 2 + 3);
+          Buf p(DType::kFloat64, 1, r);
+          p.t.set(0, r + 1);
+          EXPECT_EQ(settle(comm.all_reduce(p.view(), ReduceOp::premul_sum(0.5))),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(p.t.get(0), 3.0);
+          Buf b(DType::kInt64, 2, r);
+          b.t.set(0, r == 2 ? 42 : 0);
+          EXPECT_EQ(settle(comm.broadcast(b.view(), 2)), WorkStatus::kCompleted);
+          EXPECT_EQ(b.t.get(0), 42);
+          Buf red(DType::kInt32, 1, r);
+          red.t.set(0, r + 1);
+          EXPECT_EQ(settle(comm.reduce(red.view(), 1, ReduceOp::max())), WorkStatus::kCompleted);
+          if (r == 1) {
+            EXPECT_EQ(red.t.get(0), 3);
+          }
+          Buf gi(DType::kInt32, 1, r), go(DType::kInt32, P, r);
+          gi.t.set(0, 7 * r);
+          EXPECT_EQ(settle(comm.all_gather_single(go.view(), gi.view())), WorkStatus::kCompleted);
+          EXPECT_EQ(go.t.get(2), 14);
+          Buf ri(DType::kFloat32, P, r), ro(DType::kFloat32, 1, r);
+          for (int q = 0; q < P; ++q) ri.t.set(q, q);
+          EXPECT_EQ(settle(comm.reduce_scatter_single(ro.view(), ri.view(), ReduceOp::sum())),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(ro.t.get(0), 3.0 * r);
+          // Uneven all_to_all_v_single: rank r sends q + 1 rows to rank q.
+          std::vector<int64_t> in_s(P), out_s(P, r + 1);
+          int64_t rows = 0;
+          for (int q = 0; q < P; ++q) rows += in_s[q] = q + 1;
+          Buf ai(DType::kInt32, rows, r), ao(DType::kInt32, P * (r + 1), r);
+          for (int64_t i = 0; i < rows; ++i) ai.t.set(i, 100 * r + i);
+          EXPECT_EQ(settle(comm.all_to_all_v_single(ao.view(), ai.view(), out_s, in_s, {})),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(ao.t.get(r + 1), 100 * 1 + (r * (r + 1)) / 2);  // rank 1's first row for r
+          // all_gather_v: rank q contributes q + 1 elements.
+          Buf vi(DType::kInt32, r + 1, r);
+          for (int i = 0; i <= r; ++i) vi.t.set(i, r);
+          std::vector<Buf> vo;
+          std::vector<TensorView> vov;
+          for (int q = 0; q < P; ++q) vo.emplace_back(DType::kInt32, q + 1, r);
+          for (auto& o : vo) vov.push_back(o.view());
+          EXPECT_EQ(settle(comm.all_gather_v(vov, vi.view())), WorkStatus::kCompleted);
+          EXPECT_EQ(vo[2].t.get(2), 2);
+          EXPECT_EQ(settle(comm.barrier()), WorkStatus::kCompleted);
+          // Point-to-point ops are not collectives: no fingerprint.
+          Buf s(DType::kInt32, 1, r), d(DType::kInt32, 1, r);
+          s.t.set(0, r);
+          EXPECT_EQ(settle(comm.batch_p2p({{P2POp::Kind::kSend, s.view(), (r + 1) % P},
+                                           {P2POp::Kind::kRecv, d.view(), (r + P - 1) % P}})),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(d.t.get(0), (r + P - 1) % P);
+        },
+        10s, [&](int) { return h; }));
+    gathers.push_back(w.fake->count("ncclAllGather", 0));
+    w.expect_clean();
+  }
+  // 9 collectives, one of them an all-gather itself.
+  EXPECT_EQ(gathers[0], 1);
+  for (size_t i = 1; i < gathers.size(); ++i) EXPECT_EQ(gathers[i], 1 + 9) << "setting " << i;
+}
+
+// What the check costs in calls on the issuing thread, per all_reduce (event queries and the
+// device and capture-mode switches around them aside): off, the default, and the hints'
+// placements. Nothing blocks: no synchronize, no host copy.
+TEST(NcclFake, CallCheckCostInCalls) {
+  struct Setting {
+    Hints hints;
+    std::vector<std::string> calls;
+  };
+  const std::vector<std::string> head = {"cudaStreamIsCapturing", "cudaEventRecord",
+                                         "cudaStreamWaitEvent"};
+  const std::vector<std::string> tail = {"cudaEventCreateWithFlags", "cudaEventRecord",
+                                         "cudaStreamWaitEvent"};
+  const auto with = [&](std::vector<std::string> middle) {
+    std::vector<std::string> v = head;
+    v.insert(v.end(), middle.begin(), middle.end());
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  const std::vector<Setting> settings = {
+      {check_hints("0"), with({"ncclAllReduce"})},
+      {check_hints("1"),
+       with({"cudaMemcpyAsync", "ncclAllGather", "cudaEventRecord", "cudaStreamWaitEvent",
+             "cudaMemcpyAsync", "cudaEventRecord", "ncclAllReduce", "cudaStreamWaitEvent"})},
+      {check_hints("1", "1", "device"),
+       with({"cudaMemcpyAsync", "ncclGroupStart", "ncclAllGather", "ncclAllReduce", "ncclGroupEnd",
+             "cudaMemcpyAsync", "cudaEventRecord"})},
+      {check_hints("1", "0", "host"), with({"ncclAllGather", "cudaEventRecord", "ncclAllReduce"})},
+      {check_hints("1", "1", "host"), with({"ncclGroupStart", "ncclAllGather", "ncclAllReduce",
+                                            "ncclGroupEnd", "cudaEventRecord"})},
+  };
+  for (const Setting& setting : settings) {
+    SCOPED_TRACE(detail::cat("check ", setting.hints.at("check_calls"), ", fuse ",
+                             setting.hints.at("nccl.check_calls_fuse"), ", memory ",
+                             setting.hints.at("nccl.check_calls_memory")));
+    FakeWorld w;
+    auto& fake = *w.fake;
+    const bool on = setting.hints.at("check_calls") == "1";
+    expect_ok(run_ranks(
+        w, 2,
+        [&](Communicator& comm, int r) {
+          Buf a(DType::kFloat32, 8, r);
+          EXPECT_EQ(settle(comm.all_reduce(a.view(), ReduceOp::sum())), WorkStatus::kCompleted);
+          const size_t mark = fake.calls().size();  // after the first call made the slots
+          const WorkPtr work = comm.all_reduce(a.view(), ReduceOp::sum());
+          std::vector<FakeNccl::Call> mine;
+          const auto all = fake.calls();
+          for (size_t i = mark; i < all.size(); ++i)
+            if (all[i].thread == std::this_thread::get_id() && all[i].name != "cudaGetDevice" &&
+                all[i].name != "cudaSetDevice" && all[i].name != "cudaEventQuery" &&
+                all[i].name != "cudaThreadExchangeStreamCaptureMode")
+              mine.push_back(all[i]);
+          std::vector<std::string> names;
+          for (const auto& c : mine) names.push_back(c.name);
+          EXPECT_EQ(names, setting.calls) << "rank " << r;
+          // The exchange goes out on the op's stream, just before it.
+          const void* op_stream = nullptr;
+          for (const auto& c : mine)
+            if (c.name == "ncclAllReduce") op_stream = c.stream;
+          for (const auto& c : mine)
+            if (c.name == "ncclAllGather") {
+              EXPECT_EQ(c.stream, op_stream);
+            }
+          EXPECT_EQ(settle(work), WorkStatus::kCompleted);
+          // Eight more: one all-gather each with the check, none without; point-to-point and
+          // calls whose hint turns the check off exchange nothing.
+          const int before = fake.count("ncclAllGather", r);
+          for (int i = 0; i < 8; ++i)
+            EXPECT_EQ(settle(comm.all_reduce(a.view(), ReduceOp::sum())), WorkStatus::kCompleted);
+          EXPECT_EQ(fake.count("ncclAllGather", r) - before, on ? 8 : 0);
+          CallOptions off;
+          off.options.hints["check_calls"] = "0";
+          EXPECT_EQ(settle(comm.all_reduce(a.view(), ReduceOp::sum(), off)),
+                    WorkStatus::kCompleted);
+          Buf d(DType::kFloat32, 8, r);
+          EXPECT_EQ(settle(comm.batch_p2p({{P2POp::Kind::kSend, a.view(), 1 - r},
+                                           {P2POp::Kind::kRecv, d.view(), 1 - r}})),
+                    WorkStatus::kCompleted);
+          EXPECT_EQ(fake.count("ncclAllGather", r) - before, on ? 8 : 0);
+        },
+        10s, [&](int) { return setting.hints; }));
+    EXPECT_EQ(fake.count("cudaStreamSynchronize"), 2 * 2) << "set-up's and finalize's only";
+    w.expect_clean();
+  }
+}
+
+// A mismatch nothing raised before (an async op whose work is dropped unwaited): finalize()
+// raises it, on every rank.
+TEST(NcclFake, CallCheckFinalizeRaisesAnUnseenMismatch) {
+  FakeWorld w;
+  const auto errors = run_ranks(
+      w, 2,
+      [&](Communicator& comm, int r) {
+        Buf a(DType::kFloat32, 4, r);
+        CallOptions o;
+        o.async_op = true;
+        comm.all_reduce(a.view(), r ? ReduceOp::max() : ReduceOp::sum(), o);
+      },
+      10s, [&](int) { return check_hints("1"); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r].rfind("[rank " + std::to_string(r) + "/2 ", 0), 0u) << errors[r];
+    EXPECT_NE(errors[r].find(" finalize] nccl: a collective was mismatched across ranks and the "
+                             "communicator was aborted: ranks issued different collectives: "
+                             "rank 0 called all_reduce(SUM, 4 x float32) as collective #1; rank 1 "
+                             "called all_reduce(MAX, 4 x float32) as collective #1"),
+              std::string::npos)
+        << errors[r];
+  }
+  w.expect_clean(/*mismatches=*/true);
+}
+
+// Ranks with different settings would meet one rank's exchange with another's op: refused at
+// creation, on both ranks, naming both settings.
+TEST(NcclFake, CallCheckSettingsMustAgree) {
+  FakeWorld w;
+  const auto errors = run_ranks(
+      w, 2, [](Communicator&, int) {}, 10s,
+      [](int r) { return r ? check_hints("1") : check_hints("0"); });
+  EXPECT_NE(errors[0].find("rank 1 runs the call check as '1 fuse=0 memory=device' and this rank "
+                           "as '0 fuse=0 memory=device'"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 runs the call check as '0 fuse=0 memory=device' and this rank "
+                           "as '1 fuse=0 memory=device'"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_EQ(w.fake->count("ncclCommInitRank"), 0) << "refused before NCCL is set up";
   w.expect_clean();
 }
 

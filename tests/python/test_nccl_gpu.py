@@ -366,6 +366,84 @@ def _call_check_worker(rank, size, path, errq, backend, checked):
         raise
 
 
+def _default_check_worker(rank, size, path, errq, backend):
+    """NOTE [nccl call check] on the GPU, the default setting: mismatched collectives (another
+    dtype, reduction or root with the same bytes; another count, on which NCCL hangs) raise
+    ValueError on every rank naming both calls, at the call or at the first call after the
+    fingerprints landed, well within the timeout; each case on a split of its own, since a
+    mismatch aborts its communicator; the parent stays bit-exact. Armed control: the same dtype
+    mismatch with check_calls=0 raises nothing and leaves wrong data."""
+    _hang_guard()
+    try:
+        from fastcomms import ReduceOp
+
+        dev, comm = gpu_rank(rank, size, path, backend, "dc", 20, hints={"check_calls": "1"})
+        last = rank == size - 1
+        cases = [
+            (
+                "dtype",
+                lambda c: c.all_reduce(
+                    torch.ones(4, dtype=torch.int32 if last else torch.float32, device=dev),
+                    ReduceOp.SUM,
+                    False,
+                ),
+                "all_reduce(SUM, 4 x int32)",
+            ),
+            (
+                "reduce op",
+                lambda c: c.all_reduce(
+                    torch.ones(4, device=dev), ReduceOp.MAX if last else ReduceOp.SUM, False
+                ),
+                "all_reduce(MAX, 4 x float32)",
+            ),
+            (
+                "root",
+                lambda c: c.broadcast(torch.ones(4, device=dev), 1 if last else 0, False),
+                "broadcast(root 1, 4 x float32)",
+            ),
+            (
+                "count",
+                lambda c: c.all_reduce(
+                    torch.ones(5120 if last else 4096, device=dev), ReduceOp.SUM, False
+                ),
+                "all_reduce(SUM, 5120 x float32)",
+            ),
+        ]
+        for i, (name, fn, theirs) in enumerate(cases):
+            sub = comm.split(list(range(size)), f"case{i}")
+            t0 = time.monotonic()
+            with pytest.raises(ValueError) as info:
+                fn(sub)
+                torch.cuda.synchronize()  # the fingerprints landed (a hang ends with the abort)
+                sub.barrier(False)
+            msg = str(info.value)
+            assert f"rank {size - 1} called {theirs} as collective #1" in msg, (name, msg)
+            assert "(this rank called " in msg, (name, msg)
+            assert time.monotonic() - t0 < 15, (name, time.monotonic() - t0)
+            sub.finalize()
+        t = torch.full((4,), float(rank + 1), device=dev)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t.cpu(), torch.full((4,), 3.0))
+        ctl = comm.split(list(range(size)), "control", hints={"check_calls": "0"})
+        t = torch.ones(4, dtype=torch.int32 if last else torch.float32, device=dev)
+        ctl.all_reduce(t, ReduceOp.SUM, False)
+        torch.cuda.synchronize()
+        assert not torch.equal(t.cpu(), torch.full((4,), 2, dtype=t.dtype)), t
+        ctl.finalize()
+        comm.finalize()
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_default_call_check_on_gpu_backends(backend):
+    spawn(_default_check_worker, 2, backend, timeout=200)
+
+
 @pytest.mark.parametrize("backend", ["nccl", "nvlink"])
 def test_call_check_on_gpu_backends(backend):
     spawn(_call_check_worker, 2, backend, True, timeout=200)

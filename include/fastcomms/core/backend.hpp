@@ -88,8 +88,10 @@ std::string describe(const CallFingerprint& f);
 /// `peer_in`; -1 throughout where the op has no per-peer sizes), as int64 words: the same length
 /// for every op of a communicator of `size` ranks, so exchanging records can itself never
 /// disagree on sizes. Backends that can compare in band do (gloo: one allgather of the records
-/// before the op, FASTCOMMS_CHECK_CALLS=1); for the others the communicator compares them through
-/// its store (core/communicator.cpp).
+/// before the op, FASTCOMMS_CHECK_CALLS=strict); for the others the communicator compares them
+/// through its store (core/communicator.cpp). The default setting (1) is each backend's own:
+/// gloo's tags and probe, nccl's 16-byte fingerprints beside the op (NOTE [wire fingerprint],
+/// NOTE [nccl call check]).
 std::vector<int64_t> call_record(const CallFingerprint& f, const std::vector<int64_t>& peer_out,
                                  const std::vector<int64_t>& peer_in, int size);
 /// Words in one record of a communicator of `size` ranks.
