@@ -12,6 +12,32 @@
 
 namespace fastcomms {
 
+bool parse_call_check_mode(const std::string& v, CallCheckMode* m) {
+  if (v == "0")
+    *m = CallCheckMode::kOff;
+  else if (v == "1")
+    *m = CallCheckMode::kDefault;
+  else if (v == "strict")
+    *m = CallCheckMode::kStrict;
+  else
+    return false;
+  return true;
+}
+
+CallCheckMode op_call_check_mode(const OpContext& ctx, CallCheckMode communicator,
+                                 std::initializer_list<const char*> hint_names) {
+  if (ctx.hints == nullptr) return communicator;
+  for (const char* hint : hint_names) {  // a per-op hint decides for that op (alike on every rank)
+    if (auto h = ctx.hints->find(hint); h != ctx.hints->end()) {
+      CallCheckMode m;
+      FASTCOMMS_CHECK(parse_call_check_mode(h->second, &m), kInvalidArgument, ctx.prefix, "hint ",
+                      hint, " must be 0, 1 or strict, got '", h->second, "'");
+      return m;
+    }
+  }
+  return communicator;
+}
+
 void ProcessAbort::set_hooks(std::function<void()> run_hooks) {
   std::lock_guard<std::mutex> lock(mu_);
   run_hooks_ = std::move(run_hooks);

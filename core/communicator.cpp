@@ -164,12 +164,13 @@ Communicator::Communicator(std::unique_ptr<Backend> backend, int rank, int size,
     const char* e = std::getenv("FASTCOMMS_CHECK_CALLS");
     std::string v = e ? e : "1";
     if (auto h = options_.hints.find("check_calls"); h != options_.hints.end()) v = h->second;
-    FASTCOMMS_CHECK(v == "0" || v == "1" || v == "strict", kInvalidArgument, "[rank ", rank_, "/",
-                    size_, " ", options_.name,
+    CallCheckMode mode = CallCheckMode::kDefault;
+    FASTCOMMS_CHECK(parse_call_check_mode(v, &mode), kInvalidArgument, "[rank ", rank_, "/", size_,
+                    " ", options_.name,
                     " new_comm] check_calls (hint check_calls or FASTCOMMS_CHECK_CALLS) must be "
                     "0, 1 or strict, got '",
                     v, "'");
-    check_calls_ = v == "strict";
+    check_calls_ = mode == CallCheckMode::kStrict;
   }
   // NOTE [process abort]: the hooks a process abort runs, also one the backend starts.
   process_abort_->set_hooks([hooks = hooks_] {

@@ -120,17 +120,12 @@ class HostHierarchicalTransport final : public UlyssesTransport {
     FASTCOMMS_CHECK(static_cast<int>(init.host_of.size()) == init.size, kInvalidArgument, prefix(),
                     "the hierarchical path needs every rank's host (", init.host_of.size(),
                     " for a group of ", init.size, ")");
-    remote_ = init.exchange;
-    local_ = init.local_exchange;
-    if (!remote_ || !local_) {
-      FASTCOMMS_CHECK(init.comm != nullptr, kInvalidArgument, prefix(),
-                      "the hierarchical path on CPU needs a communicator");
-      if (!remote_) remote_ = comm_exchange(init.comm);
-      if (!local_) {
-        local_comm_ = init.comm->split(map_.members, init.name + "/host");
-        local_ = comm_exchange(local_comm_);
-      }
-    }
+    FASTCOMMS_CHECK(init.comm != nullptr, kInvalidArgument, prefix(),
+                    "the hierarchical path on CPU needs a fastcomms communicator (its split serves "
+                    "the host's ranks)");
+    remote_ = init.exchange ? init.exchange : comm_exchange(init.comm);
+    local_comm_ = init.comm->split(map_.members, init.name + "/host");
+    local_ = comm_exchange(local_comm_);
     local_mask_.assign(size_, false);
     for (const int q : map_.members) local_mask_[q] = true;
     remote_mask_.resize(size_);

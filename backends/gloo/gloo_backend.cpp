@@ -68,19 +68,7 @@ constexpr uint8_t kProbePrefix = 0x42;      // NOTE [mismatch probe]
 // - strict: every collective's records are gathered before its data moves (NOTE [call check]),
 //   one round trip per call.
 // Every rank of a communicator must use the same mode (the tags and headers must agree).
-enum class CheckMode { kOff, kDefault, kStrict };
-
-bool parse_check_mode(const std::string& v, CheckMode* m) {
-  if (v == "0")
-    *m = CheckMode::kOff;
-  else if (v == "1")
-    *m = CheckMode::kDefault;
-  else if (v == "strict")
-    *m = CheckMode::kStrict;
-  else
-    return false;
-  return true;
-}
+using CheckMode = CallCheckMode;
 
 // NOTE [fingerprint tags]: FNV-1a over the fingerprint (40 bytes, no padding), its lowest bit
 // cleared so that the tag keeps the sequence number's parity (odd: ops; even: the strict check's
@@ -523,7 +511,7 @@ GlooImpl::GlooImpl(const BackendInit& init)
     std::string v = e ? e : "1";
     for (const char* hint : {"check_calls", "gloo.check_calls"})  // the specific one wins
       if (auto h = init.options.hints.find(hint); h != init.options.hints.end()) v = h->second;
-    FASTCOMMS_CHECK(parse_check_mode(v, &mode_), kInvalidArgument, "[rank ", init.rank, "/",
+    FASTCOMMS_CHECK(parse_call_check_mode(v, &mode_), kInvalidArgument, "[rank ", init.rank, "/",
                     init.size, " ", init.options.name,
                     " new_comm] gloo: check_calls (hint gloo.check_calls or check_calls, "
                     "or FASTCOMMS_CHECK_CALLS) must be 0, 1 or strict, got '",
@@ -660,17 +648,7 @@ std::exception_ptr GlooImpl::translate(const std::string& prefix, std::exception
 }
 
 CheckMode GlooImpl::op_mode(const OpContext& ctx) const {
-  if (ctx.hints != nullptr) {  // a per-op hint decides for that op (the same on every rank)
-    for (const char* hint : {"gloo.check_calls", "check_calls"}) {
-      if (auto h = ctx.hints->find(hint); h != ctx.hints->end()) {
-        CheckMode m;
-        FASTCOMMS_CHECK(parse_check_mode(h->second, &m), kInvalidArgument, ctx.prefix, "hint ",
-                        hint, " must be 0, 1 or strict, got '", h->second, "'");
-        return m;
-      }
-    }
-  }
-  return mode_;
+  return op_call_check_mode(ctx, mode_, {"gloo.check_calls", "check_calls"});
 }
 
 bool GlooImpl::checks(const OpContext& ctx) const {

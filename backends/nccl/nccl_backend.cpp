@@ -435,30 +435,11 @@ class NcclBackend : public Backend {
  private:
   // FASTCOMMS_CHECK_CALLS, or the hint check_calls (NOTE [nccl call check]): off, the default
   // (beside the op), or strict (the communicator's check, through the store, before data moves).
-  enum class CheckMode { kOff, kDefault, kStrict };
-  static bool parse_check_mode(const std::string& v, CheckMode* m) {
-    if (v == "0")
-      *m = CheckMode::kOff;
-    else if (v == "1")
-      *m = CheckMode::kDefault;
-    else if (v == "strict")
-      *m = CheckMode::kStrict;
-    else
-      return false;
-    return true;
-  }
+  using CheckMode = CallCheckMode;
   // The op's mode: its hint check_calls (as the communicator reads it), else the communicator's.
   // Every rank must give an op the same.
   CheckMode op_mode(const OpContext& ctx) const {
-    if (ctx.hints != nullptr) {
-      if (auto h = ctx.hints->find("check_calls"); h != ctx.hints->end()) {
-        CheckMode m;
-        FASTCOMMS_CHECK(parse_check_mode(h->second, &m), kInvalidArgument, ctx.prefix,
-                        "hint check_calls must be 0, 1 or strict, got '", h->second, "'");
-        return m;
-      }
-    }
-    return mode_;
+    return op_call_check_mode(ctx, mode_, {"check_calls"});
   }
   template <typename Fn>
   WorkPtr run(const OpContext& c, Fn&& issue, bool collective_kernels = false);
@@ -585,7 +566,7 @@ NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, 
     const std::string v = hint("check_calls", e ? e : "0");
     const std::string fuse = hint("nccl.check_calls_fuse", "0");
     const std::string memory = hint("nccl.check_calls_memory", "device");
-    FASTCOMMS_CHECK(parse_check_mode(v, &mode_), kInvalidArgument, prefix_,
+    FASTCOMMS_CHECK(parse_call_check_mode(v, &mode_), kInvalidArgument, prefix_,
                     "check_calls (hint check_calls or FASTCOMMS_CHECK_CALLS) must be 0, 1 or "
                     "strict, got '",
                     v, "'");

@@ -59,11 +59,7 @@ def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
     if summed:
         y = torch.empty(qo.shape, dtype=x.dtype, device=x.device)
         _C._fp8_dequantize(qo, so, y)
-        reps = y.unflatten(2, (y.shape[2] // kv, kv))
-        if out is None:
-            return reps.sum(3)
-        _check_out(where, out, reps.shape[:3] + reps.shape[4:], x.dtype)
-        return torch.sum(reps, 3, out=out)
+        return _sum_replicas(group, y, kv, out)
     if out is None:
         out = torch.empty(qo.shape, dtype=x.dtype, device=x.device)
     else:
@@ -85,20 +81,21 @@ def _fused(group, gid, x, mode, seq, heads, k, out, wire, return_scales, summed,
         y = torch.empty(shape, dtype=x.dtype, device=x.device)
         if not _C.ulysses_fp8_fused(x, gid, mode, seq, heads, k, y, None, code):
             return None
-        reps = y.unflatten(2, (y.shape[2] // kv, kv))
-        if out is None:
-            return reps.sum(3)
-        _check_out(
-            f"[rank {group._rank}/{group._size}] all_to_all_4d",
-            out,
-            reps.shape[:3] + reps.shape[4:],
-            x.dtype,
-        )
-        return torch.sum(reps, 3, out=out)
+        return _sum_replicas(group, y, kv, out)
     dst = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
     if out is not None:
         _check_out(f"[rank {group._rank}/{group._size}] all_to_all_4d", out, shape, x.dtype)
     return dst if _C.ulysses_fp8_fused(x, gid, mode, seq, heads, k, dst, None, code) else None
+
+
+def _sum_replicas(group, y, kv, out):
+    """Mode 1 with kv replicas: each head's replicas summed (into ``out`` when given)."""
+    reps = y.unflatten(2, (y.shape[2] // kv, kv))
+    if out is None:
+        return reps.sum(3)
+    where = f"[rank {group._rank}/{group._size}] all_to_all_4d"
+    _check_out(where, out, reps.shape[:3] + reps.shape[4:], y.dtype)
+    return torch.sum(reps, 3, out=out)
 
 
 def _check_out(where, out, shape, dtype):

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -122,6 +123,19 @@ struct OpContext {
   /// list all_to_all), for the call check; empty for the others.
   std::vector<int64_t> peer_out, peer_in;
 };
+
+/// NOTE [call check]: how a communicator's calls are compared across ranks (FASTCOMMS_CHECK_CALLS,
+/// or the hint check_calls): "0" off, "1" the backend's own check (gloo: by default; nccl and
+/// nvlink: opt-in), "strict" the check before data moves. Every rank must use the same.
+enum class CallCheckMode { kOff, kDefault, kStrict };
+
+/// Parses "0", "1" or "strict"; false (leaving *m) for anything else.
+bool parse_call_check_mode(const std::string& v, CallCheckMode* m);
+
+/// One op's mode: the first of `hint_names` among ctx's per-op hints, else `communicator`. A hint
+/// that does not parse throws kInvalidArgument naming it.
+CallCheckMode op_call_check_mode(const OpContext& ctx, CallCheckMode communicator,
+                                 std::initializer_list<const char*> hint_names);
 
 /// One point-to-point op of a batch.
 struct P2POp {

@@ -103,8 +103,6 @@ struct TransportInit {
   std::vector<int> host_of;
   /// Hierarchical: the byte all-to-all between hosts (null: comm's all_to_all_v_single).
   ByteExchange exchange;
-  /// Hierarchical on CPU: the byte all-to-all among this host's ranks (null: a split of comm).
-  ByteExchange local_exchange;
   /// The transport choice's all-gather (null: through the store, which then spans the group).
   StringGather gather;
 };
