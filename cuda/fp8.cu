@@ -202,6 +202,27 @@ void dispatch(Fp8Value value, Fp8Wire wire, F&& f) {
   }
 }
 
+// The vector form: the wide side 16-byte aligned in whole 16-byte rows, the FP8 side aligned to
+// its words (N = 16 / sizeof(S) bytes).
+template <class S>
+bool vectorizable(const void* wide, const void* bytes, int64_t d) {
+  constexpr int N = 16 / static_cast<int>(sizeof(S));
+  return aligned(wide, 16) && (d * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned(bytes, N);
+}
+
+// Calls launch.template operator()<G, kVec>(): G = 32 lanes a row for rows of 32 or more units
+// (16-byte vectors where vec, else values), 8 below.
+template <class S, class F>
+void launch_rows(int64_t d, bool vec, F&& launch) {
+  constexpr int N = 16 / static_cast<int>(sizeof(S));
+  const int64_t units = vec ? d / N : d;
+  if (units >= 32) {
+    vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
+  } else {
+    vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
+  }
+}
+
 void check_args(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, int64_t d) {
   FASTCOMMS_CHECK(
       value == Fp8Value::kFloat16 || value == Fp8Value::kBFloat16 || value == Fp8Value::kFloat32,
@@ -212,31 +233,33 @@ void check_args(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, in
                   ": rows and d must be >= 0, got rows=", rows, " d=", d);
 }
 
+// The row kernels (quantize_kernel, dequantize_kernel): checks the arguments, picks the value
+// type, the format, G and the vector form, and calls launch.template operator()<V, kE4M3, G,
+// kVec>(blocks). `wide` and `bytes` are the value side and the FP8 side.
+template <class F>
+void over_rows(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, int64_t d,
+               const void* wide, const void* bytes, F&& launch) {
+  check_args(what, value, wire, rows, d);
+  if (rows == 0) return;
+  dispatch(value, wire, [&]<class V, bool kE4M3>() {
+    using S = typename V::Storage;
+    launch_rows<S>(d, vectorizable<S>(wide, bytes, d), [&]<int G, bool kVec>() {
+      launch.template operator()<V, kE4M3, G, kVec>(grid_for(rows, kThreads / G));
+    });
+  });
+  FASTCOMMS_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void fp8_quantize_rows(const void* x, Fp8Value in, int64_t rows, int64_t d, void* q, Fp8Wire wire,
                        float* scales, cudaStream_t stream) {
-  check_args("cuda::fp8_quantize_rows", in, wire, rows, d);
-  if (rows == 0) return;
-  dispatch(in, wire, [&]<class V, bool kE4M3>() {
-    using S = typename V::Storage;
-    constexpr int N = 16 / static_cast<int>(sizeof(S));
-    const bool vec =
-        aligned(x, 16) && (d * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned(q, N);
-    const int64_t units = vec ? d / N : d;
-    const auto* xs = static_cast<const S*>(x);
-    auto* qb = static_cast<uint8_t*>(q);
-    auto launch = [&]<int G, bool kVec>() {
-      quantize_kernel<V, kE4M3, G, kVec>
-          <<<grid_for(rows, kThreads / G), kThreads, 0, stream>>>(xs, rows, d, qb, scales);
-    };
-    if (units >= 32) {
-      vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
-    } else {
-      vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
-    }
-  });
-  FASTCOMMS_CUDA_LAUNCH_CHECK();
+  over_rows("cuda::fp8_quantize_rows", in, wire, rows, d, x, q,
+            [&]<class V, bool kE4M3, int G, bool kVec>(unsigned blocks) {
+              quantize_kernel<V, kE4M3, G, kVec>
+                  <<<blocks, kThreads, 0, stream>>>(static_cast<const typename V::Storage*>(x),
+                                                    rows, d, static_cast<uint8_t*>(q), scales);
+            });
 }
 
 void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in, Fp8Wire wire,
@@ -245,11 +268,10 @@ void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in
   if (count == 0 || d == 0) return;
   dispatch(in, wire, [&]<class V, bool kE4M3>() {
     using S = typename V::Storage;
-    constexpr int N = 16 / static_cast<int>(sizeof(S));
     for (int first = 0; first < count; first += kPushJobs) {
       PushBatch batch{};
       batch.count = std::min(kPushJobs, count - first);
-      bool vec = (d * static_cast<int64_t>(sizeof(S))) % 16 == 0;
+      bool vec = true;
       int64_t rows = 0;
       for (int j = 0; j < batch.count; ++j) {
         const Fp8PushJob& job = jobs[first + j];
@@ -261,20 +283,15 @@ void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in
             d);
         batch.jobs[j] = job;
         rows = std::max(rows, c.width / d * c.height * c.depth);
-        vec = vec && aligned(job.x, 16) && aligned(job.q, N);
+        vec = vec && vectorizable<S>(job.x, job.q, d);
       }
       if (rows == 0) continue;
-      const int64_t units = vec ? d / N : d;
       auto launch = [&]<int G, bool kVec>() {
         const unsigned blocks = std::min<unsigned>(grid_for(rows, kThreads / G), 4 * 132);
         quantize_push_kernel<V, kE4M3, G, kVec>
             <<<dim3(blocks, batch.count), kThreads, 0, stream>>>(batch, d);
       };
-      if (units >= 32) {
-        vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
-      } else {
-        vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
-      }
+      launch_rows<S>(d, vec, launch);
       FASTCOMMS_CUDA_LAUNCH_CHECK();
     }
   });
@@ -282,27 +299,13 @@ void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in
 
 void fp8_dequantize_rows(const void* q, Fp8Wire wire, const float* scales, int64_t rows, int64_t d,
                          void* out, Fp8Value out_dtype, cudaStream_t stream) {
-  check_args("cuda::fp8_dequantize_rows", out_dtype, wire, rows, d);
-  if (rows == 0 || d == 0) return;
-  dispatch(out_dtype, wire, [&]<class V, bool kE4M3>() {
-    using S = typename V::Storage;
-    constexpr int N = 16 / static_cast<int>(sizeof(S));
-    const bool vec =
-        aligned(out, 16) && (d * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned(q, N);
-    const int64_t units = vec ? d / N : d;
-    const auto* qb = static_cast<const uint8_t*>(q);
-    auto* os = static_cast<S*>(out);
-    auto launch = [&]<int G, bool kVec>() {
-      dequantize_kernel<V, kE4M3, G, kVec>
-          <<<grid_for(rows, kThreads / G), kThreads, 0, stream>>>(qb, scales, rows, d, os);
-    };
-    if (units >= 32) {
-      vec ? launch.template operator()<32, true>() : launch.template operator()<32, false>();
-    } else {
-      vec ? launch.template operator()<8, true>() : launch.template operator()<8, false>();
-    }
-  });
-  FASTCOMMS_CUDA_LAUNCH_CHECK();
+  // d == 0: nothing to write (the kernel would only read the scales)
+  over_rows("cuda::fp8_dequantize_rows", out_dtype, wire, d == 0 && rows > 0 ? 0 : rows, d, out, q,
+            [&]<class V, bool kE4M3, int G, bool kVec>(unsigned blocks) {
+              dequantize_kernel<V, kE4M3, G, kVec>
+                  <<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(q), scales, rows, d,
+                                                    static_cast<typename V::Storage*>(out));
+            });
 }
 
 }  // namespace fastcomms::cuda

@@ -9,6 +9,17 @@ from . import _C
 from ._C import WorkStatus
 
 
+class _Scoped:
+    """``with group:`` destroys the group (its ``destroy()``) when the block ends, also on error."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
+
 class TorchWork:
     """A handle on an issued op: ``wait()``, ``is_completed()``, ``status()``. Keeps the op's
     tensors alive until it completes."""

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from . import TorchComm
+from ._work import _Scoped
 
 __all__ = [
     "RingGroup",
@@ -141,7 +142,7 @@ def _resolve_group(group):
     return comm_of(group) or group
 
 
-class RingGroup:
+class RingGroup(_Scoped):
     """The ring exchange of ring attention over a group: a fastcomms ``TorchComm``, a
     ``torch.distributed`` ProcessGroup, a 1-D DeviceMesh, or None (torch.distributed's default
     group). ``exchange(tensors)`` sends to group rank + 1 and receives from group rank - 1
@@ -266,13 +267,6 @@ class RingGroup:
         self._slots = [None, None]
         self._inflight = [None, None]
         self.transport = "destroyed"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False
 
     # -- collective transport ----------------------------------------------------------------------
     def _buffers(self, seq, slot):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import TorchComm
+from ._work import _Scoped
 from .ring import RingGroup, zigzag_shard, zigzag_unshard
 from .ulysses import UlyssesGroup
 
@@ -24,7 +25,7 @@ def _divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-class SequenceParallelGroup:
+class SequenceParallelGroup(_Scoped):
     """A 2-D sequence-parallel group.
 
     ``mesh``: a 2-D DeviceMesh with dimensions named ``ring_dim`` and ``ulysses_dim`` (either
@@ -231,10 +232,3 @@ class SequenceParallelGroup:
         for g in (self._ring_grad, self.ring, self.ulysses):
             if g is not None:
                 g.destroy()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False

@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, TorchComm, _OpaqueBase
+from ._work import _Scoped
 
 __all__ = [
     "RingGroup",
@@ -97,7 +98,7 @@ def nvlink_decision(who, probe):
     return _C.nvlink_decision(list(who), probe)
 
 
-class UlyssesGroup(_OpaqueBase):
+class UlyssesGroup(_OpaqueBase, _Scoped):
     """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, a 1-D DeviceMesh, or None:
     the default group).
 
@@ -557,13 +558,6 @@ class UlyssesGroup(_OpaqueBase):
         self._ring = {}
         self.transport = "destroyed"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False
-
 
 if _C10dWork is not None:
 
@@ -702,16 +696,7 @@ def all_to_all_4d(
     g, kv = _resolve(group), _kv_replicas(kv_replicas)
     if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
         # NOTE [fp8 wire exchange]: quantize, two exchanges, dequantize (not yet one traced op)
-        return g.all_to_all_4d(
-            x,
-            mode=mode,
-            seq_splits=seq,
-            head_splits=heads,
-            kv_replicas=kv,
-            wire_dtype=wire_dtype,
-            return_scales=return_scales,
-            grad_wire_dtype=grad_wire_dtype,
-        )
+        return g._wire(x, mode, None, seq, heads, kv, wire_dtype, return_scales, grad_wire_dtype)
     if _plain_eager(x):  # NOTE [host cost per call]: torch.ops' lookup is for tracers
         return g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads, kv_replicas=kv)
     gid = g._id

@@ -266,8 +266,9 @@ def _sp_checks(comm, rank, size):
         ex._merge, ex.RingAttention.backward = saved_merge, staticmethod(saved_bwd)
     assert out_err > 1e-3, f"armed control (merge) was not caught: {out_err}"
     assert out_ok < 1e-9 and grad_err > 1e-3, f"armed control (backward) not caught: {grad_err}"
-    sp_comm.destroy()
-    sp.destroy()
+    with sp_comm, sp:  # leaving the block destroys both, their Ulysses and ring groups
+        pass
+    assert sp.ulysses.transport == sp_comm.ring.transport == "destroyed"
     return len(rows)
 
 
@@ -287,7 +288,9 @@ def ring_and_sequence_parallel(comm, rank, size):
         sub = comm.split(members if rank < k else [], f"ring{k}")
         pg = dist.new_group(members) if k < size else dist.group.WORLD
         if rank < k:
-            checks += _ring_checks(RingGroup(sub), rank, k, f"comm of {k}", pg)
+            with RingGroup(sub) as ring:  # a with block destroys the group as it ends
+                checks += _ring_checks(ring, rank, k, f"comm of {k}", pg)
+            assert ring.transport == "destroyed", ring.transport
             checks += _ring_checks(RingGroup(pg), rank, k, f"group of {k}", pg)
             if k < size:
                 sub.finalize()
