@@ -69,6 +69,47 @@ def _graph_per_call(g, x, calls=20, replays=50, rounds=9):
     return statistics.median(times)
 
 
+def _compiled_split(g, x, rounds):
+    """Where the compiled call's host time goes: the eager call through the extension's typed
+    dispatcher call and through torch.ops (the boxed call compiled code makes), each alone and
+    followed by ``+ 1`` (the eager cost in the compiled function's context), and compiled
+    functions calling the functional form, torch.ops directly (no functional-form guards), and
+    ``+ 1`` alone; the variants interleaved round by round."""
+    from fastcomms import _C
+    from fastcomms.ulysses import all_to_all_4d as functional
+
+    gid = g._id
+    op = torch.ops.fastcomms.ulysses_all_to_all_4d.default
+    variants = {
+        "eager typed": lambda: _C.ulysses_all_to_all_4d(x, gid, 0, None, None, 1),
+        "eager torch.ops": lambda: op(x, gid, 0, None, None, 1),
+        "eager functional": lambda: functional(x, g),
+        "torch.add": lambda: torch.add(x, 1),
+        "eager typed + 1": lambda: _C.ulysses_all_to_all_4d(x, gid, 0, None, None, 1) + 1,
+        "eager functional + 1": lambda: functional(x, g) + 1,
+        "compiled functional + 1": torch.compile(lambda t: functional(t, g) + 1, fullgraph=True),
+        "compiled torch.ops + 1": torch.compile(
+            lambda t: op(t, gid, 0, None, None, 1) + 1, fullgraph=True
+        ),
+        "compiled + 1 alone": torch.compile(lambda t: t + 1, fullgraph=True),
+    }
+    samples = {k: [] for k in variants}
+    for k, fn in variants.items():
+        fn = variants[k] = fn if not k.startswith("compiled") else (lambda f=fn: f(x))
+        assert torch.equal(fn(), x + 1 if "+ 1" in k or k == "torch.add" else x), k
+    for _ in range(rounds):
+        for k, fn in variants.items():
+            samples[k].append(_per_call(fn, rounds=1))
+    m = {k: round(statistics.median(v), 2) for k, v in samples.items()}
+    alone = m["compiled + 1 alone"]
+    m["marginal compiled functional"] = round(m["compiled functional + 1"] - alone, 2)
+    m["marginal compiled torch.ops"] = round(m["compiled torch.ops + 1"] - alone, 2)
+    m["marginal eager functional (call + 1 minus torch.add)"] = round(
+        m["eager functional + 1"] - m["torch.add"], 2
+    )
+    return m
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--label", default="build")
@@ -116,9 +157,26 @@ def main():
         "compiled + 1 alone": round(cwo, 2),
         "marginal compiled call": round(cw - cwo, 2),
     }
+    res["compiled, split (1, 64, 40, 128)"] = _compiled_split(g, x, args.rounds)
+    try:  # the anchor beside us where its build is on the path (tools/gpu/build_anchor.sh)
+        import fast_ulysses
+
+        fu = fast_ulysses.UlyssesGroup(None, device=dev)
+        res["anchor"] = f"fast-ulysses {fast_ulysses.__version__}"
+    except ImportError as e:
+        fu, res["anchor"] = None, f"not importable ({e})"
     for shape in [(1, 64, 40, 128), (1, 1024, 40, 128)]:
         x = torch.randn(shape, generator=gen, device=dev, dtype=torch.bfloat16)
-        res[f"graph replay µs/call {shape}"] = round(_graph_per_call(g, x), 2)
+        lanes = {"fastcomms": g, "fast-ulysses": fu} if fu is not None else {"fastcomms": g}
+        reps = {k: [] for k in lanes}
+        for _ in range(3):  # the lanes interleaved, three times each
+            for k, grp in lanes.items():
+                reps[k].append(_graph_per_call(grp, x))
+        res[f"graph replay µs/call {shape}"] = {
+            k: round(statistics.median(v), 2) for k, v in reps.items()
+        }
+    if fu is not None:
+        fu.destroy()
     g.destroy()
     dist.destroy_process_group()
     print(json.dumps(res))
