@@ -93,10 +93,26 @@ def _compiled_split(g, x, rounds):
         ),
         "compiled + 1 alone": torch.compile(lambda t: t + 1, fullgraph=True),
     }
-    samples = {k: [] for k in variants}
     for k, fn in variants.items():
         fn = variants[k] = fn if not k.startswith("compiled") else (lambda f=fn: f(x))
         assert torch.equal(fn(), x + 1 if "+ 1" in k or k == "torch.add" else x), k
+    # The same measure for one of torch's own ops that inductor always leaves as a fallback call
+    # (aten._cdist_forward, lowering.py's make_fallback): what torch's compiled runtime adds to
+    # any such call, ours or aten's.
+    a, b = torch.randn(64, 16, device=x.device), torch.randn(64, 16, device=x.device)
+    cd = torch.ops.aten._cdist_forward.default
+    r = cd(a, b, 2.0, None)
+    with_cd = torch.compile(lambda t: cd(t, b, 2.0, None) + 1, fullgraph=True)
+    cd_alone = torch.compile(lambda t: t + 1, fullgraph=True)
+    variants |= {
+        "aten fallback eager": lambda: cd(a, b, 2.0, None),
+        "aten fallback eager + 1": lambda: cd(a, b, 2.0, None) + 1,
+        "aten torch.add": lambda: torch.add(r, 1),
+        "aten fallback compiled + 1": lambda: with_cd(a),
+        "aten compiled + 1 alone": lambda: cd_alone(r),
+    }
+    assert torch.allclose(with_cd(a), r + 1) and torch.equal(cd_alone(r), r + 1)
+    samples = {k: [] for k in variants}
     for _ in range(rounds):
         for k, fn in variants.items():
             samples[k].append(_per_call(fn, rounds=1))
@@ -106,6 +122,12 @@ def _compiled_split(g, x, rounds):
     m["marginal compiled torch.ops"] = round(m["compiled torch.ops + 1"] - alone, 2)
     m["marginal eager functional (call + 1 minus torch.add)"] = round(
         m["eager functional + 1"] - m["torch.add"], 2
+    )
+    m["aten fallback: marginal compiled"] = round(
+        m["aten fallback compiled + 1"] - m["aten compiled + 1 alone"], 2
+    )
+    m["aten fallback: marginal eager (call + 1 minus torch.add)"] = round(
+        m["aten fallback eager + 1"] - m["aten torch.add"], 2
     )
     return m
 
