@@ -114,13 +114,12 @@ bool auth_store_available() {
 }
 
 AuthStore::AuthStore(std::shared_ptr<Store> base, std::string secret)
-    : base_(std::move(base)), secret_(std::move(secret)) {
+    : ForwardingStore(std::move(base)), secret_(std::move(secret)) {
   FASTCOMMS_CHECK(base_ != nullptr, kInvalidArgument, "AuthStore: a base store is required");
   FASTCOMMS_CHECK(!secret_.empty(), kInvalidArgument, "AuthStore: the secret is empty");
   FASTCOMMS_CHECK(auth_store_available(), kUnsupported,
                   "store authentication: this build has no OpenSSL (FASTCOMMS_STORE_TOKEN cannot "
                   "be used)");
-  timeout_ = base_->timeout();
 }
 
 std::vector<uint8_t> AuthStore::seal(const std::string& key,
@@ -158,13 +157,6 @@ void AuthStore::set(const std::string& key, const std::vector<uint8_t>& value) {
 
 std::vector<uint8_t> AuthStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   return open(key, base_->get(key, timeout));
-}
-
-int64_t AuthStore::add(const std::string& key, int64_t delta) { return base_->add(key, delta); }
-bool AuthStore::check(const std::vector<std::string>& keys) { return base_->check(keys); }
-bool AuthStore::delete_key(const std::string& key) { return base_->delete_key(key); }
-void AuthStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  base_->wait(keys, timeout);
 }
 
 std::optional<std::string> store_token_from_env() {

@@ -223,37 +223,14 @@ bool FileStore::delete_key(const std::string& key) { return ::unlink(path_of(key
 // ---- PrefixStore ------------------------------------------------------------------------------
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
-    : prefix_(std::move(prefix)), base_(std::move(base)) {
+    : ForwardingStore(std::move(base), std::move(prefix) + "/") {
   FASTCOMMS_CHECK(base_ != nullptr, kInvalidArgument, "PrefixStore: base store is null");
-  timeout_ = base_->timeout();
-}
-
-void PrefixStore::set(const std::string& key, const std::vector<uint8_t>& value) {
-  base_->set(k(key), value);
-}
-std::vector<uint8_t> PrefixStore::get(const std::string& key, std::chrono::milliseconds timeout) {
-  return base_->get(k(key), timeout);
-}
-int64_t PrefixStore::add(const std::string& key, int64_t delta) {
-  return base_->add(k(key), delta);
-}
-bool PrefixStore::check(const std::vector<std::string>& keys) {
-  std::vector<std::string> ks;
-  for (const auto& key : keys) ks.push_back(k(key));
-  return base_->check(ks);
-}
-bool PrefixStore::delete_key(const std::string& key) { return base_->delete_key(k(key)); }
-void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  std::vector<std::string> ks;
-  for (const auto& key : keys) ks.push_back(k(key));
-  base_->wait(ks, timeout);
 }
 
 // ---- KeyTrackingStore ---------------------------------------------------------------------
 
-KeyTrackingStore::KeyTrackingStore(std::shared_ptr<Store> base) : base_(std::move(base)) {
+KeyTrackingStore::KeyTrackingStore(std::shared_ptr<Store> base) : ForwardingStore(std::move(base)) {
   FASTCOMMS_CHECK(base_ != nullptr, kInvalidArgument, "KeyTrackingStore: base store is null");
-  timeout_ = base_->timeout();
 }
 
 void KeyTrackingStore::note(const std::string& key) {
@@ -264,25 +241,16 @@ void KeyTrackingStore::set(const std::string& key, const std::vector<uint8_t>& v
   note(key);
   base_->set(key, value);
 }
-std::vector<uint8_t> KeyTrackingStore::get(const std::string& key,
-                                           std::chrono::milliseconds timeout) {
-  return base_->get(key, timeout);
-}
 int64_t KeyTrackingStore::add(const std::string& key, int64_t delta) {
   note(key);
   return base_->add(key, delta);
 }
-bool KeyTrackingStore::check(const std::vector<std::string>& keys) { return base_->check(keys); }
 bool KeyTrackingStore::delete_key(const std::string& key) {
   {  // a key deleted before finalize is not finalize's to delete (and is not remembered forever)
     std::lock_guard<std::mutex> lock(mu_);
     if (seen_.erase(key) != 0) keys_.erase(std::find(keys_.begin(), keys_.end(), key));
   }
   return base_->delete_key(key);
-}
-void KeyTrackingStore::wait(const std::vector<std::string>& keys,
-                            std::chrono::milliseconds timeout) {
-  base_->wait(keys, timeout);
 }
 std::vector<std::string> KeyTrackingStore::written() const {
   std::lock_guard<std::mutex> lock(mu_);

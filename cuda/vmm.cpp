@@ -17,46 +17,42 @@
 namespace fastcomms::cuda {
 namespace {
 
+// The driver entry points this file calls: (driver function, Driver member).
+// clang-format off
+#define FASTCOMMS_VMM_DRIVER_ENTRIES(X)                                                             \
+  X(cuGetErrorString, get_error_string)                                                             \
+  X(cuDeviceGet, device_get)                                                                        \
+  X(cuDeviceGetAttribute, device_get_attribute)                                                     \
+  X(cuMemGetAllocationGranularity, granularity)                                                     \
+  X(cuMemCreate, create)                                                                            \
+  X(cuMemRelease, release)                                                                          \
+  X(cuMemAddressReserve, reserve)                                                                   \
+  X(cuMemAddressFree, address_free)                                                                 \
+  X(cuMemMap, map)                                                                                  \
+  X(cuMemUnmap, unmap)                                                                              \
+  X(cuMemSetAccess, set_access)                                                                     \
+  X(cuMemExportToShareableHandle, export_handle)                                                    \
+  X(cuMemImportFromShareableHandle, import_handle)
+// clang-format on
+
 struct Driver {
-  decltype(&::cuGetErrorString) get_error_string = nullptr;
-  decltype(&::cuDeviceGet) device_get = nullptr;
-  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
-  decltype(&::cuMemCreate) create = nullptr;
-  decltype(&::cuMemRelease) release = nullptr;
-  decltype(&::cuMemAddressReserve) reserve = nullptr;
-  decltype(&::cuMemAddressFree) address_free = nullptr;
-  decltype(&::cuMemMap) map = nullptr;
-  decltype(&::cuMemUnmap) unmap = nullptr;
-  decltype(&::cuMemSetAccess) set_access = nullptr;
-  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
-  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+#define FASTCOMMS_VMM_DRIVER_MEMBER(fn, member) decltype(&::fn) member = nullptr;
+  FASTCOMMS_VMM_DRIVER_ENTRIES(FASTCOMMS_VMM_DRIVER_MEMBER)
+#undef FASTCOMMS_VMM_DRIVER_MEMBER
   std::string missing;  // the first entry point not found (empty: all found)
 };
 
 const Driver& driver() {
   static const Driver d = [] {
     Driver v;
-    auto load = [&v](const char* name, auto& fn) {
-      detail::load_driver_entry(name, fn, v.missing);
-    };
-    load("cuGetErrorString", v.get_error_string);
-    load("cuDeviceGet", v.device_get);
-    load("cuDeviceGetAttribute", v.device_get_attribute);
-    load("cuMemGetAllocationGranularity", v.granularity);
-    load("cuMemCreate", v.create);
-    load("cuMemRelease", v.release);
-    load("cuMemAddressReserve", v.reserve);
-    load("cuMemAddressFree", v.address_free);
-    load("cuMemMap", v.map);
-    load("cuMemUnmap", v.unmap);
-    load("cuMemSetAccess", v.set_access);
-    load("cuMemExportToShareableHandle", v.export_handle);
-    load("cuMemImportFromShareableHandle", v.import_handle);
+#define FASTCOMMS_VMM_DRIVER_LOAD(fn, member) detail::load_driver_entry(#fn, v.member, v.missing);
+    FASTCOMMS_VMM_DRIVER_ENTRIES(FASTCOMMS_VMM_DRIVER_LOAD)
+#undef FASTCOMMS_VMM_DRIVER_LOAD
     return v;
   }();
   return d;
 }
+#undef FASTCOMMS_VMM_DRIVER_ENTRIES
 
 void check(CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return;

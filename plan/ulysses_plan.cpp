@@ -18,19 +18,11 @@ std::string join(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-// Validated global geometry of one call; shared by the plan and the shape query.
-struct Geometry {
-  int64_t b = 0, d = 0, e = 0;
-  int64_t seq_total = 0, heads_total = 0;
-  int64_t R = 1;                    // kv replicas
-  int64_t src_heads = 0;            // heads of a mode-0 x (heads_total / R)
-  std::vector<int64_t> seq, heads;  // resolved splits
-  std::vector<int64_t> seq_off, head_off;
-};
-
 bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
-Geometry resolve(const UlyssesRequest& req) {
+// Validated global geometry of one call, shared by the plan and the shape query: a plan with every
+// field up to in_shape filled in, no sizes and no descriptors yet.
+UlyssesPlan resolve(const UlyssesRequest& req) {
   const int P = req.world_size;
   const int r = req.rank;
   std::string prefix;
@@ -56,14 +48,19 @@ Geometry resolve(const UlyssesRequest& req) {
                   prefix, "seq_splits and head_splits must be given together, got ",
                   req.seq_splits ? "seq_splits" : "head_splits", " only");
 
-  Geometry g;
+  UlyssesPlan g;
+  g.world_size = P;
+  g.rank = r;
+  g.mode = req.mode;
+  g.path = req.path;
+  g.in_shape = req.shape;
   g.b = req.shape[0];
   g.d = req.shape[3];
-  g.e = e;
+  g.element_size = e;
   const int64_t s_in = req.shape[1];
   const int64_t R = req.kv_replicas;
   FASTCOMMS_CHECK(R >= 1, kInvalidArgument, prefix, "kv_replicas must be >= 1, got ", R);
-  g.R = R;
+  g.kv_replicas = R;
   // Mode 0 reads h source heads that stand for h * R virtual ones (NOTE [kv replicas]).
   int64_t n_in = req.shape[2];
   if (req.mode == 0) {
@@ -84,23 +81,23 @@ Geometry resolve(const UlyssesRequest& req) {
       }
       return sum;
     };
-    g.seq = *req.seq_splits;
-    g.heads = *req.head_splits;
-    g.seq_total = check_splits(g.seq, "seq_splits");
-    g.heads_total = check_splits(g.heads, "head_splits");
+    g.seq_splits = *req.seq_splits;
+    g.head_splits = *req.head_splits;
+    g.seq_total = check_splits(g.seq_splits, "seq_splits");
+    g.heads_total = check_splits(g.head_splits, "head_splits");
     if (req.mode == 0) {
       FASTCOMMS_CHECK(g.heads_total == n_in, kInvalidArgument, prefix, "head_splits sums to ",
                       g.heads_total, ", x.size(2) is ", req.shape[2],
                       R > 1 ? detail::cat(" (times kv_replicas=", R, ": ", n_in, " virtual heads)")
                             : std::string{});
-      FASTCOMMS_CHECK(g.seq[r] == s_in, kInvalidArgument, prefix, "seq_splits[", r, "] is ",
-                      g.seq[r], ", x.size(1) is ", s_in,
+      FASTCOMMS_CHECK(g.seq_splits[r] == s_in, kInvalidArgument, prefix, "seq_splits[", r, "] is ",
+                      g.seq_splits[r], ", x.size(1) is ", s_in,
                       " (mode 0 takes this rank's sequence shard)");
     } else {
       FASTCOMMS_CHECK(g.seq_total == s_in, kInvalidArgument, prefix, "seq_splits sums to ",
                       g.seq_total, ", x.size(1) is ", s_in);
-      FASTCOMMS_CHECK(g.heads[r] == n_in, kInvalidArgument, prefix, "head_splits[", r, "] is ",
-                      g.heads[r], ", x.size(2) is ", n_in,
+      FASTCOMMS_CHECK(g.head_splits[r] == n_in, kInvalidArgument, prefix, "head_splits[", r,
+                      "] is ", g.head_splits[r], ", x.size(2) is ", n_in,
                       " (mode 1 takes this rank's head shard)");
     }
   } else if (req.mode == 0) {
@@ -114,8 +111,8 @@ Geometry resolve(const UlyssesRequest& req) {
                     "global sequence length x.size(1) * world_size = ", s_in, " * ", P,
                     " overflows 64 bits");
     g.heads_total = n_in;
-    g.seq.assign(P, s_in);
-    g.heads.assign(P, n_in / P);
+    g.seq_splits.assign(P, s_in);
+    g.head_splits.assign(P, n_in / P);
   } else {
     FASTCOMMS_CHECK(s_in % P == 0, kInvalidArgument, prefix,
                     "mode 1 scatters the sequence: x.size(1)=", s_in,
@@ -125,15 +122,15 @@ Geometry resolve(const UlyssesRequest& req) {
                     "global head count x.size(2) * world_size = ", n_in, " * ", P,
                     " overflows 64 bits");
     g.seq_total = s_in;
-    g.seq.assign(P, s_in / P);
-    g.heads.assign(P, n_in);
+    g.seq_splits.assign(P, s_in / P);
+    g.head_splits.assign(P, n_in);
   }
 
   if (R > 1) {
     FASTCOMMS_CHECK(g.heads_total % R == 0, kInvalidArgument, prefix, "kv_replicas=", R,
                     " must divide the global (virtual) head count, got ", g.heads_total);
   }
-  g.src_heads = g.heads_total / R;
+  const int64_t src_heads = g.heads_total / R;  // heads of a mode-0 x
 
   // Every offset and size below is bounded by the global tensor's byte count, so checking that
   // one product is enough to rule out overflow everywhere.
@@ -156,22 +153,24 @@ Geometry resolve(const UlyssesRequest& req) {
                     " bytes; use the collective transport for this shape");
   }
 
-  g.seq_off.assign(P, 0);
-  g.head_off.assign(P, 0);
+  g.seq_offsets.assign(P, 0);
+  g.head_offsets.assign(P, 0);
   for (int i = 1; i < P; ++i) {
-    g.seq_off[i] = g.seq_off[i - 1] + g.seq[i - 1];
-    g.head_off[i] = g.head_off[i - 1] + g.heads[i - 1];
+    g.seq_offsets[i] = g.seq_offsets[i - 1] + g.seq_splits[i - 1];
+    g.head_offsets[i] = g.head_offsets[i - 1] + g.head_splits[i - 1];
   }
   if (R > 1) {  // NOTE [kv replicas]: no rank receives one source head twice
     for (int q = 0; q < P; ++q) {
-      if (g.heads[q] == 0) continue;
-      const int64_t first = g.head_off[q] / R, last = (g.head_off[q] + g.heads[q] - 1) / R;
-      FASTCOMMS_CHECK(last - first + 1 == g.heads[q], kInvalidArgument, prefix, "kv_replicas=", R,
-                      " gives rank ", q, " virtual heads [", g.head_off[q], ", ",
-                      g.head_off[q] + g.heads[q], "), which repeat source head ", first,
+      if (g.head_splits[q] == 0) continue;
+      const int64_t first = g.head_offsets[q] / R,
+                    last = (g.head_offsets[q] + g.head_splits[q] - 1) / R;
+      FASTCOMMS_CHECK(last - first + 1 == g.head_splits[q], kInvalidArgument, prefix,
+                      "kv_replicas=", R, " gives rank ", q, " virtual heads [", g.head_offsets[q],
+                      ", ", g.head_offsets[q] + g.head_splits[q], "), which repeat source head ",
+                      first,
                       "; expected every rank's virtual heads to be distinct source heads (for ",
-                      g.src_heads, " KV heads on ", P, " ranks: kv_replicas = ", P, " / ",
-                      g.src_heads, " with one virtual head per rank)");
+                      src_heads, " KV heads on ", P, " ranks: kv_replicas = ", P, " / ", src_heads,
+                      " with one virtual head per rank)");
     }
   }
   return g;
@@ -210,6 +209,25 @@ CopyDesc normalize(CopyDesc c) {
   return c;
 }
 
+// One side of a copy: slices of `rows` rows `pitch` bytes apart (so rows * pitch bytes between
+// slices), the first byte at `offset`.
+struct Side {
+  int64_t offset, pitch, rows;
+};
+
+// The copy of `height` rows of `width` bytes in each of `depth` slices from `src` to `dst`.
+CopyDesc copy_rows(Side src, Side dst, int64_t width, int64_t height, int64_t depth) {
+  return {.src_offset = src.offset,
+          .src_pitch = src.pitch,
+          .src_slice_pitch = src.rows * src.pitch,
+          .dst_offset = dst.offset,
+          .dst_pitch = dst.pitch,
+          .dst_slice_pitch = dst.rows * dst.pitch,
+          .width = width,
+          .height = height,
+          .depth = depth};
+}
+
 uint64_t hash_mix(uint64_t h, int64_t v) {
   // FNV-1a over the 8 bytes of v.
   for (int i = 0; i < 8; ++i) {
@@ -232,53 +250,41 @@ int64_t CopyDesc::dst_extent() const noexcept {
 }
 
 std::array<int64_t, 4> ulysses_output_shape(const UlyssesRequest& req) {
-  const Geometry g = resolve(req);
-  if (req.mode == 0) return {g.b, g.seq_total, g.heads[req.rank], g.d};
-  return {g.b, g.seq[req.rank], g.heads_total, g.d};
+  const UlyssesPlan g = resolve(req);
+  if (req.mode == 0) return {g.b, g.seq_total, g.head_splits[req.rank], g.d};
+  return {g.b, g.seq_splits[req.rank], g.heads_total, g.d};
 }
 
 UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
-  const Geometry g = resolve(req);
+  UlyssesPlan p = resolve(req);
   const int P = req.world_size;
   const int r = req.rank;
-  const int64_t E = g.d * g.e;  // bytes per (token, head) row
-  const int64_t S = g.seq_total;
-  const int64_t N = g.heads_total;
+  const int64_t E = p.d * p.element_size;  // bytes per (token, head) row
+  const int64_t S = p.seq_total;
+  const int64_t N = p.heads_total;
 
-  UlyssesPlan p;
-  p.world_size = P;
-  p.rank = r;
-  p.mode = req.mode;
-  p.path = req.path;
-  p.element_size = g.e;
-  p.b = g.b;
-  p.d = g.d;
-  p.seq_total = S;
-  p.heads_total = N;
-  p.kv_replicas = g.R;
-  p.seq_splits = g.seq;
-  p.head_splits = g.heads;
-  p.seq_offsets = g.seq_off;
-  p.head_offsets = g.head_off;
-  p.in_shape = req.shape;
-  p.out_shape = req.mode == 0 ? std::array<int64_t, 4>{g.b, S, g.heads[r], g.d}
-                              : std::array<int64_t, 4>{g.b, g.seq[r], N, g.d};
-  p.in_bytes = g.b * req.shape[1] * req.shape[2] * E;
-  p.out_bytes = g.b * p.out_shape[1] * p.out_shape[2] * E;
+  p.out_shape = req.mode == 0 ? std::array<int64_t, 4>{p.b, S, p.head_splits[r], p.d}
+                              : std::array<int64_t, 4>{p.b, p.seq_splits[r], N, p.d};
+  p.in_bytes = p.b * req.shape[1] * req.shape[2] * E;
+  p.out_bytes = p.b * p.out_shape[1] * p.out_shape[2] * E;
   for (int q = 0; q < P; ++q) {
-    const int64_t out_q = req.mode == 0 ? g.b * S * g.heads[q] * E : g.b * g.seq[q] * N * E;
+    const int64_t out_q =
+        req.mode == 0 ? p.b * S * p.head_splits[q] * E : p.b * p.seq_splits[q] * N * E;
     p.max_out_bytes = std::max(p.max_out_bytes, out_q);
   }
   uint64_t h = 0xcbf29ce484222325ull;
-  for (int64_t v : {int64_t{P}, int64_t{req.mode}, g.b, g.d, g.e, g.R}) h = hash_mix(h, v);
-  for (int64_t v : g.seq) h = hash_mix(h, v);
-  for (int64_t v : g.heads) h = hash_mix(h, v);
+  for (int64_t v : {int64_t{P}, int64_t{req.mode}, p.b, p.d, p.element_size, p.kv_replicas})
+    h = hash_mix(h, v);
+  for (int64_t v : p.seq_splits) h = hash_mix(h, v);
+  for (int64_t v : p.head_splits) h = hash_mix(h, v);
   p.geometry_key = h;
 
-  const int64_t s_r = g.seq[r], h_r = g.heads[r];
+  const int64_t s_r = p.seq_splits[r], h_r = p.head_splits[r];
   // Mode 0 reads x's rows of Nx = N / R source heads; virtual head v is source head v / R.
-  const int64_t Nx = req.mode == 0 ? g.src_heads : N;
-  const auto src_head = [&](int q) { return req.mode == 0 ? g.head_off[q] / g.R : g.head_off[q]; };
+  const int64_t Nx = req.mode == 0 ? N / p.kv_replicas : N;
+  const auto src_head = [&](int q) {
+    return req.mode == 0 ? p.head_offsets[q] / p.kv_replicas : p.head_offsets[q];
+  };
   if (req.path == Path::kPeerToPeer) {
     p.puts.resize(P);
     for (int q = 0; q < P; ++q) {
@@ -286,28 +292,14 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
       if (req.mode == 0) {
         // x_r[:, :, H_q:H_q+h_q, :] -> out_q[:, S_r:S_r+s_r, :, :], out_q is (b, S, h_q, d);
         // with kv replicas x_r's heads start at source head H_q / R (NOTE [kv replicas]).
-        const int64_t h_q = g.heads[q];
-        c = {.src_offset = src_head(q) * E,
-             .src_pitch = Nx * E,
-             .src_slice_pitch = s_r * Nx * E,
-             .dst_offset = g.seq_off[r] * h_q * E,
-             .dst_pitch = h_q * E,
-             .dst_slice_pitch = S * h_q * E,
-             .width = h_q * E,
-             .height = s_r,
-             .depth = g.b};
+        const int64_t h_q = p.head_splits[q];
+        c = copy_rows({src_head(q) * E, Nx * E, s_r}, {p.seq_offsets[r] * h_q * E, h_q * E, S},
+                      h_q * E, s_r, p.b);
       } else {
         // x_r[:, S_q:S_q+s_q, :, :] -> out_q[:, :, H_r:H_r+h_r, :], out_q is (b, s_q, N, d).
-        const int64_t s_q = g.seq[q];
-        c = {.src_offset = g.seq_off[q] * h_r * E,
-             .src_pitch = h_r * E,
-             .src_slice_pitch = S * h_r * E,
-             .dst_offset = g.head_off[r] * E,
-             .dst_pitch = N * E,
-             .dst_slice_pitch = s_q * N * E,
-             .width = h_r * E,
-             .height = s_q,
-             .depth = g.b};
+        const int64_t s_q = p.seq_splits[q];
+        c = copy_rows({p.seq_offsets[q] * h_r * E, h_r * E, S}, {p.head_offsets[r] * E, N * E, s_q},
+                      h_r * E, s_q, p.b);
       }
       p.puts[q] = normalize(c);
     }
@@ -324,11 +316,11 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
   p.recv_displs.resize(P);
   int64_t send_off = 0, recv_off = 0;  // elements
   for (int q = 0; q < P; ++q) {
-    const int64_t s_q = g.seq[q], h_q = g.heads[q];
+    const int64_t s_q = p.seq_splits[q], h_q = p.head_splits[q];
     const int64_t send_count =
-        req.mode == 0 ? g.b * s_r * h_q * g.d : g.b * s_q * h_r * g.d;  // chunk r -> q
+        req.mode == 0 ? p.b * s_r * h_q * p.d : p.b * s_q * h_r * p.d;  // chunk r -> q
     const int64_t recv_count =
-        req.mode == 0 ? g.b * s_q * h_r * g.d : g.b * s_r * h_q * g.d;  // chunk q -> r
+        req.mode == 0 ? p.b * s_q * h_r * p.d : p.b * s_r * h_q * p.d;  // chunk q -> r
     p.send_counts[q] = send_count;
     p.send_displs[q] = send_off;
     p.recv_counts[q] = recv_count;
@@ -336,46 +328,18 @@ UlyssesPlan make_ulysses_plan(const UlyssesRequest& req) {
     CopyDesc pk, up;
     if (req.mode == 0) {
       // pack: x_r[:, :, H_q:H_q+h_q, :] -> chunk (b, s_r, h_q, d)
-      pk = {.src_offset = src_head(q) * E,
-            .src_pitch = Nx * E,
-            .src_slice_pitch = s_r * Nx * E,
-            .dst_offset = send_off * g.e,
-            .dst_pitch = h_q * E,
-            .dst_slice_pitch = s_r * h_q * E,
-            .width = h_q * E,
-            .height = s_r,
-            .depth = g.b};
+      pk = copy_rows({src_head(q) * E, Nx * E, s_r}, {send_off * p.element_size, h_q * E, s_r},
+                     h_q * E, s_r, p.b);
       // unpack: chunk (b, s_q, h_r, d) -> out[:, S_q:S_q+s_q, :, :], out is (b, S, h_r, d)
-      up = {.src_offset = recv_off * g.e,
-            .src_pitch = s_q * h_r * E,
-            .src_slice_pitch = s_q * h_r * E * g.b,
-            .dst_offset = g.seq_off[q] * h_r * E,
-            .dst_pitch = S * h_r * E,
-            .dst_slice_pitch = S * h_r * E * g.b,
-            .width = s_q * h_r * E,
-            .height = g.b,
-            .depth = 1};
+      up = copy_rows({recv_off * p.element_size, s_q * h_r * E, p.b},
+                     {p.seq_offsets[q] * h_r * E, S * h_r * E, p.b}, s_q * h_r * E, p.b, 1);
     } else {
       // pack: x_r[:, S_q:S_q+s_q, :, :] -> chunk (b, s_q, h_r, d)
-      pk = {.src_offset = g.seq_off[q] * h_r * E,
-            .src_pitch = S * h_r * E,
-            .src_slice_pitch = S * h_r * E * g.b,
-            .dst_offset = send_off * g.e,
-            .dst_pitch = s_q * h_r * E,
-            .dst_slice_pitch = s_q * h_r * E * g.b,
-            .width = s_q * h_r * E,
-            .height = g.b,
-            .depth = 1};
+      pk = copy_rows({p.seq_offsets[q] * h_r * E, S * h_r * E, p.b},
+                     {send_off * p.element_size, s_q * h_r * E, p.b}, s_q * h_r * E, p.b, 1);
       // unpack: chunk (b, s_r, h_q, d) -> out[:, :, H_q:H_q+h_q, :], out is (b, s_r, N, d)
-      up = {.src_offset = recv_off * g.e,
-            .src_pitch = h_q * E,
-            .src_slice_pitch = s_r * h_q * E,
-            .dst_offset = g.head_off[q] * E,
-            .dst_pitch = N * E,
-            .dst_slice_pitch = s_r * N * E,
-            .width = h_q * E,
-            .height = s_r,
-            .depth = g.b};
+      up = copy_rows({recv_off * p.element_size, h_q * E, s_r}, {p.head_offsets[q] * E, N * E, s_r},
+                     h_q * E, s_r, p.b);
     }
     p.pack[q] = normalize(pk);
     p.unpack[q] = normalize(up);

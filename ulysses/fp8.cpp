@@ -125,6 +125,19 @@ Fp8DeviceKernels& device_kernels() {
   return k;
 }
 
+// A copy of registered kernel `which` (taken under the lock, called outside it); kUnsupported
+// naming `op` in a build without CUDA kernels.
+template <class Fn>
+Fn device_kernel(Fn Fp8DeviceKernels::*which, const char* op) {
+  Fn fn;
+  {
+    std::lock_guard<std::mutex> lock(device_mu());
+    fn = device_kernels().*which;
+  }
+  FASTCOMMS_CHECK(fn, kUnsupported, op, ": this build has no CUDA kernels (built without CUDA)");
+  return fn;
+}
+
 }  // namespace
 
 float fp8_max(DType wire) {
@@ -202,27 +215,15 @@ bool has_fp8_device_kernels() {
 void fp8_quantize_rows_device(const void* x, DType in, int64_t rows, int64_t d, void* q, DType wire,
                               float* scales, void* stream) {
   check_fp8_rows("fp8_quantize_rows (cuda)", in, wire, rows, d, x, q, scales);
-  Fp8DeviceKernels k;
-  {
-    std::lock_guard<std::mutex> lock(device_mu());
-    k = device_kernels();
-  }
-  FASTCOMMS_CHECK(k.quantize, kUnsupported,
-                  "fp8_quantize_rows: this build has no CUDA kernels (built without CUDA)");
-  k.quantize(x, in, rows, d, q, wire, scales, stream);
+  device_kernel(&Fp8DeviceKernels::quantize, "fp8_quantize_rows")(x, in, rows, d, q, wire, scales,
+                                                                  stream);
 }
 
 void fp8_dequantize_rows_device(const void* q, DType wire, const float* scales, int64_t rows,
                                 int64_t d, void* out, DType out_dtype, void* stream) {
   check_fp8_rows("fp8_dequantize_rows (cuda)", out_dtype, wire, rows, d, q, out, scales);
-  Fp8DeviceKernels k;
-  {
-    std::lock_guard<std::mutex> lock(device_mu());
-    k = device_kernels();
-  }
-  FASTCOMMS_CHECK(k.dequantize, kUnsupported,
-                  "fp8_dequantize_rows: this build has no CUDA kernels (built without CUDA)");
-  k.dequantize(q, wire, scales, rows, d, out, out_dtype, stream);
+  device_kernel(&Fp8DeviceKernels::dequantize, "fp8_dequantize_rows")(q, wire, scales, rows, d, out,
+                                                                      out_dtype, stream);
 }
 
 }  // namespace fastcomms

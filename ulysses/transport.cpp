@@ -34,19 +34,17 @@ Registry& registry() {
 plan::UlyssesRequest ulysses_request(const std::array<int64_t, 4>& shape, int64_t element_size,
                                      const UlyssesArgs& args, int rank, int size,
                                      const std::string& comm_name, plan::Path path) {
-  plan::UlyssesRequest req;
-  req.world_size = size;
-  req.rank = rank;
-  req.mode = args.mode;
-  req.shape = shape;
-  req.element_size = element_size;
-  req.seq_splits = args.seq_splits;
-  req.head_splits = args.head_splits;
-  req.kv_replicas = args.kv_replicas;
-  req.path = path;
-  req.op_name = kOp;
-  req.comm_name = comm_name;
-  return req;
+  return {.world_size = size,
+          .rank = rank,
+          .mode = args.mode,
+          .shape = shape,
+          .element_size = element_size,
+          .seq_splits = args.seq_splits,
+          .head_splits = args.head_splits,
+          .kv_replicas = args.kv_replicas,
+          .path = path,
+          .op_name = kOp,
+          .comm_name = comm_name};
 }
 
 plan::UlyssesRequest ulysses_request(const TensorView& x, const UlyssesArgs& args, int rank,

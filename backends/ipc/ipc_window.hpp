@@ -24,15 +24,20 @@
 
 namespace fastcomms {
 
-/// Setup of a window group.
-struct IpcWindowOptions {
+/// A rank's place in a group of ranks on one host that set up through a store (IPC handles
+/// travel through it): what a window group and the NVLink engine's group both start from.
+struct IpcGroupOptions {
   int rank = 0;
   int size = 1;
   int device = 0;                              ///< This rank's CUDA ordinal.
   std::shared_ptr<Store> store;                ///< Rendezvous (IPC handles travel through it).
-  std::string name = "window";                 ///< Key namespace in the store.
-  std::chrono::milliseconds timeout{600'000};  ///< Store waits and device signal waits.
-  std::string backend = "nvlink";              ///< Named in errors.
+  std::chrono::milliseconds timeout{600'000};  ///< Store waits and device waits.
+};
+
+/// Setup of a window group (the timeout bounds store waits and device signal waits).
+struct IpcWindowOptions : IpcGroupOptions {
+  std::string name = "window";     ///< Key namespace in the store.
+  std::string backend = "nvlink";  ///< Named in errors.
 };
 
 /// A window: one registered buffer per rank, mapped into every peer.

@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/ipc/ipc_window.hpp"
 #include "backends/nvlink/fd_channel.hpp"
 #include "backends/nvlink/memop_watch.hpp"
 #include "fastcomms/core/store.hpp"
@@ -106,14 +107,9 @@ struct NvlinkTuning {
   static const NvlinkTuning& from_env();
 };
 
-/// Setup of a group.
-struct NvlinkUlyssesOptions {
-  int rank = 0;
-  int size = 1;
-  int device = 0;                                  ///< This rank's CUDA ordinal.
-  std::shared_ptr<Store> store;                    ///< Rendezvous (IPC handles travel through it).
+/// Setup of a group (the timeout bounds store waits and device barrier waits).
+struct NvlinkUlyssesOptions : IpcGroupOptions {
   std::string name = "ulysses";                    ///< Key namespace in the store.
-  std::chrono::milliseconds timeout{600'000};      ///< Store waits and device barrier waits.
   NvlinkTuning tuning = NvlinkTuning::from_env();  ///< Engine knobs.
   /// NOTE [hierarchical split]: the ranks of the plans this group runs, by member (empty: the
   /// group's own ranks). A host's engine of a hierarchical group runs the whole group's plan,

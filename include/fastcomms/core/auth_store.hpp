@@ -24,19 +24,14 @@ namespace fastcomms {
 
 /// A store whose values are authenticated with a shared secret (NOTE [authenticated
 /// rendezvous]). add(), check(), delete_key() and wait() pass through.
-class AuthStore : public Store {
+class AuthStore : public ForwardingStore {
  public:
   /// @param base the store values land in
   /// @param secret the shared secret (non-empty)
   AuthStore(std::shared_ptr<Store> base, std::string secret);
   using Store::get;
-  using Store::wait;
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
-  bool delete_key(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
   /// The payload of an authenticated record `record` read at `key`, or kInvalidArgument naming
   /// the key when it is not one this secret made (exposed for the fuzz target).
@@ -45,7 +40,6 @@ class AuthStore : public Store {
   std::vector<uint8_t> seal(const std::string& key, const std::vector<uint8_t>& value) const;
 
  private:
-  std::shared_ptr<Store> base_;
   std::string secret_;
 };
 

@@ -95,25 +95,53 @@ class FileStore : public Store {
   std::string dir_;
 };
 
+/// A store over a base store: every operation passes through to it, each key with `key_prefix`
+/// in front (empty: the keys as they are). The default timeout starts as the base's.
+class ForwardingStore : public Store {
+ public:
+  using Store::get;
+  using Store::wait;
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    base_->set(key_prefix_ + key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return base_->get(key_prefix_ + key, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return base_->add(key_prefix_ + key, delta);
+  }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
+  bool delete_key(const std::string& key) override { return base_->delete_key(key_prefix_ + key); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    base_->wait(prefixed(keys), timeout);
+  }
+  /// The underlying store.
+  const std::shared_ptr<Store>& base() const { return base_; }
+
+ protected:
+  /// A null `base` is the subclass's to refuse (each names itself).
+  explicit ForwardingStore(std::shared_ptr<Store> base, std::string key_prefix = {})
+      : base_(std::move(base)), key_prefix_(std::move(key_prefix)) {
+    if (base_ != nullptr) timeout_ = base_->timeout();
+  }
+  std::shared_ptr<Store> base_;
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    if (key_prefix_.empty()) return keys;
+    std::vector<std::string> ks;
+    for (const auto& key : keys) ks.push_back(key_prefix_ + key);
+    return ks;
+  }
+  std::string key_prefix_;
+};
+
 /// Prepends "prefix/" to every key of an underlying store.
-class PrefixStore : public Store {
+class PrefixStore : public ForwardingStore {
  public:
   /// @param prefix the namespace
   /// @param base the store keys land in
   PrefixStore(std::string prefix, std::shared_ptr<Store> base);
-  void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
-  bool delete_key(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  /// The underlying store.
-  const std::shared_ptr<Store>& base() const { return base_; }
-
- private:
-  std::string k(const std::string& key) const { return prefix_ + "/" + key; }
-  std::string prefix_;
-  std::shared_ptr<Store> base_;
 };
 
 /// NOTE [store keys released at finalize]: the key space of one communicator (an incarnation,
@@ -124,15 +152,12 @@ class PrefixStore : public Store {
 /// shared by many communicators keeps one key per communicator name (its incarnation counter)
 /// instead of growing with every communicator. A rank that never finalizes (it died) leaves its
 /// communicator's keys; FASTCOMMS_KEEP_STORE_KEYS=1 keeps them all (post-mortem of a rendezvous).
-class KeyTrackingStore : public Store {
+class KeyTrackingStore : public ForwardingStore {
  public:
   explicit KeyTrackingStore(std::shared_ptr<Store> base);
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
   bool delete_key(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   /// The keys written so far, in order.
   std::vector<std::string> written() const;
   /// The finalize step of the note above for `rank` of `size`; never throws (a store that is
@@ -141,7 +166,6 @@ class KeyTrackingStore : public Store {
 
  private:
   void note(const std::string& key);
-  std::shared_ptr<Store> base_;
   mutable std::mutex mu_;
   std::vector<std::string> keys_;
   std::set<std::string> seen_;
