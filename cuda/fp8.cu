@@ -89,21 +89,29 @@ __device__ __forceinline__ void quantize_row(const typename V::Storage* __restri
   }
 }
 
-template <class V, bool kE4M3, int G, bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    quantize_kernel(const typename V::Storage* __restrict__ x, int64_t rows, int64_t d,
-                    uint8_t* __restrict__ q, float* __restrict__ scales) {
+// Calls f(row, lane, valid) for the rows [0, rows) owned by this thread's group of G lanes,
+// striding over the grid's x blocks. Every thread of a block runs the same iterations (the
+// shuffles need whole warps): past the last row `valid` is false and `row` is 0.
+template <int G, class F>
+__device__ __forceinline__ void for_each_row(int64_t rows, F&& f) {
   constexpr int kRowsPerBlock = kThreads / G;
   const int lane = static_cast<int>(threadIdx.x) % G;
   const int group = static_cast<int>(threadIdx.x) / G;
-  // Every thread of a block runs the same iterations (the shuffles need whole warps).
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; first < rows;
        first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t row = first + group;
     const bool valid = row < rows;
-    const int64_t r = valid ? row : 0;
-    quantize_row<V, kE4M3, G, kVec>(x + r * d, q + r * d, scales + r, d, lane, valid);
+    f(valid ? row : 0, lane, valid);
   }
+}
+
+template <class V, bool kE4M3, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const typename V::Storage* __restrict__ x, int64_t rows, int64_t d,
+                    uint8_t* __restrict__ q, float* __restrict__ scales) {
+  for_each_row<G>(rows, [&](int64_t r, int lane, bool valid) {
+    quantize_row<V, kE4M3, G, kVec>(x + r * d, q + r * d, scales + r, d, lane, valid);
+  });
 }
 
 // NOTE [fp8 fused push]: the rows a descriptor (in FP8 bytes, i.e. elements) covers, quantized
@@ -119,26 +127,18 @@ static_assert(sizeof(PushBatch) <= 4096, "kernel parameter space");
 template <class V, bool kE4M3, int G, bool kVec>
 __global__ void __launch_bounds__(kThreads) quantize_push_kernel(PushBatch batch, int64_t d) {
   using S = typename V::Storage;
-  constexpr int kRowsPerBlock = kThreads / G;
   if (blockIdx.y >= static_cast<unsigned>(batch.count)) return;
   const Fp8PushJob& job = batch.jobs[blockIdx.y];
   const plan::CopyDesc& c = job.desc;
   const int64_t runs = c.width / d;
-  const int64_t rows = runs * c.height * c.depth;
-  const int lane = static_cast<int>(threadIdx.x) % G;
-  const int group = static_cast<int>(threadIdx.x) / G;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; first < rows;
-       first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    const int64_t row = first + group;
-    const bool valid = row < rows;
-    const int64_t k = valid ? row : 0;
+  for_each_row<G>(runs * c.height * c.depth, [&](int64_t k, int lane, bool valid) {
     const int64_t i = k % runs, t = k / runs, y = t % c.height, z = t / c.height;
     const int64_t src = c.src_offset + z * c.src_slice_pitch + y * c.src_pitch + i * d;
     const int64_t dst = c.dst_offset + z * c.dst_slice_pitch + y * c.dst_pitch + i * d;
     quantize_row<V, kE4M3, G, kVec>(static_cast<const S*>(job.x) + src,
                                     static_cast<uint8_t*>(job.q) + dst, job.scales + dst / d, d,
                                     lane, valid);
-  }
+  });
 }
 
 template <class V, bool kE4M3, int G, bool kVec>
