@@ -16,7 +16,7 @@
 #include "backends/nvlink/nvlink_ulysses.hpp"
 #include "fastcomms/cuda/copy.hpp"
 #include "fastcomms/plan/reference.hpp"
-#include "tests/common/gpu_world.hpp"
+#include "tools/gpu/bench_common.hpp"
 
 using namespace fastcomms;
 
@@ -39,11 +39,6 @@ const Shape kShapes[] = {{1, 1, 32, 128},     {1, 4, 40, 128},     {1, 16, 40, 1
                          {1, 256, 40, 128},   {1, 1024, 40, 128},  {1, 4096, 40, 128},
                          {1, 37800, 40, 128}, {1, 16380, 40, 384}, {1, 37800, 40, 384},
                          {2, 8192, 32, 128},  {4, 4096, 32, 128}};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
@@ -261,17 +256,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     // Eager device time per call of `fn`: median of 7 runs of `iters` back-to-back calls.
     auto eager_time = [&](const std::function<void()>& fn, int iters) {
       std::vector<double> samples;
-      for (int rep = 0; rep < 7; ++rep) {
-        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
-        t0.record(st);
-        for (int it = 0; it < iters; ++it) fn();
-        t1.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
-        float ms = 0;
-        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        samples.push_back(1000.0 * ms / iters);
-      }
-      return median(samples);
+      for (int rep = 0; rep < 7; ++rep) samples.push_back(bench::batch_us(st, t0, t1, fn, iters));
+      return bench::median(samples);
     };
     std::vector<double> us(variants.size());
     const int iters = bytes < (16u << 20) ? 50 : 10;
@@ -283,18 +269,11 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     for (int rep = 0; rep < 7; ++rep) {
       for (size_t v = 0; v < variants.size(); ++v) {
         setup(v);
-        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
-        t0.record(st);
-        for (int it = 0; it < iters; ++it) variants[v]();
-        t1.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
-        float ms = 0;
-        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        rounds[v].push_back(1000.0 * ms / iters);
+        rounds[v].push_back(bench::batch_us(st, t0, t1, variants[v], iters));
       }
     }
     setup(0);
-    for (size_t v = 0; v < variants.size(); ++v) us[v] = median(rounds[v]);
+    for (size_t v = 0; v < variants.size(); ++v) us[v] = bench::median(rounds[v]);
     // Graph replay (device time per call) and host cost per eager call, zero copy, SM engine.
     double graph_us = 0, host_us = 0;
     const int calls = 20;
@@ -338,7 +317,7 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
         const auto h1 = std::chrono::steady_clock::now();
         host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / calls);
       }
-      host_us = median(host);
+      host_us = bench::median(host);
       FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
     }
     group.check_errors();
@@ -378,14 +357,8 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
 }  // namespace
 
 int main() {
-  std::string why;
-  const int ndev = gpu_test::device_count_forked(&why);
-  if (ndev < 2) {
-    std::printf("SKIPPED: bench_a2a needs 2 CUDA devices, found %d %s\n", ndev, why.c_str());
-    return gpu_test::kSkip;
-  }
-  const int failed = gpu_test::run_ranks(
-      2, ndev, [](int r, int P, int dev, auto store) { return rank_main(r, P, dev, store); });
+  const int rc = bench::run_two_ranks("bench_a2a", rank_main);
+  if (rc == gpu_test::kSkip) return rc;
   std::printf(
       "columns: ce/sm = copy-engine / SM-kernel transfer into the group window + "
       "copy-out; ce0/sm0 = zero copy (out = empty_output); nccl+perm = pack kernel + "
@@ -407,5 +380,5 @@ int main() {
       "barriers, "
       "one kernel) where every per-peer chunk fits FASTCOMMS_FLAGGED_MAX_BYTES (1 MiB); small "
       "path = sm0 with that path and with the barrier path (fused kernel)\n");
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -18,22 +18,18 @@ Usage: python3 tools/gpu/bench_fp8_wire.py [--nproc 2] [--rounds 7] [--iters 10]
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _bench_common import init_rank, print_env, spawn_ranks
 
 SHAPES = [(1, 1024, 32, 128), (1, 8192, 32, 128), (1, 18900, 40, 128)]  # x per rank, bf16
 
 
 def _rank(rank, world, path, args, outq):
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dev = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
+    dev = init_rank(rank, world, path)
     from fastcomms import _fp8
     from fastcomms.ulysses import UlyssesGroup
 
@@ -105,24 +101,8 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fp8_wire: needs CUDA")
-    path = os.path.join(tempfile.mkdtemp(), "store")
-    ctx = mp.get_context("spawn")
-    outq = ctx.Queue()
-    procs = [
-        ctx.Process(target=_rank, args=(r, args.nproc, path, args, outq)) for r in range(args.nproc)
-    ]
-    for p in procs:
-        p.start()
-    rows = outq.get(timeout=540)
-    for p in procs:
-        p.join(timeout=60)
-    env = {
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "nproc": args.nproc,
-        "torch": torch.__version__,
-        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
-    }
-    print("env", json.dumps(env))
+    (rows,) = spawn_ranks(_rank, args.nproc, args, results=1, timeout=540)  # rank 0's rows
+    print_env(args.nproc)
     head = ["x per rank", "MiB", "bf16 zc us", "fp8 wire us", "separate us", "bf16/fp8", "sep/fp8"]
     print(" ".join(f"{h:>12}" for h in head))
     for r in rows:

@@ -3,21 +3,15 @@
 // ordered on the caller's stream, 2 ranks; prints CSV "fastcomms,op,bytes,us" for
 // tools/gpu/bench_torch_nccl.py to join with torch.distributed's numbers measured the same way
 // (5 warm-up calls, 7 batches of back-to-back calls timed with CUDA events, median per call).
-#include <algorithm>
 #include <cstring>
 
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/cuda/runtime.hpp"
-#include "tests/common/gpu_world.hpp"
+#include "tools/gpu/bench_common.hpp"
 
 using namespace fastcomms;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
   FASTCOMMS_CUDA_CHECK(cudaSetDevice(device));
@@ -60,18 +54,10 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
     for (auto& op : ops) {
       for (int w = 0; w < 5; ++w) op.fn();
       std::vector<double> samples;
-      for (int rep = 0; rep < 7; ++rep) {
-        FASTCOMMS_CUDA_CHECK(cudaStreamSynchronize(st));
-        t0.record(st);
-        for (int i = 0; i < iters; ++i) op.fn();
-        t1.record(st);
-        FASTCOMMS_CUDA_CHECK(cudaEventSynchronize(t1.get()));
-        float ms = 0;
-        FASTCOMMS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-        samples.push_back(1000.0 * ms / iters);
-      }
+      for (int rep = 0; rep < 7; ++rep)
+        samples.push_back(bench::batch_us(st, t0, t1, op.fn, iters));
       if (rank == 0)
-        std::printf("fastcomms,%s,%lld,%.2f\n", op.name, (long long)bytes, median(samples));
+        std::printf("fastcomms,%s,%lld,%.2f\n", op.name, (long long)bytes, bench::median(samples));
       std::fflush(stdout);
     }
   }
@@ -81,12 +67,4 @@ int rank_main(int rank, int P, int device, std::shared_ptr<Store> store) {
 
 }  // namespace
 
-int main() {
-  std::string why;
-  const int ndev = gpu_test::device_count_forked(&why);
-  if (ndev < 2) {
-    std::printf("SKIPPED: bench_nccl_ops needs 2 CUDA devices, found %d %s\n", ndev, why.c_str());
-    return gpu_test::kSkip;
-  }
-  return gpu_test::run_ranks(2, ndev, rank_main) ? 1 : 0;
-}
+int main() { return bench::run_two_ranks("bench_nccl_ops", rank_main); }

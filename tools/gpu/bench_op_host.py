@@ -21,52 +21,10 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
-
-
-def _per_call(fn, iters=200, rounds=9, warmup=30):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t0) / iters * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
-
-
-def _graph_per_call(g, x, calls=20, replays=50, rounds=9):
-    zo = g.empty_output(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            g.all_to_all_4d(x, out=zo)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            g.all_to_all_4d(x, out=zo)
-    zo.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(zo, x), "graph replay result"
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / (replays * calls))
-    return statistics.median(times)
+from _bench_common import graph_per_call, ulysses_calls
 
 
 def _compiled_split(g, x, rounds):
@@ -76,6 +34,7 @@ def _compiled_split(g, x, rounds):
     functions calling the functional form, torch.ops directly (no functional-form guards), and
     ``+ 1`` alone; the variants interleaved round by round."""
     from fastcomms import _C
+    from fastcomms._bench import host_per_call
     from fastcomms.ulysses import all_to_all_4d as functional
 
     gid = g._id
@@ -115,7 +74,7 @@ def _compiled_split(g, x, rounds):
     samples = {k: [] for k in variants}
     for _ in range(rounds):
         for k, fn in variants.items():
-            samples[k].append(_per_call(fn, rounds=1))
+            samples[k].append(host_per_call(fn, rounds=1, warmup=30))
     m = {k: round(statistics.median(v), 2) for k, v in samples.items()}
     alone = m["compiled + 1 alone"]
     m["marginal compiled functional"] = round(m["compiled functional + 1"] - alone, 2)
@@ -138,8 +97,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     import fastcomms
+    from fastcomms._bench import host_per_call
     from fastcomms.ulysses import UlyssesGroup
     from fastcomms.ulysses import all_to_all_4d as functional
+
+    def per_call(fn):  # µs of host time per call: rounds of 200 calls after 30 warm-up calls
+        return host_per_call(fn, rounds=args.rounds, warmup=30)
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -153,26 +116,18 @@ def main():
     for shape in [(1, 16, 40, 128), (1, 64, 40, 128)]:
         x = torch.randn(shape, generator=gen, device=dev, dtype=torch.bfloat16)
         zo = g.empty_output(x)
-        calls = {
-            "zero": lambda x=x, zo=zo: g.all_to_all_4d(x, out=zo),
-            "copy": lambda x=x: g.all_to_all_4d(x),
-            "async": lambda x=x: g.all_to_all_4d_async(x),
-            "functional": lambda x=x: functional(x, g),
-            "torch add": lambda x=x: torch.add(x, 1),
-        }
+        calls = ulysses_calls(g, x, zo)
         assert torch.equal(calls["zero"](), x) and torch.equal(zo, x)
         assert torch.equal(calls["copy"](), x) and torch.equal(calls["async"]().wait(), x)
         assert torch.equal(calls["functional"](), x)
-        res[f"host {shape}"] = {
-            k: round(_per_call(fn, rounds=args.rounds), 2) for k, fn in calls.items()
-        }
+        res[f"host {shape}"] = {k: round(per_call(fn), 2) for k, fn in calls.items()}
     x = torch.randn((1, 64, 40, 128), generator=gen, device=dev, dtype=torch.bfloat16)
     with_call = torch.compile(lambda t: functional(t, g) + 1, fullgraph=True)
     without = torch.compile(lambda t: t + 1, fullgraph=True)
     assert torch.equal(with_call(x), x + 1)
-    eager = _per_call(lambda: functional(x, g) + 1, rounds=args.rounds)
-    cw = _per_call(lambda: with_call(x), rounds=args.rounds)
-    cwo = _per_call(lambda: without(x), rounds=args.rounds)
+    eager = per_call(lambda: functional(x, g) + 1)
+    cw = per_call(lambda: with_call(x))
+    cwo = per_call(lambda: without(x))
     res["compiled (1, 64, 40, 128)"] = {
         "eager call + 1": round(eager, 2),
         "compiled call + 1": round(cw, 2),
@@ -193,7 +148,7 @@ def main():
         reps = {k: [] for k in lanes}
         for _ in range(3):  # the lanes interleaved, three times each
             for k, grp in lanes.items():
-                reps[k].append(_graph_per_call(grp, x))
+                reps[k].append(graph_per_call(grp, x, grp.empty_output(x), x))
         res[f"graph replay µs/call {shape}"] = {
             k: round(statistics.median(v), 2) for k, v in reps.items()
         }

@@ -9,22 +9,16 @@ tools/gpu/mps.sh: with several ranks on it the times are HBM copies, not link fi
 A benchmark, not a test. Usage: python3 tools/gpu/bench_replay.py [--nproc 2]"""
 
 import argparse
-import json
-import os
-import statistics
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _bench_common import graph_per_call, init_rank, print_env, spawn_ranks
 
 SHAPES = [(1, 64, 40, 128), (1, 1024, 40, 128)]  # x per rank, bf16: 0.6 and 10 MiB
 
 
 def _rank(rank, world, path, args, outq):
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dev = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
+    dev = init_rank(rank, world, path)
     from fastcomms.ulysses import UlyssesGroup
 
     g = UlyssesGroup(None, device=dev, transport="nvlink")
@@ -35,36 +29,17 @@ def _rank(rank, world, path, args, outq):
         )
         zo = g.empty_output(x)
         want = g.all_to_all_4d(x)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                g.all_to_all_4d(x, out=zo)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        dist.barrier()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(args.calls):
-                g.all_to_all_4d(x, out=zo)
-        zo.zero_()
-        torch.cuda.synchronize()
-        dist.barrier()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(zo, want), f"rank {rank}: graph replay result {shape}"
-        times = []
-        for _ in range(args.rounds):
-            dist.barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(args.replays):
-                graph.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / (args.replays * args.calls))
-        res[str(shape)] = statistics.median(times)
-        del graph
+        res[str(shape)] = graph_per_call(
+            g,
+            x,
+            zo,
+            want,
+            calls=args.calls,
+            replays=args.replays,
+            rounds=args.rounds,
+            barrier=dist.barrier,
+            message=f"rank {rank}: graph replay result {shape}",
+        )
     torch.cuda.synchronize()
     dist.barrier()
     g.destroy()
@@ -79,24 +54,8 @@ def main():
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
-    path = os.path.join(tempfile.mkdtemp(), "store")
-    ctx = mp.get_context("spawn")
-    outq = ctx.Queue()
-    procs = [
-        ctx.Process(target=_rank, args=(r, args.nproc, path, args, outq)) for r in range(args.nproc)
-    ]
-    for p in procs:
-        p.start()
-    per_rank = dict(outq.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    env = {
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "nproc": args.nproc,
-        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
-        "torch": torch.__version__,
-    }
-    print("env", json.dumps(env))
+    per_rank = dict(spawn_ranks(_rank, args.nproc, args, timeout=300))
+    print_env(args.nproc)
     for shape in SHAPES:
         worst = max(per_rank[r][str(shape)] for r in per_rank)
         print(f"world {args.nproc} {shape}: {worst:.2f} us per replayed call (slowest rank)")

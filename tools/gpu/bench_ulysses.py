@@ -30,6 +30,7 @@ import tempfile
 
 import torch
 import torch.multiprocessing as mp
+from _bench_common import init_rank, ulysses_calls
 from fastcomms._bench import host_per_call
 from fastcomms._bench import permute_all_to_all_4d as _base  # BASE: the permute path
 
@@ -157,22 +158,13 @@ HOST_SHAPES = [(1, 16, 40, 128), (1, 64, 40, 128)]
 
 def _host_section(g, dev, gen, size):
     """Host cost per call: rows of (label, {variant: µs}, every output bit-exact)."""
-    from fastcomms.ulysses import all_to_all_4d as functional_a2a
-
     rows = []
     for geometry in HOST_SHAPES:
         b, s, h, d = geometry
         x = torch.randn((b, s, h, d), generator=gen, device=dev, dtype=torch.bfloat16)
         want = _base(x, 0, size)
         zo = g.empty_output(x)
-        calls = {
-            "zero": lambda x=x, zo=zo: g.all_to_all_4d(x, out=zo),
-            "copy": lambda x=x: g.all_to_all_4d(x),
-            "async": lambda x=x: g.all_to_all_4d_async(x),
-            "functional": lambda x=x: functional_a2a(x, g),
-            "BASE": lambda x=x: _base(x, 0, size),
-            "torch add": lambda x=x: torch.add(x, 1),
-        }
+        calls = ulysses_calls(g, x, zo, extra={"BASE": lambda x=x: _base(x, 0, size)})
         zo.view(torch.uint8).fill_(0xA5)
         ok = _same(calls["zero"](), want) and _same(zo, want)
         ok = ok and _same(calls["copy"](), want) and _same(calls["async"]().wait(), want)
@@ -404,13 +396,8 @@ def _rank(rank, size, path, q, only, shared=False):
     import torch.distributed as dist
     from fastcomms.ulysses import UlyssesGroup
 
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    store = dist.FileStore(path, size)
-    if shared:  # NCCL refuses two ranks on one GPU: a gloo default group (store and BASE-free)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
-    else:
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=dev)
+    # NCCL refuses two ranks on one GPU: shared, a gloo default group (store and BASE-free)
+    dev = init_rank(rank, size, path, "gloo" if shared else "nccl")
     g = UlyssesGroup(None, device=dev, transport="nvlink")
     ref = None if shared else UlyssesGroup(None, device=dev, transport="collective")
     gen = torch.Generator(device=dev).manual_seed(rank)

@@ -1,0 +1,117 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""What the Python benchmarks in tools/gpu share: starting N spawned ranks over a FileStore and
+collecting what they put on a queue, a rank's device and default group, the ``env`` line, the
+Ulysses calls whose host cost is timed, and the device time per call replayed from a CUDA graph.
+Imported by the scripts beside it (``python3 tools/gpu/X.py`` puts tools/gpu on the path); what
+`fastcomms bench` shares with them is in python/fastcomms/_bench.py."""
+
+import json
+import os
+import statistics
+import tempfile
+
+import torch
+
+
+def spawn_ranks(target, nproc, args, results=None, timeout=300):
+    """Starts ``target(rank, nproc, store_path, args, outq)`` in ``nproc`` spawned processes
+    (``store_path`` a fresh FileStore path) and returns the first ``results`` items (default
+    ``nproc``) put on ``outq``, each awaited ``timeout`` seconds; then joins every rank (60 s)."""
+    import torch.multiprocessing as mp
+
+    path = os.path.join(tempfile.mkdtemp(), "store")
+    ctx = mp.get_context("spawn")
+    outq = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, nproc, path, args, outq)) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    got = [outq.get(timeout=timeout) for _ in range(nproc if results is None else results)]
+    for p in procs:
+        p.join(timeout=60)
+    return got
+
+
+def init_rank(rank, world, path, backend="gloo"):
+    """Rank ``rank`` of ``world`` on GPU rank % device_count, with torch's default group
+    (``backend``; NCCL bound to the device) over a FileStore at ``path``. Returns the device."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    store = dist.FileStore(path, world)
+    if backend == "nccl":
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, device_id=dev)
+    else:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    return dev
+
+
+def print_env(nproc):
+    """Prints the line ``env {json}``: the GPUs, the rank count, whether the ranks are MPS
+    clients (tools/gpu/mps.sh) and torch's version."""
+    env = {
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "nproc": nproc,
+        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+        "torch": torch.__version__,
+    }
+    print("env", json.dumps(env))
+
+
+def ulysses_calls(g, x, zo, extra=None):
+    """The calls whose host cost is timed, by name: ``g``'s zero-copy (into ``zo``), copying and
+    async call and the functional form on ``x``, then ``extra`` (name -> fn), then ``torch add``
+    (the floor: one small torch op)."""
+    from fastcomms.ulysses import all_to_all_4d as functional
+
+    return {
+        "zero": lambda: g.all_to_all_4d(x, out=zo),
+        "copy": lambda: g.all_to_all_4d(x),
+        "async": lambda: g.all_to_all_4d_async(x),
+        "functional": lambda: functional(x, g),
+        **(extra or {}),
+        "torch add": lambda: torch.add(x, 1),
+    }
+
+
+def graph_per_call(
+    g, x, zo, want, calls=20, replays=50, rounds=9, barrier=None, message="graph replay result"
+):
+    """Device µs per zero-copy call ``g.all_to_all_4d(x, out=zo)`` replayed from a CUDA graph:
+    3 warm-up calls on a side stream, ``calls`` calls captured in one graph, one replay checked
+    against ``want`` (an AssertionError with ``message`` if it differs), then ``rounds`` rounds
+    of ``replays`` replays timed with CUDA events, the median. ``barrier`` (several ranks) lines
+    the ranks up before the capture and before the checked replay (each after a device sync),
+    and before every round."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            g.all_to_all_4d(x, out=zo)
+    torch.cuda.current_stream().wait_stream(s)
+    if barrier is not None:
+        torch.cuda.synchronize()
+        barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            g.all_to_all_4d(x, out=zo)
+    zo.zero_()
+    if barrier is not None:
+        torch.cuda.synchronize()
+        barrier()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(zo, want), message
+    times = []
+    for _ in range(rounds):
+        if barrier is not None:
+            barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (replays * calls))
+    return statistics.median(times)
