@@ -31,6 +31,10 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispat
 from . import _C, TorchComm, _OpaqueBase
 from ._work import _Scoped
 
+# The op (NOTE [ulysses op in c++]), looked up once: a compiled call then guards on this one name
+# instead of on torch.ops' attribute chain.
+_OP = torch.ops.fastcomms.ulysses_all_to_all_4d
+
 __all__ = [
     "RingGroup",
     "RingWork",
@@ -305,7 +309,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
         if _plain_eager(x):
             return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
-        return torch.ops.fastcomms.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
+        return _OP(x, gid, mode, seq, heads, kv)
 
     def _wire(self, x, mode, out, seq_splits, head_splits, kv_replicas, wire, ret, grad_wire):
         from . import _fp8_wire
@@ -702,7 +706,7 @@ def all_to_all_4d(
     gid = g._id
     if gid is None:
         g._live()
-    return torch.ops.fastcomms.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
+    return _OP(x, gid, mode, seq, heads, kv)
 
 
 def _plain_eager(x) -> bool:
@@ -711,8 +715,8 @@ def _plain_eager(x) -> bool:
     dispatcher call runs the op, with the same result and autograd as torch.ops and less host
     time."""
     return (
-        type(x) is torch.Tensor
-        and not torch.compiler.is_compiling()
+        not torch.compiler.is_compiling()  # first: a trace stops here (fewer guards to check)
+        and type(x) is torch.Tensor
         and not _in_dispatch_mode()
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._functorch.peek_interpreter_stack() is None
