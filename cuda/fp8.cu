@@ -235,12 +235,13 @@ void check_args(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, in
 
 // The row kernels (quantize_kernel, dequantize_kernel): checks the arguments, picks the value
 // type, the format, G and the vector form, and calls launch.template operator()<V, kE4M3, G,
-// kVec>(blocks). `wide` and `bytes` are the value side and the FP8 side.
+// kVec>(blocks). `wide` and `bytes` are the value side and the FP8 side. Nothing is launched for
+// no rows, nor for rows of no values where `skip_empty_rows` (quantize writes their scales).
 template <class F>
 void over_rows(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, int64_t d,
-               const void* wide, const void* bytes, F&& launch) {
+               const void* wide, const void* bytes, bool skip_empty_rows, F&& launch) {
   check_args(what, value, wire, rows, d);
-  if (rows == 0) return;
+  if (rows == 0 || (skip_empty_rows && d == 0)) return;
   dispatch(value, wire, [&]<class V, bool kE4M3>() {
     using S = typename V::Storage;
     launch_rows<S>(d, vectorizable<S>(wide, bytes, d), [&]<int G, bool kVec>() {
@@ -254,7 +255,7 @@ void over_rows(const char* what, Fp8Value value, Fp8Wire wire, int64_t rows, int
 
 void fp8_quantize_rows(const void* x, Fp8Value in, int64_t rows, int64_t d, void* q, Fp8Wire wire,
                        float* scales, cudaStream_t stream) {
-  over_rows("cuda::fp8_quantize_rows", in, wire, rows, d, x, q,
+  over_rows("cuda::fp8_quantize_rows", in, wire, rows, d, x, q, /*skip_empty_rows=*/false,
             [&]<class V, bool kE4M3, int G, bool kVec>(unsigned blocks) {
               quantize_kernel<V, kE4M3, G, kVec>
                   <<<blocks, kThreads, 0, stream>>>(static_cast<const typename V::Storage*>(x),
@@ -299,8 +300,7 @@ void fp8_quantize_push(const Fp8PushJob* jobs, int count, int64_t d, Fp8Value in
 
 void fp8_dequantize_rows(const void* q, Fp8Wire wire, const float* scales, int64_t rows, int64_t d,
                          void* out, Fp8Value out_dtype, cudaStream_t stream) {
-  // d == 0: nothing to write (the kernel would only read the scales)
-  over_rows("cuda::fp8_dequantize_rows", out_dtype, wire, d == 0 && rows > 0 ? 0 : rows, d, out, q,
+  over_rows("cuda::fp8_dequantize_rows", out_dtype, wire, rows, d, out, q, /*skip_empty_rows=*/true,
             [&]<class V, bool kE4M3, int G, bool kVec>(unsigned blocks) {
               dequantize_kernel<V, kE4M3, G, kVec>
                   <<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(q), scales, rows, d,
