@@ -10,7 +10,17 @@ from ._C import WorkStatus
 
 
 class _Scoped:
-    """``with group:`` destroys the group (its ``destroy()``) when the block ends, also on error."""
+    """A group's handle behaviour: ``with group:`` destroys the group (its ``destroy()``) when the
+    block ends, also on error; copying a group, or deep-copying an object that holds one (a model:
+    an EMA copy, torch.compile's fake copy of an opaque object), gives the same group back, as a
+    communicator does (its windows, streams and peers cannot be duplicated by a copy)."""
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
 
     def __enter__(self):
         return self

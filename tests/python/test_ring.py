@@ -12,6 +12,7 @@ DeviceMesh; its errors) and the USP example's attention against single-process a
 (output and q/k/v gradients, grouped-query, causal zig-zag), with armed controls that the same
 checks must catch."""
 
+import copy
 import importlib.util
 import os
 
@@ -266,6 +267,10 @@ def _sp_checks(comm, rank, size):
         ex._merge, ex.RingAttention.backward = saved_merge, staticmethod(saved_bwd)
     assert out_err > 1e-3, f"armed control (merge) was not caught: {out_err}"
     assert out_ok < 1e-9 and grad_err > 1e-3, f"armed control (backward) not caught: {grad_err}"
+    model = torch.nn.Module()  # groups are handles: a deep copy of a model holding them shares
+    model.sp, model.ring = sp, sp.ring
+    dup = copy.deepcopy(model)
+    assert dup.sp is sp and dup.ring is sp.ring and copy.copy(sp.ulysses) is sp.ulysses
     with sp_comm, sp:  # leaving the block destroys both, their Ulysses and ring groups
         pass
     assert sp.ulysses.transport == sp_comm.ring.transport == "destroyed"

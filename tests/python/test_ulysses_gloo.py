@@ -3,6 +3,7 @@
 .all_to_all_single + permute on random geometries (uneven included), autograd (gradcheck and
 gradgradcheck in float64), out=, and validation messages. Worlds of 2 and 3 processes."""
 
+import copy
 import random
 
 import pytest
@@ -288,6 +289,12 @@ def dropped_async_results(comm, rank, size):
     assert n <= 2, f"rank {rank}: {n} of 50 dropped async results are still alive"
     assert torch.equal(kept.wait(), want)
     assert torch.equal(kept + 0, want)
+    # a group is a handle: a copy, or a deep copy of a model holding it, is the same group (a
+    # deep copy used to fail: the transport cannot be pickled), and the copy runs the exchange
+    model = torch.nn.Module()
+    model.sp = g
+    assert copy.copy(g) is g and copy.deepcopy(model).sp is g
+    assert torch.equal(copy.deepcopy(model).sp.all_to_all_4d(x), want)
     with g:  # leaving a with block destroys the group
         pass
     assert g.transport == "destroyed"
