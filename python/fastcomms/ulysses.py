@@ -26,6 +26,10 @@ import tempfile
 import uuid
 
 import torch
+from torch._C._distributed_c10d import _register_work  # an AsyncCollectiveTensor's waited work
+from torch._library.opaque_object import MemberType, register_opaque_type
+from torch.distributed import Work as _C10dWork
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, TorchComm, _OpaqueBase
@@ -46,19 +50,6 @@ __all__ = [
     "zigzag_shard",
     "zigzag_unshard",
 ]
-
-try:  # opaque objects for torch.compile (NOTE [ulysses custom op])
-    from torch._library.opaque_object import MemberType as _MemberType
-    from torch._library.opaque_object import register_opaque_type as _register_opaque_type
-except ImportError:  # pragma: no cover - an older torch: groups are traced as before
-    _MemberType = _register_opaque_type = None
-
-try:  # torch's work registry: an AsyncCollectiveTensor's first use waits on the registered work
-    from torch._C._distributed_c10d import _register_work
-    from torch.distributed import Work as _C10dWork
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
-except ImportError:  # pragma: no cover - a torch without it: plain handles (UlyssesWork)
-    _register_work = _C10dWork = AsyncCollectiveTensor = None
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 
@@ -421,12 +412,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         elif out is None:
             out = x.new_empty(result)
         wire = wire_dtype is not None
-        if (
-            not summed
-            and not wire
-            and AsyncCollectiveTensor is not None
-            and hasattr(lane, "all_to_all_4d_on")
-        ):
+        if not summed and not wire and hasattr(lane, "all_to_all_4d_on"):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
             lane.all_to_all_4d_on(x, out, self._astream, mode, seq, heads, kv)
@@ -444,7 +430,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
                 )
             else:
                 _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
-        if AsyncCollectiveTensor is not None and hasattr(_C, "_register_stream_completion"):
+        if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
             # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
             # caller's stream after the call
             _C._register_stream_completion(out, s)
@@ -454,11 +440,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         return UlyssesWork(out, event=done)
 
     @staticmethod
-    def _async_result(out, *, event=None, work=None):
+    def _async_result(out, *, work=None):
         """CPU results: a Python work whose wait() waits for the exchange."""
-        if _register_work is None:
-            return UlyssesWork(out, event=event, work=work)
-        rw = _RegisteredWork(out, event, work)
+        rw = _RegisteredWork(out, None, work)
         _register_work(out, rw)
         if work is not None:
             _pending.append(rw)  # NOTE [dropped async results]
@@ -563,42 +547,40 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         self.transport = "destroyed"
 
 
-if _C10dWork is not None:
+class _RegisteredWork(_C10dWork):
+    """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
+    wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
+    waits])."""
 
-    class _RegisteredWork(_C10dWork):
-        """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
-        wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
-        waits])."""
+    def __init__(self, out, event, work):
+        super().__init__()
+        # Not `out` itself: the registry holds this object until the first wait, and a lent
+        # window counts its live results by references (UlyssesGroup._lent).
+        self._device, self._event, self._work = out.device, event, work
+        self._error = None
 
-        def __init__(self, out, event, work):
-            super().__init__()
-            # Not `out` itself: the registry holds this object until the first wait, and a lent
-            # window counts its live results by references (UlyssesGroup._lent).
-            self._device, self._event, self._work = out.device, event, work
-            self._error = None
+    def _finish(self):
+        """Waits for the call once (its unpack into the output included) and lets go of it;
+        a later wait raises what this one raised."""
+        w, self._work = self._work, None
+        if w is not None:
+            try:
+                w.wait()
+            except Exception as e:  # the exchange's error, for the result's wait
+                self._error = e
 
-        def _finish(self):
-            """Waits for the call once (its unpack into the output included) and lets go of it;
-            a later wait raises what this one raised."""
-            w, self._work = self._work, None
-            if w is not None:
-                try:
-                    w.wait()
-                except Exception as e:  # the exchange's error, for the result's wait
-                    self._error = e
+    def wait(self, timeout=None):
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+        self._finish()
+        if self._error is not None:
+            raise self._error
+        return True
 
-        def wait(self, timeout=None):
-            if self._event is not None:
-                torch.cuda.current_stream(self._device).wait_event(self._event)
-            self._finish()
-            if self._error is not None:
-                raise self._error
-            return True
-
-        def is_completed(self):
-            if self._event is not None:
-                return self._event.query()
-            return self._work.is_completed() if self._work is not None else True
+    def is_completed(self):
+        if self._event is not None:
+            return self._event.query()
+        return self._work.is_completed() if self._work is not None else True
 
 
 # NOTE [dropped async results]: torch's work registry keeps the work of an AsyncCollectiveTensor
@@ -657,12 +639,11 @@ def _ulysses_group_of(comm) -> UlyssesGroup:
     return g
 
 
-if _register_opaque_type is not None:
-    _register_opaque_type(
-        UlyssesGroup,
-        typ="reference",
-        members={"_id": _MemberType.USE_REAL, "all_to_all_4d": _MemberType.INLINED},
-    )
+register_opaque_type(
+    UlyssesGroup,
+    typ="reference",
+    members={"_id": MemberType.USE_REAL, "all_to_all_4d": MemberType.INLINED},
+)
 
 
 def _resolve(group) -> UlyssesGroup:
