@@ -22,23 +22,21 @@ exchange. Backward: the gradient in its own dtype by the other mode
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from . import _C
 from ._fp8 import check_value_dtype, check_wire_dtype
 
+# op id -> its UlyssesGroup (UlyssesGroup.__init__ adds itself), for the op's kernel
+groups: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
 
 def _exchange(group, gid, x, mode, seq, heads, kv, out, wire, return_scales):
     """quantize → the op on the FP8 rows and on the scales → dequantize (or the raw pair)."""
     where = f"[rank {group._rank}/{group._size}] all_to_all_4d"
-    check_value_dtype(x.dtype, f"{where}: x's dtype with wire_dtype")
-    check_wire_dtype(wire)
     summed = mode == 1 and kv > 1
-    if return_scales and (out is not None or summed):
-        raise ValueError(
-            f"{where}: return_scales=True returns new FP8 rows and scales; it takes no out= and "
-            "no mode 1 with kv_replicas > 1 (whose replicas are summed after dequantizing)"
-        )
     x = x.contiguous()
     k = 1 if summed else kv  # mode 1 with replicas: the virtual heads as sent, summed below
     if x.is_cuda and group.transport == "nvlink":
@@ -106,39 +104,84 @@ def _check_out(where, out, shape, dtype):
         )
 
 
-class _Fp8Exchange(torch.autograd.Function):
-    """The differentiable form: backward is the other mode with the same splits, in the
-    gradient's dtype or (grad_wire) FP8 again."""
+def _checked(group, x, mode, kv, out, wire, return_scales, grad_wire):
+    """The call's arguments, checked before anything runs (or is traced)."""
+    where = f"[rank {group._rank}/{group._size}] all_to_all_4d"
+    if wire is None:
+        raise ValueError(f"{where}: return_scales and grad_wire_dtype need wire_dtype")
+    check_value_dtype(x.dtype, f"{where}: x's dtype with wire_dtype")
+    check_wire_dtype(wire)
+    if grad_wire is not None:
+        check_wire_dtype(grad_wire)
+    if return_scales and (out is not None or (mode == 1 and kv > 1)):
+        raise ValueError(
+            f"{where}: return_scales=True returns new FP8 rows and scales; it takes no out= and "
+            "no mode 1 with kv_replicas > 1 (whose replicas are summed after dequantizing)"
+        )
+    if (out is not None or return_scales) and torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError(
+            f"{where}: out= and return_scales=True are not differentiable; x requires grad under "
+            "grad mode"
+        )
 
-    @staticmethod
-    def forward(ctx, x, group, mode, seq, heads, kv, wire, grad_wire):
-        ctx.args = (group, mode, seq, heads, kv, grad_wire)
-        return _exchange(group, group._id, x, mode, seq, heads, kv, None, wire, False)
 
-    @staticmethod
-    def backward(ctx, grad):
-        group, mode, seq, heads, kv, grad_wire = ctx.args
-        if grad_wire is None:
-            g = group.all_to_all_4d(
-                grad, mode=1 - mode, seq_splits=seq, head_splits=heads, kv_replicas=kv
-            )
-        else:
-            g = _Fp8Exchange.apply(grad, group, 1 - mode, seq, heads, kv, grad_wire, grad_wire)
-        return g, None, None, None, None, None, None, None
+# NOTE [fp8 wire op]: the exchange with wire_dtype is one torch op, so torch.compile traces it
+# (fullgraph) like the plain op: its kernel is _exchange on the group the op id names, its fake
+# kernel the plan's shapes (as the plain op's Meta kernel), its backward the other mode with the
+# same splits, by the plain op in the gradient's dtype or by this op with grad_wire.
+@torch.library.custom_op("fastcomms::ulysses_all_to_all_4d_fp8", mutates_args=())
+def _op(
+    x: torch.Tensor,
+    gid: int,
+    mode: int,
+    seq: list[int] | None,
+    heads: list[int] | None,
+    kv: int,
+    wire: torch.dtype,
+    return_scales: bool,
+    grad_wire: torch.dtype | None,
+) -> list[torch.Tensor]:
+    got = _exchange(groups[gid], gid, x, mode, seq, heads, kv, None, wire, return_scales)
+    return list(got) if return_scales else [got]
+
+
+@_op.register_fake
+def _(x, gid, mode, seq, heads, kv, wire, return_scales, grad_wire):
+    shape, result = _C.ulysses_shapes(gid, list(x.shape), x.element_size(), mode, seq, heads, kv)
+    if return_scales:
+        return [x.new_empty(shape, dtype=wire), x.new_empty(shape[:-1], dtype=torch.float32)]
+    return [x.new_empty(result)]
+
+
+def _setup_context(ctx, inputs, output):
+    _, gid, mode, seq, heads, kv, _, _, grad_wire = inputs
+    ctx.args = (gid, 1 - mode, seq, heads, kv)
+    ctx.grad_wire = grad_wire
+
+
+def _backward(ctx, grads):
+    g, args, wire = grads[0], ctx.args, ctx.grad_wire
+    if wire is None:
+        gx = torch.ops.fastcomms.ulysses_all_to_all_4d(g, *args)
+    else:
+        gx = _op(g, *args, wire, False, wire)[0]
+    return gx, None, None, None, None, None, None, None, None
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def call(group, x, mode, seq, heads, kv, out, wire, return_scales, grad_wire):
-    """UlyssesGroup.all_to_all_4d with ``wire_dtype``."""
-    if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-        if out is not None or return_scales:
-            raise RuntimeError(
-                f"[rank {group._rank}/{group._size}] all_to_all_4d: out= and return_scales=True "
-                "are not differentiable; x requires grad under grad mode"
-            )
-        return _Fp8Exchange.apply(x, group, mode, seq, heads, kv, wire, grad_wire)
-    return _exchange(group, group._id, x, mode, seq, heads, kv, out, wire, return_scales)
+    """UlyssesGroup.all_to_all_4d and the functional form with ``wire_dtype`` (NOTE [fp8 wire
+    op]); ``out=`` runs the exchange directly (not differentiable)."""
+    _checked(group, x, mode, kv, out, wire, return_scales, grad_wire)
+    if out is not None:
+        return _exchange(group, group._id, x, mode, seq, heads, kv, out, wire, False)
+    got = _op(x, group._id, mode, seq, heads, kv, wire, return_scales, grad_wire)
+    return tuple(got) if return_scales else got[0]
 
 
 def call_on_lane(group, gid, x, mode, seq, heads, kv, out, wire):
     """The async form's exchange on the group's side stream (the caller set the stream)."""
+    _checked(group, x, mode, kv, out, wire, False, None)
     return _exchange(group, gid, x, mode, seq, heads, kv, out, wire, False)

@@ -32,7 +32,7 @@ from torch.distributed import Work as _C10dWork
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
-from . import _C, TorchComm, _OpaqueBase
+from . import _C, TorchComm, _fp8_wire, _OpaqueBase
 from ._work import _Scoped
 
 # The op (NOTE [ulysses op in c++]), looked up once: a compiled call then guards on this one name
@@ -150,6 +150,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             )
         self.transport = kind if kind in ("nvlink", "hierarchical") else "collective"
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
+        _fp8_wire.groups[self._id] = self  # NOTE [fp8 wire op]
 
     # -- transport selection -----------------------------------------------------------------------
     @staticmethod
@@ -268,18 +269,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         into x's dtype on receipt (NOTE [fp8 wire exchange]); ``return_scales=True`` returns
         ``(fp8 rows, scales)`` instead. The backward sends the gradient in its own dtype, or as
         ``grad_wire_dtype``."""
-        if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
-            return self._wire(
-                x,
-                mode,
-                out,
-                seq_splits,
-                head_splits,
-                kv_replicas,
-                wire_dtype,
-                return_scales,
-                grad_wire_dtype,
-            )
         if out is None and torch.compiler.is_compiling():  # NOTE [ulysses custom op]
             return all_to_all_4d(
                 x,
@@ -288,6 +277,16 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
                 seq_splits=seq_splits,
                 head_splits=head_splits,
                 kv_replicas=kv_replicas,
+                wire_dtype=wire_dtype,
+                return_scales=return_scales,
+                grad_wire_dtype=grad_wire_dtype,
+            )
+        if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
+            seq, heads = self._args(mode, seq_splits, head_splits)
+            kv = self._kv(kv_replicas)
+            self._live()
+            return _fp8_wire.call(
+                self, x, mode, seq, heads, kv, out, wire_dtype, return_scales, grad_wire_dtype
             )
         kv = self._kv(kv_replicas)
         seq, heads = self._args(mode, seq_splits, head_splits)
@@ -301,19 +300,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         if _plain_eager(x):
             return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
         return _OP(x, gid, mode, seq, heads, kv)
-
-    def _wire(self, x, mode, out, seq_splits, head_splits, kv_replicas, wire, ret, grad_wire):
-        from . import _fp8_wire
-
-        if wire is None:
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d: return_scales and "
-                "grad_wire_dtype need wire_dtype"
-            )
-        seq, heads = self._args(mode, seq_splits, head_splits)
-        kv = self._kv(kv_replicas)
-        self._live()
-        return _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire, ret, grad_wire)
 
     def all_to_all_4d_async(
         self,
@@ -423,8 +409,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
             if wire:
-                from . import _fp8_wire
-
                 _fp8_wire.call_on_lane(
                     self, self._lane_id, x, mode, seq, heads, kv, out, wire_dtype
                 )
@@ -535,6 +519,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
+        _fp8_wire.groups.pop(self._id, None)
         for gid in (self._id, self._lane_id):
             if gid is not None:
                 _C._ulysses_unregister(gid)
@@ -642,7 +627,12 @@ def _ulysses_group_of(comm) -> UlyssesGroup:
 register_opaque_type(
     UlyssesGroup,
     typ="reference",
-    members={"_id": MemberType.USE_REAL, "all_to_all_4d": MemberType.INLINED},
+    members={
+        "_id": MemberType.USE_REAL,
+        "_rank": MemberType.USE_REAL,  # (error messages)
+        "_size": MemberType.USE_REAL,
+        "all_to_all_4d": MemberType.INLINED,
+    },
 )
 
 
@@ -679,14 +669,16 @@ def all_to_all_4d(
     seq = None if seq_splits is None else [int(v) for v in seq_splits]
     heads = None if head_splits is None else [int(v) for v in head_splits]
     g, kv = _resolve(group), _kv_replicas(kv_replicas)
-    if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
-        # NOTE [fp8 wire exchange]: quantize, two exchanges, dequantize (not yet one traced op)
-        return g._wire(x, mode, None, seq, heads, kv, wire_dtype, return_scales, grad_wire_dtype)
-    if _plain_eager(x):  # NOTE [host cost per call]: torch.ops' lookup is for tracers
+    if _plain_eager(x) and wire_dtype is None:  # NOTE [host cost per call]
         return g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads, kv_replicas=kv)
     gid = g._id
     if gid is None:
         g._live()
+    if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
+        # NOTE [fp8 wire op]: one op too (quantize, two exchanges, dequantize)
+        return _fp8_wire.call(
+            g, x, mode, seq, heads, kv, None, wire_dtype, return_scales, grad_wire_dtype
+        )
     return _OP(x, gid, mode, seq, heads, kv)
 
 

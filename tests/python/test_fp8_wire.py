@@ -5,8 +5,8 @@ exchange (permute + all_to_all_single + permute on the ProcessGroup) — an all-
 rows, so quantizing before or after it gives the same bytes — for both modes, uneven splits,
 kv_replicas in both modes, three input dtypes, both formats, out=, return_scales, async, the
 functional form and the gradient (straight through, and FP8 with grad_wire_dtype); the edge
-rows (zeros, NaN, Inf) travel too; the errors. A control perturbs one received scale and must be
-caught. Random geometries and data every run (the seed is printed on failure)."""
+rows (zeros, NaN, Inf) travel too; torch.compile; the errors. A control perturbs one received
+scale and must be caught. Random geometries and data every run (the seed is printed on failure)."""
 
 import os
 import random
@@ -107,6 +107,27 @@ def fp8_wire(comm, rank, size):
         y = g.all_to_all_4d(x, wire_dtype=torch.float8_e4m3fn, grad_wire_dtype=torch.float8_e5m2)
         (gx,) = torch.autograd.grad(y, x, gy)
         assert _same(gx, _ref(pg, gy, torch.float8_e5m2, 1, None, None)[0]), "fp8 backward"
+        # torch.compile(fullgraph=True): the method and the functional form trace as one op (NOTE
+        # [fp8 wire op]); forward and backward (FP8 gradient) as eager, return_scales too
+        method = torch.compile(
+            lambda t: g.all_to_all_4d(
+                t, wire_dtype=torch.float8_e4m3fn, grad_wire_dtype=torch.float8_e5m2
+            ),
+            fullgraph=True,
+        )
+        y = method(x)
+        assert _same(y, g.all_to_all_4d(x.detach(), wire_dtype=torch.float8_e4m3fn)), "compiled"
+        (gx,) = torch.autograd.grad(y, x, gy)
+        assert _same(gx, _ref(pg, gy, torch.float8_e5m2, 1, None, None)[0]), "compiled backward"
+        functional = torch.compile(
+            lambda t: ulysses.all_to_all_4d(
+                t, comm, wire_dtype=torch.float8_e5m2, return_scales=True
+            ),
+            fullgraph=True,
+        )
+        q, s = functional(x.detach())
+        _, wq, ws = _ref(pg, x.detach(), torch.float8_e5m2, 0, None, None)
+        assert _same(q, wq) and _same(s, ws), "compiled return_scales"
         # errors
         xi = torch.ones(1, 2, size, 8, dtype=torch.int32)
         with pytest.raises(TypeError, match="must be float16, bfloat16 or float32, got int32"):
