@@ -703,6 +703,18 @@ def _fp8_fused_worker(store, rank, world):
         got, _fp8.dequantize_reference(qo, bad, torch.bfloat16)
     ), "armed control: a perturbed scale went unnoticed"
     checks += 2
+    # torch.compile(fullgraph=True): the one op of NOTE [fp8 wire op], the fused path inside it;
+    # forward and the FP8 backward as eager
+    x = torch.randn((1, 16, 2 * world, 32), generator=gen).to(dev).requires_grad_(True)
+    kw = {"wire_dtype": torch.float8_e4m3fn, "grad_wire_dtype": torch.float8_e5m2}
+    compiled = torch.compile(lambda t: g.all_to_all_4d(t, **kw), fullgraph=True)
+    got, want = compiled(x), g.all_to_all_4d(x, **kw)
+    gy = torch.randn(tuple(want.shape), generator=gen).to(dev)
+    assert _same_bytes(got, want), f"seed {seed} compiled"
+    (g_got,) = torch.autograd.grad(got, x, gy)
+    (g_want,) = torch.autograd.grad(want, x, gy)
+    assert _same_bytes(g_got, g_want), f"seed {seed} compiled backward"
+    checks += 2
     torch.cuda.synchronize()
     g.destroy()
     print(f"[rank {rank}] fp8 fused, {world} ranks on GPU 0: {checks} checks bit-exact")
