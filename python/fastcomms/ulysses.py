@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import math
 import os
 import tempfile
@@ -52,6 +53,26 @@ __all__ = [
 ]
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
+
+# NOTE [eager-only members]: torch.compile sees a UlyssesGroup as an opaque object and reaches only
+# the members registered with it (the end of this module); an unregistered one stops Dynamo with
+# an internal error, even without fullgraph. The members that cannot be traced (the async form,
+# out=, empty_output, memory_stats, check_errors, destroy) are registered, and in a compiled
+# function each runs eagerly with the real group: a graph break there, as for any call Dynamo
+# cannot trace. Outside a trace the check costs one call of is_compiling().
+_run_eager = torch.compiler.disable(lambda fn, *args, **kwargs: fn(*args, **kwargs))
+
+
+def _eager_only(fn):
+    """NOTE [eager-only members]."""
+
+    @functools.wraps(fn)
+    def member(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return _run_eager(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return member
 
 
 def _refuse_vmap(t, rank, size, what):
@@ -269,7 +290,21 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         into x's dtype on receipt (NOTE [fp8 wire exchange]); ``return_scales=True`` returns
         ``(fp8 rows, scales)`` instead. The backward sends the gradient in its own dtype, or as
         ``grad_wire_dtype``."""
-        if out is None and torch.compiler.is_compiling():  # NOTE [ulysses custom op]
+        if out is not None and torch.compiler.is_compiling():  # NOTE [eager-only members]
+            return _run_eager(
+                UlyssesGroup.all_to_all_4d,
+                self,
+                x,
+                mode=mode,
+                out=out,
+                seq_splits=seq_splits,
+                head_splits=head_splits,
+                kv_replicas=kv_replicas,
+                wire_dtype=wire_dtype,
+                return_scales=return_scales,
+                grad_wire_dtype=grad_wire_dtype,
+            )
+        if torch.compiler.is_compiling():  # NOTE [ulysses custom op]
             return all_to_all_4d(
                 x,
                 self,
@@ -301,6 +336,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
         return _OP(x, gid, mode, seq, heads, kv)
 
+    @_eager_only
     def all_to_all_4d_async(
         self,
         x,
@@ -471,6 +507,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def _kv(self, kv_replicas):
         return _kv_replicas(kv_replicas, self._rank, self._size)
 
+    @_eager_only
     def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
         """A buffer of the output's shape. On the NVLink transport peers write it directly when it
         is passed as ``out=`` (zero copy); collective there (every rank calls it, in the same
@@ -487,6 +524,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
                 return buf
         return x.new_empty(shape)
 
+    @_eager_only
     def memory_stats(self):
         """What the group holds: device bytes of the transport's windows, signal pads and
         buffers (sync and async lanes), the lent ring's bytes, and the calls issued."""
@@ -511,11 +549,13 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             if t is not None:
                 t.tune(knob, value)
 
+    @_eager_only
     def check_errors(self):
         """Raises if a device-side barrier of an earlier call failed (a peer disagreed on the
         call, or a barrier timed out). Calls check on their own; this is for the last one."""
         self._live().check_errors()
 
+    @_eager_only
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
@@ -632,6 +672,23 @@ register_opaque_type(
         "_rank": MemberType.USE_REAL,  # (error messages)
         "_size": MemberType.USE_REAL,
         "all_to_all_4d": MemberType.INLINED,
+        # read as constants where a compiled function asks (set at construction; "destroyed"
+        # after destroy(), which a compiled function only sees if it is compiled again)
+        "transport": MemberType.USE_REAL,
+        "transport_reason": MemberType.USE_REAL,
+        "device": MemberType.USE_REAL,
+        "LEND_RING": MemberType.USE_REAL,
+        # NOTE [eager-only members]
+        **{
+            m: MemberType.INLINED
+            for m in (
+                "all_to_all_4d_async",
+                "empty_output",
+                "memory_stats",
+                "check_errors",
+                "destroy",
+            )
+        },
     },
 )
 

@@ -178,6 +178,20 @@ def functional_and_compile(comm, rank, size):
         backend="aot_eager",
     )
     assert torch.equal(gm(x), want)
+    # NOTE [eager-only members]: in a compiled function (no fullgraph) the members that cannot be
+    # traced run eagerly with the real group, in the same order on every rank: the async form,
+    # out= (an empty_output buffer), memory_stats, the transport read as a constant
+    sp = {"mode": 0, "seq_splits": seq, "head_splits": heads}
+
+    def members(t):
+        a = g.all_to_all_4d_async(t, **sp).wait()
+        buf = g.empty_output(t, **sp)
+        b = g.all_to_all_4d(t, out=buf, **sp)
+        stats = g.memory_stats()
+        return a + b + (1 if g.transport == "collective" else 0), b is buf, stats
+
+    y, same, stats = torch.compile(members, backend="aot_eager")(x)
+    assert torch.equal(y, want * 2 + 1) and same and stats == g.memory_stats(), stats
     # FakeTensor: shapes without communication
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(x)
