@@ -318,6 +318,17 @@ def _overlap_worker(store, rank, world):
     assert overlapped, f"rank {rank}: the async call finished before the sync one (no overlap)"
     assert _same_bytes(ys, _reference(ref, xs, 0, seq, heads)), "sync call next to an async one"
     assert _same_bytes(ya, _reference(ref, xa, 0, seq, heads)), "async call next to a sync one"
+
+    # NOTE [eager-only members] on CUDA: in a compiled function the async form and out= (an
+    # empty_output window, zero copy) run eagerly with the real group; the plain call is the op
+    def step(t):
+        a = g.all_to_all_4d_async(t)
+        b = g.all_to_all_4d(t, out=g.empty_output(t))
+        return a.wait(), b, g.all_to_all_4d(t) * 1
+
+    want = _reference(ref, xs, 0, seq, heads)
+    for got in torch.compile(step)(xs):
+        assert _same_bytes(got, want), "compiled: the async form, out= and the op"
     g.destroy()
 
 
