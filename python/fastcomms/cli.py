@@ -36,8 +36,7 @@ DTYPES = {
 def _nvlink(devices):
     from . import _C
 
-    matrix, why = _C.nvlink_matrix(devices)
-    return matrix, why
+    return _C.nvlink_matrix(devices)
 
 
 def _driver_cuda_version():
@@ -78,6 +77,9 @@ def preflight_checks(build=None):
 
     def add(check, status, detail, fix=""):
         rows.append((check, status, detail, fix))
+
+    def warn_if(check, bad, ok_detail, bad_detail, fix):
+        add(check, "WARN" if bad else "OK", bad_detail if bad else ok_detail, fix if bad else "")
 
     add(
         "fastcomms build",
@@ -153,23 +155,13 @@ def preflight_checks(build=None):
         try:
             rt = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception as e:  # noqa: BLE001 - a torch without NCCL
-            rt = None
             add("NCCL", "FAIL", f"torch has no NCCL ({e})", "install torch's CUDA wheel")
-        if rt is not None:
+        else:
+            pin = "install the nvidia-nccl package torch pins"
             if _mm(rt)[0] != _mm(build["nccl"])[0]:
-                add(
-                    "NCCL",
-                    "FAIL",
-                    f"runtime {rt}, built with {build['nccl']}",
-                    "install the nvidia-nccl package torch pins",
-                )
+                add("NCCL", "FAIL", f"runtime {rt}, built with {build['nccl']}", pin)
             elif _mm(rt) < _mm(build["nccl"]):
-                add(
-                    "NCCL",
-                    "WARN",
-                    f"runtime {rt} older than {build['nccl']} built with",
-                    "install the nvidia-nccl package torch pins",
-                )
+                add("NCCL", "WARN", f"runtime {rt} older than {build['nccl']} built with", pin)
             else:
                 add("NCCL", "OK", f"runtime {rt} (built with {build['nccl']})")
     archs = [int(a) for a in build["cuda_archs"].split(",") if a.strip().isdigit()]
@@ -190,13 +182,12 @@ def preflight_checks(build=None):
             for b in range(ngpu)
             if a != b and not torch.cuda.can_device_access_peer(a, b)
         ]
-        add(
+        warn_if(
             "GPU peer access",
-            "OK" if not no_peer else "WARN",
-            "every pair" if not no_peer else f"no peer access for {no_peer[:6]}",
-            ""
-            if not no_peer
-            else "the nvlink transport needs it; the collective path (nccl) " "works without",
+            no_peer,
+            "every pair",
+            f"no peer access for {no_peer[:6]}",
+            "the nvlink transport needs it; the collective path (nccl) works without",
         )
         matrix, why = _nvlink(list(range(ngpu)))
         if matrix is None:
@@ -208,21 +199,20 @@ def preflight_checks(build=None):
             )
         else:
             missing = [(a, b) for (a, b), v in sorted(matrix.items()) if a < b and not v]
-            add(
+            warn_if(
                 "NVLink",
-                "OK" if not missing else "WARN",
-                "every GPU pair NVLink-joined" if not missing else f"not joined: {missing[:6]}",
-                "" if not missing else "groups spanning those pairs take the collective path",
+                missing,
+                "every GPU pair NVLink-joined",
+                f"not joined: {missing[:6]}",
+                "groups spanning those pairs take the collective path",
             )
     unset = {k: v for k, v in MULTICAST_OFF.items() if os.environ.get(k) != v}
-    add(
+    warn_if(
         "multicast off",
-        "OK" if not unset else "WARN",
-        "set" if not unset else "not set: " + ", ".join(unset),
-        ""
-        if not unset
-        else "on shared or partitioned GPUs: export "
-        + " ".join(f"{k}={v}" for k, v in unset.items()),
+        unset,
+        "set",
+        "not set: " + ", ".join(unset),
+        "on shared or partitioned GPUs: export " + " ".join(f"{k}={v}" for k, v in unset.items()),
     )
     return rows
 
@@ -356,6 +346,9 @@ def _child(fn, rank, size, path, q, args):
         raise
 
 
+_MPS_DIRS = {"CUDA_MPS_PIPE_DIRECTORY": "pipe", "CUDA_MPS_LOG_DIRECTORY": "log"}
+
+
 class _PrivateMps:
     """NOTE [cli ranks on one GPU]: ranks that share a GPU as separate processes are time-sliced
     without MPS: a device-side wait for a peer on the same GPU lasts until the next context
@@ -390,9 +383,8 @@ class _PrivateMps:
         if self.dir is None:
             return self
         env = dict(os.environ)
-        env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(self.dir, "pipe")
-        env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(self.dir, "log")
-        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        for k, folder in _MPS_DIRS.items():
+            env[k] = os.path.join(self.dir, folder)
             os.makedirs(env[k], exist_ok=True)
         r = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True)
         if r.returncode != 0:
@@ -400,9 +392,7 @@ class _PrivateMps:
             self._remove()
             return self
         self.env = env
-        os.environ.update(
-            {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
-        )
+        os.environ.update({k: env[k] for k in _MPS_DIRS})
         self.why = "ranks share a GPU as clients of a private MPS daemon started for this run"
         return self
 
@@ -417,7 +407,7 @@ class _PrivateMps:
             )
         except Exception:  # noqa: BLE001 - the folder goes either way
             pass
-        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        for k in _MPS_DIRS:
             os.environ.pop(k, None)
         self._remove()
 
@@ -822,14 +812,7 @@ def bench(args) -> int:
             f"{r['ours_gbps']:.2f}",
             f"{r['permute_us']:.1f}",
             f"{r['speedup']:.2f}x",
-            *(
-                [
-                    f"{r['ours_host_us']:.1f}",
-                    f"{r['permute_host_us']:.1f}",
-                ]
-                if gpu
-                else []
-            ),
+            *([f"{r['ours_host_us']:.1f}", f"{r['permute_host_us']:.1f}"] if gpu else []),
             ("OK" if r["ok"] else "[red]FAIL[/]")
             + ("" if r["gated"] else " (host-bound: the gate did not hold)"),
         )
@@ -920,11 +903,7 @@ def _check_rank(rank, size, store, args):
 
     try:
         comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "check",
-            store=store,
-            timeout=datetime.timedelta(seconds=60),
+            backend, dev, "check", store=store, timeout=datetime.timedelta(seconds=60)
         )
         n, k, S = size, 4, fastcomms.ReduceOp.SUM
 
@@ -1036,10 +1015,9 @@ def check(args) -> int:
     names = [name for name, _, _ in results[0]] or ["new_comm"]
     bad = 0
     rows = []
-    table = Table(show_header=True)
-    table.add_column("op")
-    table.add_column("result")
-    table.add_column("detail")
+    table = Table()
+    for col in ("op", "result", "detail"):
+        table.add_column(col)
     for i, name in enumerate(names):
         per_rank = [res[i] if i < len(res) else (name, False, "no result") for res in results]
         skipped = all(x[1] is None for x in per_rank)
