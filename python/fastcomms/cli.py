@@ -23,13 +23,8 @@ import torch
 from fastcomms._bench import GatedTimer, permute_all_to_all_4d
 
 DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int32": torch.int32,
+    name: getattr(torch, name)
+    for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32")
 }
 
 
@@ -253,15 +248,11 @@ def doctor(args) -> int:
 
     try:
         launch = _bootstrap.detect()
-        print(
-            "launcher    "
-            + (
-                "none (new_comm needs store=, or a launcher: torchrun, srun, mpirun, or "
-                "RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT)"
-                if launch is None
-                else launch.describe()
-            )
+        none = (
+            "none (new_comm needs store=, or a launcher: torchrun, srun, mpirun, or "
+            "RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT)"
         )
+        print(f"launcher    {none if launch is None else launch.describe()}")
     except _bootstrap.LaunchError as e:
         print(f"launcher    unusable: {e}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -269,9 +260,9 @@ def doctor(args) -> int:
     for i in range(n):
         print(f"  cuda:{i}    {torch.cuda.get_device_name(i)}")
     if n >= 2:
-        matrix, why = _nvlink(list(range(n)))
+        matrix, nvml_why = _nvlink(list(range(n)))
         if matrix is None:
-            print(f"NVLink      unknown ({why})")
+            print(f"NVLink      unknown ({nvml_why})")
         else:
             for (a, b), v in sorted(matrix.items()):
                 if a < b:
@@ -283,18 +274,13 @@ def doctor(args) -> int:
         print(f"transport   CPU tensors: the collective path over gloo ({why})")
     elif n == 1:
         print("transport   auto -> nvlink for CUDA tensors (ranks sharing GPU 0 of one host)")
-    else:
-        matrix, why = _nvlink(list(range(n)))
+    else:  # n >= 2: matrix is NVML's answer above
         joined = matrix is not None and all(v for (a, b), v in matrix.items() if a != b)
+        lacks = "NVML cannot answer" if matrix is None else "a GPU pair lacks NVLink"
         print(
-            "transport   auto -> "
-            + (
-                "nvlink for CUDA tensors (one host, every GPU pair NVLink-joined)"
-                if joined
-                else "collective for CUDA tensors ("
-                + ("NVML cannot answer" if matrix is None else "a GPU pair lacks NVLink")
-                + ")"
-            )
+            "transport   auto -> nvlink for CUDA tensors (one host, every GPU pair NVLink-joined)"
+            if joined
+            else f"transport   auto -> collective for CUDA tensors ({lacks})"
         )
     return 0
 
