@@ -19,17 +19,17 @@ beside the device time, because an eager training loop pays whichever of the two
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 
 def permute_all_to_all_4d(x, mode, size, group=None):
     """The baseline: permute + torch.distributed all_to_all_single + permute (even shards), as
     Ulysses code usually has it. Mode 0: (b, s, h, d) -> (b, s * size, h / size, d); mode 1 the
     inverse."""
-    import torch.distributed as dist
-
     b, s, h, d = x.shape
     if mode == 0:
         send = x.reshape(b, s, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
@@ -91,8 +91,6 @@ def host_per_call(fn, iters=200, rounds=7, warmup=20):
     """Median µs of host time per call of ``fn`` over ``rounds`` rounds of ``iters``
     back-to-back calls, timed with perf_counter and nothing synchronized inside a round (the GPU
     runs behind, as in a training step): what an eager caller pays to issue one call."""
-    import statistics
-
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

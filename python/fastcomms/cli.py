@@ -10,41 +10,48 @@ command runs as one rank under torchrun."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
+import json
 import math
 import os
+import pickle
+import queue
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
 
+import fastcomms
+from fastcomms import _C, _bootstrap
 from fastcomms._bench import GatedTimer, permute_all_to_all_4d
+from fastcomms.ulysses import UlyssesGroup
 
 DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int32": torch.int32,
+    name: getattr(torch, name)
+    for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32")
 }
 
 
 def _nvlink(devices):
-    from . import _C
-
-    matrix, why = _C.nvlink_matrix(devices)
-    return matrix, why
+    return _C.nvlink_matrix(devices)
 
 
 def _driver_cuda_version():
     """(major, minor) of the CUDA version the installed driver supports, or None without one
     (cuDriverGetVersion through libcuda.so.1; no CUDA context is created)."""
-    import ctypes
-
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -71,13 +78,14 @@ MULTICAST_OFF = {
 def preflight_checks(build=None):
     """[(check, status, detail, fix)] with status OK, WARN or FAIL: this machine against what
     the installed build was made for (`fastcomms doctor --preflight`)."""
-    from . import _C
-
     build = build or _C.build_info()
     rows = []
 
     def add(check, status, detail, fix=""):
         rows.append((check, status, detail, fix))
+
+    def warn_if(check, bad, ok_detail, bad_detail, fix):
+        add(check, "WARN" if bad else "OK", bad_detail if bad else ok_detail, fix if bad else "")
 
     add(
         "fastcomms build",
@@ -153,23 +161,13 @@ def preflight_checks(build=None):
         try:
             rt = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception as e:  # noqa: BLE001 - a torch without NCCL
-            rt = None
             add("NCCL", "FAIL", f"torch has no NCCL ({e})", "install torch's CUDA wheel")
-        if rt is not None:
+        else:
+            pin = "install the nvidia-nccl package torch pins"
             if _mm(rt)[0] != _mm(build["nccl"])[0]:
-                add(
-                    "NCCL",
-                    "FAIL",
-                    f"runtime {rt}, built with {build['nccl']}",
-                    "install the nvidia-nccl package torch pins",
-                )
+                add("NCCL", "FAIL", f"runtime {rt}, built with {build['nccl']}", pin)
             elif _mm(rt) < _mm(build["nccl"]):
-                add(
-                    "NCCL",
-                    "WARN",
-                    f"runtime {rt} older than {build['nccl']} built with",
-                    "install the nvidia-nccl package torch pins",
-                )
+                add("NCCL", "WARN", f"runtime {rt} older than {build['nccl']} built with", pin)
             else:
                 add("NCCL", "OK", f"runtime {rt} (built with {build['nccl']})")
     archs = [int(a) for a in build["cuda_archs"].split(",") if a.strip().isdigit()]
@@ -190,13 +188,12 @@ def preflight_checks(build=None):
             for b in range(ngpu)
             if a != b and not torch.cuda.can_device_access_peer(a, b)
         ]
-        add(
+        warn_if(
             "GPU peer access",
-            "OK" if not no_peer else "WARN",
-            "every pair" if not no_peer else f"no peer access for {no_peer[:6]}",
-            ""
-            if not no_peer
-            else "the nvlink transport needs it; the collective path (nccl) " "works without",
+            no_peer,
+            "every pair",
+            f"no peer access for {no_peer[:6]}",
+            "the nvlink transport needs it; the collective path (nccl) works without",
         )
         matrix, why = _nvlink(list(range(ngpu)))
         if matrix is None:
@@ -208,30 +205,25 @@ def preflight_checks(build=None):
             )
         else:
             missing = [(a, b) for (a, b), v in sorted(matrix.items()) if a < b and not v]
-            add(
+            warn_if(
                 "NVLink",
-                "OK" if not missing else "WARN",
-                "every GPU pair NVLink-joined" if not missing else f"not joined: {missing[:6]}",
-                "" if not missing else "groups spanning those pairs take the collective path",
+                missing,
+                "every GPU pair NVLink-joined",
+                f"not joined: {missing[:6]}",
+                "groups spanning those pairs take the collective path",
             )
     unset = {k: v for k, v in MULTICAST_OFF.items() if os.environ.get(k) != v}
-    add(
+    warn_if(
         "multicast off",
-        "OK" if not unset else "WARN",
-        "set" if not unset else "not set: " + ", ".join(unset),
-        ""
-        if not unset
-        else "on shared or partitioned GPUs: export "
-        + " ".join(f"{k}={v}" for k, v in unset.items()),
+        unset,
+        "set",
+        "not set: " + ", ".join(unset),
+        "on shared or partitioned GPUs: export " + " ".join(f"{k}={v}" for k, v in unset.items()),
     )
     return rows
 
 
 def _preflight() -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     rows = preflight_checks()
     table = Table(title="fastcomms doctor --preflight")
     for col in ("check", "status", "detail", "fix"):
@@ -253,25 +245,17 @@ def _preflight() -> int:
 def doctor(args) -> int:
     if getattr(args, "preflight", False):
         return _preflight()
-    import fastcomms
-
     print(f"python      {sys.version.split()[0]}")
     print(f"torch       {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"fastcomms   {fastcomms.__file__}")
     print(f"backends    {', '.join(fastcomms.built_backends())}")
-    from . import _bootstrap
-
     try:
         launch = _bootstrap.detect()
-        print(
-            "launcher    "
-            + (
-                "none (new_comm needs store=, or a launcher: torchrun, srun, mpirun, or "
-                "RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT)"
-                if launch is None
-                else launch.describe()
-            )
+        none = (
+            "none (new_comm needs store=, or a launcher: torchrun, srun, mpirun, or "
+            "RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT)"
         )
+        print(f"launcher    {none if launch is None else launch.describe()}")
     except _bootstrap.LaunchError as e:
         print(f"launcher    unusable: {e}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -279,32 +263,25 @@ def doctor(args) -> int:
     for i in range(n):
         print(f"  cuda:{i}    {torch.cuda.get_device_name(i)}")
     if n >= 2:
-        matrix, why = _nvlink(list(range(n)))
+        matrix, nvml_why = _nvlink(list(range(n)))
         if matrix is None:
-            print(f"NVLink      unknown ({why})")
+            print(f"NVLink      unknown ({nvml_why})")
         else:
             for (a, b), v in sorted(matrix.items()):
                 if a < b:
                     print(f"  {a}-{b}       {'NVLink' if v else 'no NVLink'}")
-    from . import _C
-
     if n == 0 or not _C.has_transport("nvlink"):
         why = "no CUDA device" if n == 0 else "this build has no CUDA layer"
         print(f"transport   CPU tensors: the collective path over gloo ({why})")
     elif n == 1:
         print("transport   auto -> nvlink for CUDA tensors (ranks sharing GPU 0 of one host)")
-    else:
-        matrix, why = _nvlink(list(range(n)))
+    else:  # n >= 2: matrix is NVML's answer above
         joined = matrix is not None and all(v for (a, b), v in matrix.items() if a != b)
+        lacks = "NVML cannot answer" if matrix is None else "a GPU pair lacks NVLink"
         print(
-            "transport   auto -> "
-            + (
-                "nvlink for CUDA tensors (one host, every GPU pair NVLink-joined)"
-                if joined
-                else "collective for CUDA tensors ("
-                + ("NVML cannot answer" if matrix is None else "a GPU pair lacks NVLink")
-                + ")"
-            )
+            "transport   auto -> nvlink for CUDA tensors (one host, every GPU pair NVLink-joined)"
+            if joined
+            else f"transport   auto -> collective for CUDA tensors ({lacks})"
         )
     return 0
 
@@ -323,8 +300,6 @@ def _launch():
     """The launcher this process runs under, or None where the command starts its own ranks:
     RANK/WORLD_SIZE alone (no MASTER_ADDR) and a SLURM allocation's shell outside an ``srun`` step
     (SLURM_PROCID is set there too) do not count."""
-    from . import _bootstrap
-
     launch = _bootstrap.detect()
     if launch is None:
         return None
@@ -336,24 +311,19 @@ def _launch():
 
 
 def _launcher_store(launch):
-    import torch.distributed as dist
-
-    from . import _bootstrap
-
     store = _bootstrap.default_store(launch, datetime.timedelta(seconds=300))
     return dist.PrefixStore("fastcomms-cli", store)
 
 
 def _child(fn, rank, size, path, q, args):
-    import traceback
-
-    import torch.distributed as dist
-
     try:
         q.put((rank, fn(rank, size, dist.FileStore(path, size), args), None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which ends the run
         q.put((rank, None, traceback.format_exc()))
         raise
+
+
+_MPS_DIRS = {"CUDA_MPS_PIPE_DIRECTORY": "pipe", "CUDA_MPS_LOG_DIRECTORY": "log"}
 
 
 class _PrivateMps:
@@ -366,8 +336,6 @@ class _PrivateMps:
     removed afterwards). ``why`` says what was done, for the report."""
 
     def __init__(self, share: bool):
-        import shutil
-
         self.dir = None
         self.why = ""
         if not share:
@@ -385,14 +353,11 @@ class _PrivateMps:
         self.dir = tempfile.mkdtemp(prefix="fastcomms-mps.")
 
     def __enter__(self):
-        import subprocess
-
         if self.dir is None:
             return self
         env = dict(os.environ)
-        env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(self.dir, "pipe")
-        env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(self.dir, "log")
-        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        for k, folder in _MPS_DIRS.items():
+            env[k] = os.path.join(self.dir, folder)
             os.makedirs(env[k], exist_ok=True)
         r = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True)
         if r.returncode != 0:
@@ -400,15 +365,11 @@ class _PrivateMps:
             self._remove()
             return self
         self.env = env
-        os.environ.update(
-            {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
-        )
+        os.environ.update({k: env[k] for k in _MPS_DIRS})
         self.why = "ranks share a GPU as clients of a private MPS daemon started for this run"
         return self
 
     def __exit__(self, *exc):
-        import subprocess
-
         if self.dir is None:
             return
         try:
@@ -417,13 +378,11 @@ class _PrivateMps:
             )
         except Exception:  # noqa: BLE001 - the folder goes either way
             pass
-        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        for k in _MPS_DIRS:
             os.environ.pop(k, None)
         self._remove()
 
     def _remove(self):
-        import shutil
-
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
 
@@ -431,9 +390,6 @@ class _PrivateMps:
 def _run_ranks(fn, nproc, args, timeout_s=900):
     """fn(rank, size, store, args) on every rank (NOTE [cli ranks]). Returns (results by rank, or
     None on a rank of torchrun other than 0; error text or None)."""
-    import pickle
-    import queue
-
     launch = _launch()
     if launch is not None:
         rank, size = launch.rank, launch.size
@@ -443,8 +399,6 @@ def _run_ranks(fn, nproc, args, timeout_s=900):
         if rank != 0:
             return None, None
         return [pickle.loads(store.get(f"result/{r}")) for r in range(size)], None
-    import torch.multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     results, error = {}, None
@@ -486,8 +440,6 @@ def pick_backend(nproc: int) -> tuple[str, str]:
     nccl with a GPU per rank, else gloo on CPU; where fewer GPUs than ranks and no gloo were built,
     nvlink with ranks sharing the GPUs (best as MPS clients). Raises ValueError where nothing
     built fits, naming what is missing."""
-    from . import _C
-
     built = [b for b in ("gloo", "nccl", "nvlink") if _C.is_backend_built(b)]
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launch = _launch()
@@ -554,11 +506,6 @@ def _bench_rank(rank, size, store, args):
     events with the host kept out of the way on GPUs, NOTE [gated device timing]; the host clock
     between barriers on CPU), rounds interleaved, median per variant; every result checked bit
     for bit against torch.distributed first. Returns (rows, transport description)."""
-    import torch.distributed as dist
-
-    import fastcomms
-    from fastcomms.ulysses import UlyssesGroup
-
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     gpu = args.backend != "gloo"
     dev = _local_device(rank) if gpu else torch.device("cpu")
@@ -597,8 +544,6 @@ def _bench_rank(rank, size, store, args):
         timer = GatedTimer(agree)
     progress = None
     if rank == 0 and args.progress:
-        from rich.progress import Progress
-
         progress = Progress(transient=True)
         task = progress.add_task("bench", total=len(args.shapes) * args.rounds)
         progress.start()
@@ -693,7 +638,7 @@ def _environment():
     env = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "host": __import__("socket").gethostname(),
+        "host": socket.gethostname(),
     }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
@@ -719,10 +664,6 @@ def _backend_choice(command: str, args, size: int) -> str | None:
 
 
 def bench(args) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
     launch = _launch()
     size = args.nproc if launch is None else launch.size
@@ -822,14 +763,7 @@ def bench(args) -> int:
             f"{r['ours_gbps']:.2f}",
             f"{r['permute_us']:.1f}",
             f"{r['speedup']:.2f}x",
-            *(
-                [
-                    f"{r['ours_host_us']:.1f}",
-                    f"{r['permute_host_us']:.1f}",
-                ]
-                if gpu
-                else []
-            ),
+            *([f"{r['ours_host_us']:.1f}", f"{r['permute_host_us']:.1f}"] if gpu else []),
             ("OK" if r["ok"] else "[red]FAIL[/]")
             + ("" if r["gated"] else " (host-bound: the gate did not hold)"),
         )
@@ -837,8 +771,6 @@ def bench(args) -> int:
     bad = sum(not r["ok"] for r in rows)
     console.print("all checks passed" if not bad else "[red]SOME CHECKS FAILED[/]")
     if args.json:
-        import json
-
         doc = {
             "backend": args.backend,
             "why": why,
@@ -897,9 +829,6 @@ def _plot(rows, path, transport) -> int:
 def _check_rank(rank, size, store, args):
     """One rank of `fastcomms check`: every op on `backend` against values each rank can compute
     for every rank, results as (name, ok, detail)."""
-    import fastcomms
-    from fastcomms.ulysses import UlyssesGroup
-
     backend = args.backend
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     dev = _local_device(rank) if backend in ("nccl", "nvlink") else torch.device("cpu")
@@ -920,11 +849,7 @@ def _check_rank(rank, size, store, args):
 
     try:
         comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "check",
-            store=store,
-            timeout=datetime.timedelta(seconds=60),
+            backend, dev, "check", store=store, timeout=datetime.timedelta(seconds=60)
         )
         n, k, S = size, 4, fastcomms.ReduceOp.SUM
 
@@ -1014,12 +939,6 @@ def _check_rank(rank, size, store, args):
 
 def check(args) -> int:
     """A short correctness run of every op on one backend, results per op and rank."""
-    import json
-
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     launch = _launch()
     size = args.nproc if launch is None else launch.size
     why = _backend_choice("check", args, size)
@@ -1036,10 +955,9 @@ def check(args) -> int:
     names = [name for name, _, _ in results[0]] or ["new_comm"]
     bad = 0
     rows = []
-    table = Table(show_header=True)
-    table.add_column("op")
-    table.add_column("result")
-    table.add_column("detail")
+    table = Table()
+    for col in ("op", "result", "detail"):
+        table.add_column(col)
     for i, name in enumerate(names):
         per_rank = [res[i] if i < len(res) else (name, False, "no result") for res in results]
         skipped = all(x[1] is None for x in per_rank)
@@ -1060,8 +978,6 @@ def check(args) -> int:
 
 
 def main(argv=None) -> int:
-    import fastcomms
-
     ap = argparse.ArgumentParser(
         prog="fastcomms",
         description="fastcomms: check, benchmark and diagnose (NOTE [cli ranks] in cli.py).",
@@ -1110,7 +1026,3 @@ def main(argv=None) -> int:
     c.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     return {"bench": bench, "check": check, "doctor": doctor}[args.cmd](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
