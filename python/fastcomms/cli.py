@@ -10,34 +10,17 @@ command runs as one rank under torchrun."""
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
-import json
 import math
 import os
-import pickle
-import queue
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress
-from rich.table import Table
 
-import fastcomms
-from fastcomms import _C, _bootstrap
 from fastcomms._bench import GatedTimer, permute_all_to_all_4d
-from fastcomms.ulysses import UlyssesGroup
 
 DTYPES = {
     name: getattr(torch, name)
@@ -46,12 +29,16 @@ DTYPES = {
 
 
 def _nvlink(devices):
+    from . import _C
+
     return _C.nvlink_matrix(devices)
 
 
 def _driver_cuda_version():
     """(major, minor) of the CUDA version the installed driver supports, or None without one
     (cuDriverGetVersion through libcuda.so.1; no CUDA context is created)."""
+    import ctypes
+
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -78,6 +65,8 @@ MULTICAST_OFF = {
 def preflight_checks(build=None):
     """[(check, status, detail, fix)] with status OK, WARN or FAIL: this machine against what
     the installed build was made for (`fastcomms doctor --preflight`)."""
+    from . import _C
+
     build = build or _C.build_info()
     rows = []
 
@@ -224,6 +213,10 @@ def preflight_checks(build=None):
 
 
 def _preflight() -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     rows = preflight_checks()
     table = Table(title="fastcomms doctor --preflight")
     for col in ("check", "status", "detail", "fix"):
@@ -245,10 +238,14 @@ def _preflight() -> int:
 def doctor(args) -> int:
     if getattr(args, "preflight", False):
         return _preflight()
+    import fastcomms
+
     print(f"python      {sys.version.split()[0]}")
     print(f"torch       {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"fastcomms   {fastcomms.__file__}")
     print(f"backends    {', '.join(fastcomms.built_backends())}")
+    from . import _bootstrap
+
     try:
         launch = _bootstrap.detect()
         none = (
@@ -270,6 +267,8 @@ def doctor(args) -> int:
             for (a, b), v in sorted(matrix.items()):
                 if a < b:
                     print(f"  {a}-{b}       {'NVLink' if v else 'no NVLink'}")
+    from . import _C
+
     if n == 0 or not _C.has_transport("nvlink"):
         why = "no CUDA device" if n == 0 else "this build has no CUDA layer"
         print(f"transport   CPU tensors: the collective path over gloo ({why})")
@@ -300,6 +299,8 @@ def _launch():
     """The launcher this process runs under, or None where the command starts its own ranks:
     RANK/WORLD_SIZE alone (no MASTER_ADDR) and a SLURM allocation's shell outside an ``srun`` step
     (SLURM_PROCID is set there too) do not count."""
+    from . import _bootstrap
+
     launch = _bootstrap.detect()
     if launch is None:
         return None
@@ -311,11 +312,19 @@ def _launch():
 
 
 def _launcher_store(launch):
+    import torch.distributed as dist
+
+    from . import _bootstrap
+
     store = _bootstrap.default_store(launch, datetime.timedelta(seconds=300))
     return dist.PrefixStore("fastcomms-cli", store)
 
 
 def _child(fn, rank, size, path, q, args):
+    import traceback
+
+    import torch.distributed as dist
+
     try:
         q.put((rank, fn(rank, size, dist.FileStore(path, size), args), None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which ends the run
@@ -336,6 +345,8 @@ class _PrivateMps:
     removed afterwards). ``why`` says what was done, for the report."""
 
     def __init__(self, share: bool):
+        import shutil
+
         self.dir = None
         self.why = ""
         if not share:
@@ -353,6 +364,8 @@ class _PrivateMps:
         self.dir = tempfile.mkdtemp(prefix="fastcomms-mps.")
 
     def __enter__(self):
+        import subprocess
+
         if self.dir is None:
             return self
         env = dict(os.environ)
@@ -370,6 +383,8 @@ class _PrivateMps:
         return self
 
     def __exit__(self, *exc):
+        import subprocess
+
         if self.dir is None:
             return
         try:
@@ -383,6 +398,8 @@ class _PrivateMps:
         self._remove()
 
     def _remove(self):
+        import shutil
+
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
 
@@ -390,6 +407,9 @@ class _PrivateMps:
 def _run_ranks(fn, nproc, args, timeout_s=900):
     """fn(rank, size, store, args) on every rank (NOTE [cli ranks]). Returns (results by rank, or
     None on a rank of torchrun other than 0; error text or None)."""
+    import pickle
+    import queue
+
     launch = _launch()
     if launch is not None:
         rank, size = launch.rank, launch.size
@@ -399,6 +419,8 @@ def _run_ranks(fn, nproc, args, timeout_s=900):
         if rank != 0:
             return None, None
         return [pickle.loads(store.get(f"result/{r}")) for r in range(size)], None
+    import torch.multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     results, error = {}, None
@@ -440,6 +462,8 @@ def pick_backend(nproc: int) -> tuple[str, str]:
     nccl with a GPU per rank, else gloo on CPU; where fewer GPUs than ranks and no gloo were built,
     nvlink with ranks sharing the GPUs (best as MPS clients). Raises ValueError where nothing
     built fits, naming what is missing."""
+    from . import _C
+
     built = [b for b in ("gloo", "nccl", "nvlink") if _C.is_backend_built(b)]
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launch = _launch()
@@ -506,6 +530,11 @@ def _bench_rank(rank, size, store, args):
     events with the host kept out of the way on GPUs, NOTE [gated device timing]; the host clock
     between barriers on CPU), rounds interleaved, median per variant; every result checked bit
     for bit against torch.distributed first. Returns (rows, transport description)."""
+    import torch.distributed as dist
+
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     gpu = args.backend != "gloo"
     dev = _local_device(rank) if gpu else torch.device("cpu")
@@ -544,6 +573,8 @@ def _bench_rank(rank, size, store, args):
         timer = GatedTimer(agree)
     progress = None
     if rank == 0 and args.progress:
+        from rich.progress import Progress
+
         progress = Progress(transient=True)
         task = progress.add_task("bench", total=len(args.shapes) * args.rounds)
         progress.start()
@@ -638,7 +669,7 @@ def _environment():
     env = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "host": socket.gethostname(),
+        "host": __import__("socket").gethostname(),
     }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
@@ -664,6 +695,10 @@ def _backend_choice(command: str, args, size: int) -> str | None:
 
 
 def bench(args) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     console = Console(width=None if sys.stdout.isatty() else 140)  # logs keep whole rows
     launch = _launch()
     size = args.nproc if launch is None else launch.size
@@ -771,6 +806,8 @@ def bench(args) -> int:
     bad = sum(not r["ok"] for r in rows)
     console.print("all checks passed" if not bad else "[red]SOME CHECKS FAILED[/]")
     if args.json:
+        import json
+
         doc = {
             "backend": args.backend,
             "why": why,
@@ -829,6 +866,9 @@ def _plot(rows, path, transport) -> int:
 def _check_rank(rank, size, store, args):
     """One rank of `fastcomms check`: every op on `backend` against values each rank can compute
     for every rank, results as (name, ok, detail)."""
+    import fastcomms
+    from fastcomms.ulysses import UlyssesGroup
+
     backend = args.backend
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
     dev = _local_device(rank) if backend in ("nccl", "nvlink") else torch.device("cpu")
@@ -939,6 +979,12 @@ def _check_rank(rank, size, store, args):
 
 def check(args) -> int:
     """A short correctness run of every op on one backend, results per op and rank."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     launch = _launch()
     size = args.nproc if launch is None else launch.size
     why = _backend_choice("check", args, size)
@@ -978,6 +1024,8 @@ def check(args) -> int:
 
 
 def main(argv=None) -> int:
+    import fastcomms
+
     ap = argparse.ArgumentParser(
         prog="fastcomms",
         description="fastcomms: check, benchmark and diagnose (NOTE [cli ranks] in cli.py).",
@@ -1026,3 +1074,7 @@ def main(argv=None) -> int:
     c.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     return {"bench": bench, "check": check, "doctor": doctor}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
