@@ -138,15 +138,9 @@ class TorchComm(_OpaqueBase):
 
     def get_options(self) -> CommOptions:
         """What this communicator was created with (timeout and hints as they are now)."""
-        o = self._options
-        return CommOptions(
-            o.abort_process_on_timeout_or_error,
-            self._c.timeout(),
-            o.store,
-            self._c.hints(),
-            self.get_name(),
-            o.enable_reconfigure,
-        )
+        o, c = self._options, self._c
+        abort, reconfigurable = o.abort_process_on_timeout_or_error, o.enable_reconfigure
+        return CommOptions(abort, c.timeout(), o.store, c.hints(), c.name(), reconfigurable)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._c.set_timeout(_ms(timeout))
@@ -364,29 +358,25 @@ class TorchComm(_OpaqueBase):
         ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
         return self._c.select_transport(str(transport), bool(require_nvlink))
 
+    # torch.compile passes communicators through as opaque objects and evaluates these two
+    # members on the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a
+    # communicator]); each asks the module that owns the mapping, imported on first use.
+    @property
+    def _ulysses_group(self):
+        from .ulysses import _ulysses_group_of
+
+        return _ulysses_group_of(self)
+
+    @property
+    def _process_group_name(self):
+        from .functional import _process_group_name_of
+
+        return _process_group_name_of(self)
+
 
 _METHODS = _ops.methods(globals())  # NOTE [operation table]
 for _name, _fn in _METHODS.items():
     setattr(TorchComm, _name, _fn)
-
-
-# torch.compile passes communicators through as opaque objects and evaluates these two members on
-# the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a communicator]);
-# each asks the module that owns the mapping, imported on first use.
-def _ulysses_group(self):
-    from .ulysses import _ulysses_group_of
-
-    return _ulysses_group_of(self)
-
-
-def _process_group_name(self):
-    from .functional import _process_group_name_of
-
-    return _process_group_name_of(self)
-
-
-TorchComm._ulysses_group = property(_ulysses_group)
-TorchComm._process_group_name = property(_process_group_name)
 
 
 def _register_opaque() -> None:

@@ -234,7 +234,6 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
 def _observe_issued(fn, op_id: int, result) -> None:
     work = result if isinstance(result, TorchWork) else None
     if work is not None:
-        if work._observers is None:
-            work._observers = []
+        work._observers = work._observers or []
         work._observers.append(lambda event, payload: fn(event, op_id, payload))
     fn("issued", op_id, work)
