@@ -22,8 +22,9 @@ from . import _C, _bootstrap  # noqa: E402,F401
 from . import _hook_types as _ht  # noqa: E402
 from ._alias import register_nvlink_name as _register_nvlink_name  # noqa: E402,F401
 from ._alias import register_with_torch as _register_with_torch  # noqa: E402
+from ._bootstrap import rank_size_override as _rank_size_override  # noqa: E402,F401
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
-from ._comm import TorchComm, _OpaqueBase, _rank_size_override, new_comm  # noqa: E402,F401
+from ._comm import TorchComm, _OpaqueBase, new_comm  # noqa: E402,F401
 from ._hook_types import *  # noqa: E402,F401,F403  (OpName, RemovableHandle, the hook arguments)
 from ._options import CommOptions, ReduceOp, Timeout  # noqa: E402
 from ._p2p import BatchP2POptions, BatchSendRecv, P2POp, P2POpType  # noqa: E402

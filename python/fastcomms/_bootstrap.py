@@ -39,6 +39,7 @@ import dataclasses
 import datetime
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -95,8 +96,8 @@ def _int(name: str) -> int:
         raise LaunchError(f"new_comm: {name} must be an integer, got {v!r}") from None
 
 
-def _opt_int(name: str) -> int | None:
-    return _int(name) if name in os.environ else None
+def _opt_int(name: str | None) -> int | None:
+    return _int(name) if name and name in os.environ else None
 
 
 def first_host(nodelist: str) -> str:
@@ -106,10 +107,7 @@ def first_host(nodelist: str) -> str:
     if not m or not m.group(1):
         raise LaunchError(f"new_comm: cannot read a host from SLURM_JOB_NODELIST={nodelist!r}")
     prefix, ranges = m.group(1), m.group(3)
-    if ranges is None:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    return prefix if ranges is None else prefix + ranges.split(",")[0].split("-")[0]
 
 
 def _addr_port(launcher: str, local_size: int | None, size: int) -> tuple[str, int, str]:
@@ -146,6 +144,15 @@ def _addr_port(launcher: str, local_size: int | None, size: int) -> tuple[str, i
     return addr, port, f"{where}; port {pwhere}"
 
 
+# the launchers named by variables, in NOTE [launchers]' order: rank, size, local rank, local size
+_ENV_LAUNCHERS = {
+    "torchcomms": ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "env": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    "openmpi": tuple(f"OMPI_COMM_WORLD_{v}" for v in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
+}
+
+
 def detect() -> Launch | None:
     """The launcher this process runs under (NOTE [launchers]); None when nothing says."""
     given = rank_size_override.get()
@@ -154,26 +161,16 @@ def detect() -> Launch | None:
     if given is not None:
         launcher, (rank, size), source = "torch group", given, "the group torch is making"
         local_rank = local_size = None
-    elif "TORCHCOMM_RANK" in env and "TORCHCOMM_SIZE" in env:
-        launcher, source = "torchcomms", "TORCHCOMM_RANK/TORCHCOMM_SIZE"
-        rank, size = _int("TORCHCOMM_RANK"), _int("TORCHCOMM_SIZE")
-        local_rank, local_size = _opt_int("LOCAL_RANK"), _opt_int("LOCAL_WORLD_SIZE")
-    elif "RANK" in env and "WORLD_SIZE" in env:
-        launcher = "torchrun" if torchrun else "env"
-        source = "RANK/WORLD_SIZE" + (" (torchrun)" if torchrun else "")
-        rank, size = _int("RANK"), _int("WORLD_SIZE")
-        local_rank, local_size = _opt_int("LOCAL_RANK"), _opt_int("LOCAL_WORLD_SIZE")
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        launcher, source = "slurm", "SLURM_PROCID/SLURM_NTASKS"
-        rank, size = _int("SLURM_PROCID"), _int("SLURM_NTASKS")
-        local_rank, local_size = _opt_int("SLURM_LOCALID"), None
-    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        launcher, source = "openmpi", "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"
-        rank, size = _int("OMPI_COMM_WORLD_RANK"), _int("OMPI_COMM_WORLD_SIZE")
-        local_rank = _opt_int("OMPI_COMM_WORLD_LOCAL_RANK")
-        local_size = _opt_int("OMPI_COMM_WORLD_LOCAL_SIZE")
     else:
-        return None
+        launcher = next((k for k, v in _ENV_LAUNCHERS.items() if v[0] in env and v[1] in env), "")
+        if not launcher:
+            return None
+        rank_var, size_var, local_rank_var, local_size_var = _ENV_LAUNCHERS[launcher]
+        source = f"{rank_var}/{size_var}"
+        if launcher == "env" and torchrun:
+            launcher, source = "torchrun", f"{source} (torchrun)"
+        rank, size = _int(rank_var), _int(size_var)
+        local_rank, local_size = _opt_int(local_rank_var), _opt_int(local_size_var)
     if size < 1 or not 0 <= rank < size:
         raise LaunchError(
             f"new_comm: rank {rank} and size {size} from {source} do not fit "
@@ -378,8 +375,6 @@ def _agent_store(launch: Launch, timeout):
 def _torch_default_store(launch: Launch):
     """torch.distributed's default group's store where that group was made first with this rank
     and size (its rank 0 then holds MASTER_PORT); else None."""
-    import sys
-
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None or not c10d.is_initialized():
         return None

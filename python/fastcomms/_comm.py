@@ -5,9 +5,11 @@ methods are written from the table in ``_ops`` (NOTE [operation table])."""
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import itertools
 import os
+import warnings
 
 import torch
 
@@ -20,7 +22,7 @@ from ._ops import _hooked
 from ._options import CommOptions, ReduceOp, _ms, _TypeError, _ValueError
 from ._p2p import BatchSendRecv
 from ._registry import get_mem_allocator, is_backend_built
-from ._window import TorchCommWindow
+from ._window import TorchCommWindow, _same
 from ._work import _DoneWork
 
 try:  # torch.compile takes instances of these classes as opaque objects (NOTE [ulysses custom op])
@@ -69,14 +71,7 @@ class TorchComm(_OpaqueBase):
     """A communicator (torchcomms' TorchComm). Collectives take ``async_op`` positionally and
     keyword-only ``hints`` and ``timeout``; each returns a TorchWork."""
 
-    # A communicator (and a window) is a handle on shared state: copying one, or deep-copying an
-    # object that holds one (a model), gives the same object back, as torchcomms does.
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        memo[id(self)] = self
-        return self
+    __copy__ = __deepcopy__ = _same  # a handle on shared state
 
     def __reduce__(self):
         # A communicator cannot travel to another process: pickling one gives bytes that name it
@@ -143,15 +138,9 @@ class TorchComm(_OpaqueBase):
 
     def get_options(self) -> CommOptions:
         """What this communicator was created with (timeout and hints as they are now)."""
-        o = self._options
-        return CommOptions(
-            o.abort_process_on_timeout_or_error,
-            self._c.timeout(),
-            o.store,
-            self._c.hints(),
-            self.get_name(),
-            o.enable_reconfigure,
-        )
+        o, c = self._options, self._c
+        abort, reconfigurable = o.abort_process_on_timeout_or_error, o.enable_reconfigure
+        return CommOptions(abort, c.timeout(), o.store, c.hints(), c.name(), reconfigurable)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._c.set_timeout(_ms(timeout))
@@ -160,8 +149,6 @@ class TorchComm(_OpaqueBase):
         self._c.set_hints(dict(hints))
 
     def finalize(self) -> None:
-        if not self._hooked:
-            return self._c.finalize()
         _hooked(self, _OpName.finalize, _ht.FinalizePreHookArgs, self._c.finalize)
 
     def abort(self) -> None:
@@ -184,8 +171,6 @@ class TorchComm(_OpaqueBase):
 
     def unsafe_get_backend(self):
         """Deprecated name of ``get_backend_impl``."""
-        import warnings
-
         warnings.warn(
             "unsafe_get_backend() is deprecated, use get_backend_impl() instead",
             DeprecationWarning,
@@ -200,15 +185,14 @@ class TorchComm(_OpaqueBase):
         releases them only when all arrived. Otherwise rank 0 raises RuntimeError naming the
         missing ranks (every one with ``wait_all_ranks=True``, the lowest otherwise) and the
         others raise when their release does not come within the timeout."""
-        op = "monitored_barrier"
-        where = f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} {op}]"
+        rank, size = self.get_rank(), self.get_size()
+        where = f"[rank {rank}/{size} {self.get_name()} monitored_barrier]"
         if self.get_device().type != "cpu":
             raise UnsupportedError(
                 f"{where} is for communicators on CPU (gloo), as torch.distributed's; this one "
                 f"is on {self.get_device()}"
             )
         timeout = _ms(timeout, where) or self.get_options().timeout
-        rank, size = self.get_rank(), self.get_size()
         ms = int(timeout / datetime.timedelta(milliseconds=1))
         token = torch.zeros(1, dtype=torch.int32)
         if rank != 0:
@@ -234,11 +218,8 @@ class TorchComm(_OpaqueBase):
                 if not wait_all_ranks:
                     break
         if failed:
-            if wait_all_ranks:
-                who = f"Ranks {', '.join(map(str, failed))} failed"
-            else:
-                who = f"Rank {failed[0]} failed"
-            raise RuntimeError(f"{where} {who} to pass monitoredBarrier in {ms} ms")
+            who = f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks else f"Rank {failed[0]}"
+            raise RuntimeError(f"{where} {who} failed to pass monitoredBarrier in {ms} ms")
         for q in range(1, size):
             self.send(token, q, False, timeout=timeout)
 
@@ -336,20 +317,13 @@ class TorchComm(_OpaqueBase):
             )
 
         def issue():
-            sub = self._c.split(ranks, name, _ms(timeout), hints)
-            if sub is None:
+            if (sub := self._c.split(ranks, name, _ms(timeout), hints)) is None:
                 return None
-            o = self._options
+            abort, store = self._options.abort_process_on_timeout_or_error, self._options.store
             return TorchComm(
-                sub,
-                self._device,
-                CommOptions(
-                    o.abort_process_on_timeout_or_error, sub.timeout(), o.store, sub.hints(), name
-                ),
+                sub, self._device, CommOptions(abort, sub.timeout(), store, sub.hints(), name)
             )
 
-        if not self._hooked:
-            return issue()
         return _hooked(self, _OpName.split, lambda: _ht.SplitPreHookArgs(list(ranks), name), issue)
 
     def tensor_register(self, tensor: torch.Tensor) -> None:
@@ -374,14 +348,8 @@ class TorchComm(_OpaqueBase):
         return self.get_mem_allocator()
 
     def new_window(self, tensor=None) -> TorchCommWindow:
-        if not self._hooked:
-            return TorchCommWindow(self, tensor)
-        return _hooked(
-            self,
-            _OpName.new_window,
-            _ht.NewWindowPreHookArgs,
-            lambda: TorchCommWindow(self, tensor),
-        )
+        issue = functools.partial(TorchCommWindow, self, tensor)
+        return _hooked(self, _OpName.new_window, _ht.NewWindowPreHookArgs, issue)
 
     def ulysses_transport(self, transport="auto", *, require_nvlink=False):
         """Collective: the Ulysses transport this communicator gives a
@@ -390,29 +358,25 @@ class TorchComm(_OpaqueBase):
         ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
         return self._c.select_transport(str(transport), bool(require_nvlink))
 
+    # torch.compile passes communicators through as opaque objects and evaluates these two
+    # members on the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a
+    # communicator]); each asks the module that owns the mapping, imported on first use.
+    @property
+    def _ulysses_group(self):
+        from .ulysses import _ulysses_group_of
+
+        return _ulysses_group_of(self)
+
+    @property
+    def _process_group_name(self):
+        from .functional import _process_group_name_of
+
+        return _process_group_name_of(self)
+
 
 _METHODS = _ops.methods(globals())  # NOTE [operation table]
 for _name, _fn in _METHODS.items():
     setattr(TorchComm, _name, _fn)
-
-
-# torch.compile passes communicators through as opaque objects and evaluates these two members on
-# the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a communicator]);
-# each asks the module that owns the mapping, imported on first use.
-def _ulysses_group(self):
-    from .ulysses import _ulysses_group_of
-
-    return _ulysses_group_of(self)
-
-
-def _process_group_name(self):
-    from .functional import _process_group_name_of
-
-    return _process_group_name_of(self)
-
-
-TorchComm._ulysses_group = property(_ulysses_group)
-TorchComm._process_group_name = property(_process_group_name)
 
 
 def _register_opaque() -> None:
@@ -444,10 +408,6 @@ def _register_opaque() -> None:
 
 
 _register_opaque()
-
-
-# (rank, size) that new_comm takes instead of the environment's (NOTE [launchers])
-_rank_size_override = _bootstrap.rank_size_override
 
 
 def _indexed(device: torch.device) -> torch.device:

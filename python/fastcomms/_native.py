@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 import sys
 
@@ -16,10 +15,8 @@ import sys
 def core_library() -> str | None:
     """The path of libfastcomms.so beside the package (None where the extension links it some
     other way)."""
-    for d in sys.modules[__package__].__path__:
-        for lib in glob.glob(os.path.join(d, "libfastcomms.so")):
-            return lib
-    return None
+    libs = (os.path.join(d, "libfastcomms.so") for d in sys.modules[__package__].__path__)
+    return next(filter(os.path.exists, libs), None)
 
 
 def load() -> None:

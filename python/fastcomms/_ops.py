@@ -176,7 +176,9 @@ class _Call:
 
 
 def _hooked(comm, name: OpName, pre_args, issue):
-    """``issue()`` with a call in flight for the hooks of ``comm``."""
+    """``issue()`` with a call in flight for the hooks of ``comm`` (where it has any)."""
+    if not comm._hooked:
+        return issue()
     call = _Call(comm._key, name, pre_args)
     outer = getattr(_calls, "call", None)
     _calls.call = call
@@ -209,31 +211,29 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
     if kind == "abort":
         return [("abort", fn)]
 
-    def pre(_name, op_id, _async_op):
-        if (call := _in_flight(key)) is not None:
-            fn(call.name, op_id, call.pre())
+    def on_call(act):  # a callback that acts on the call in flight, where there is one
+        def cb(_name, op_id, _async_op):
+            if (call := _in_flight(key)) is not None:
+                act(call, op_id)
 
-    def post(_name, op_id, _async_op):
-        if (call := _in_flight(key)) is not None:
-            call.posted.append(functools.partial(fn, op_id))
+        return cb
 
-    def timed(_name, op_id, _async_op):
-        if (call := _in_flight(key)) is not None:
-            call.timed_out.append(functools.partial(fn, "timeout", op_id))
-
-    def issued(_name, op_id, _async_op):
-        if (call := _in_flight(key)) is not None:
-            call.issued.append(functools.partial(_observe_issued, fn, op_id))
-
-    return {"pre": [("pre", pre)], "post": [("post", post)]}.get(
-        kind, [("pre", timed), ("post", issued)]
+    pre = on_call(lambda call, op_id: fn(call.name, op_id, call.pre()))
+    post = on_call(lambda call, op_id: call.posted.append(functools.partial(fn, op_id)))
+    if kind in ("pre", "post"):
+        return [(kind, pre if kind == "pre" else post)]
+    timed = on_call(
+        lambda call, op_id: call.timed_out.append(functools.partial(fn, "timeout", op_id))
     )
+    issued = on_call(
+        lambda call, op_id: call.issued.append(functools.partial(_observe_issued, fn, op_id))
+    )
+    return [("pre", timed), ("post", issued)]
 
 
 def _observe_issued(fn, op_id: int, result) -> None:
     work = result if isinstance(result, TorchWork) else None
     if work is not None:
-        if work._observers is None:
-            work._observers = []
+        work._observers = work._observers or []
         work._observers.append(lambda event, payload: fn(event, op_id, payload))
     fn("issued", op_id, work)

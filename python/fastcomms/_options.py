@@ -59,18 +59,15 @@ class Timeout(datetime.timedelta):
 
 def _env_bool(name: str, default: bool) -> bool:
     v = os.environ.get(name)
-    if v is None or v == "":
+    if not v:
         return default
-    if v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if v.strip().lower() in ("0", "false", "no", "off"):
-        return False
+    if (k := v.strip().lower()) in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return k in ("1", "true", "yes", "on")
     raise _ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {v!r}")
 
 
 def _env_timeout() -> datetime.timedelta:
-    v = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
-    if v is None or v == "":
+    if not (v := os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")):
         return _DEFAULT_TIMEOUT
     try:
         seconds = float(v)

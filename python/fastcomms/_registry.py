@@ -19,9 +19,6 @@ class TorchCommBackend:
     (``all_reduce(tensor, op, async_op)``, ...), each returning None (done) or an object with
     ``wait()``. Methods it leaves out raise UnsupportedError when called."""
 
-    def __init__(self) -> None:
-        pass
-
     def init(self, device, name, options) -> None:
         raise NotImplementedError("a TorchCommBackend must define init(device, name, options)")
 
@@ -53,8 +50,7 @@ def _load_entry_point_backends() -> None:
 def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
     """NVML's answer pair by pair for these CUDA ordinals: ``{(a, b): joined}``, or None when
     NVML cannot answer (no NVML, no CUDA layer); never a guess."""
-    matrix, _why = _C.nvlink_matrix([int(d) for d in devices])
-    return matrix
+    return _C.nvlink_matrix([int(d) for d in devices])[0]  # (matrix, why)
 
 
 _window_allocators: dict[str, object] = {}

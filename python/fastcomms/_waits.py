@@ -72,14 +72,6 @@ def _in_place_functionalized(ctx, inputs: list[torch.Tensor]) -> list[torch.Tens
     return inputs
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    pass
-
-
-def _backward(ctx, grads):
-    return grads  # the identity
-
-
 def register() -> bool:
     """Defines the two operators once (True where they are fastcomms'). Called at import and
     again when the first communicator is made: where torch imports this package while it
@@ -98,8 +90,11 @@ def register() -> bool:
         return False
     lib.impl("torchcomm_wait_tensors", _functional, "CompositeExplicitAutograd")
     torch.library.register_fake("torchcomms::torchcomm_wait_tensors", _functional_fake, lib=lib)
-    torch.library.register_autograd(
-        "torchcomms::torchcomm_wait_tensors", _backward, setup_context=_setup_context, lib=lib
+    torch.library.register_autograd(  # the identity
+        "torchcomms::torchcomm_wait_tensors",
+        lambda ctx, grads: grads,
+        setup_context=lambda ctx, inputs, output: None,
+        lib=lib,
     )
     lib.impl("torchcomm_wait_tensors_", _in_place, "CompositeExplicitAutograd")
     lib.impl("torchcomm_wait_tensors_", lambda inputs: inputs, "Meta")

@@ -17,6 +17,15 @@ if typing.TYPE_CHECKING:
     from ._comm import TorchComm
 
 
+def _same(self, memo=None):
+    """``__copy__`` and ``__deepcopy__`` of a handle on shared state (a communicator, a window):
+    copying one, or deep-copying an object that holds one (a model), gives the same object back,
+    as torchcomms does."""
+    if memo is not None:
+        memo[id(self)] = self
+    return self
+
+
 class TorchCommWinAccessType(enum.Enum):
     """How a peer's window memory is reached (torchcomms' names): UNIFIED, loads and stores from
     this device reach it directly (NVLink peer mappings); SEPARATE, only through put/get."""
@@ -45,13 +54,7 @@ class TorchCommWindow:
     ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
     leaves a TimeoutError for ``check_errors`` and the next window call)."""
 
-    # a handle, as the communicator (TorchComm.__copy__)
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        memo[id(self)] = self
-        return self
+    __copy__ = __deepcopy__ = _same  # a handle, as the communicator
 
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
         self._comm = comm
@@ -93,14 +96,10 @@ class TorchCommWindow:
         if not isinstance(tensor, torch.Tensor):
             raise _TypeError(f"{self._where('tensor_register')} needs a tensor")
         if tensor.device != self._device or not tensor.is_contiguous():
+            got = "a non-contiguous tensor" if tensor.device == self._device else tensor.device
             raise _ValueError(
                 f"{self._where('tensor_register')} needs a contiguous tensor on {self._device}, "
-                "got "
-                + (
-                    "a non-contiguous tensor"
-                    if tensor.device == self._device
-                    else str(tensor.device)
-                )
+                f"got {got}"
             )
         if self._meta is not None:
             raise RuntimeError(
@@ -116,8 +115,7 @@ class TorchCommWindow:
         if self._meta is None:
             raise RuntimeError(f"{self._where('tensor_deregister')} no tensor is registered")
         self._w.deregister()
-        self._tensor = None
-        self._meta = None
+        self._tensor = self._meta = None
 
     # -- one-sided ops ---------------------------------------------------------------------------
     def put(self, tensor, dst_rank, target_offset_nelems, async_op=False, hints=None, timeout=None):
