@@ -473,12 +473,8 @@ def scatter_object_list(
     scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
 ):
     g = _group(group)
-    _objcol.scatter_object_list(
-        g.comm,
-        _src(g, src, group_src, "scatter_object_list"),
-        scatter_object_output_list,
-        scatter_object_input_list,
-    )
+    root = _src(g, src, group_src, "scatter_object_list")
+    _objcol.scatter_object_list(g.comm, root, scatter_object_output_list, scatter_object_input_list)
 
 
 # -- torchcomms' distwrap extensions --------------------------------------------------------------
