@@ -434,6 +434,10 @@ def reduction(op) -> tuple[list[int], list[float]]:
 # tensors that the call overwrites get no gradient; the tensor an all_reduce or a broadcast
 # updates in place passes its gradient through the adjoint.
 _LINEAR = (RedOpType.SUM.value, RedOpType.AVG.value, RedOpType.PREMUL_SUM.value)
+_SUM = ([RedOpType.SUM.value], [1.0])  # the ints and floats of a plain sum
+_GATHERS = ("all_gather", "all_gather_v", "all_gather_single")
+_SCATTERS = ("reduce_scatter", "reduce_scatter_v", "reduce_scatter_single")
+_ADJOINT = dict(zip(_GATHERS + _SCATTERS, _SCATTERS + _GATHERS, strict=True))
 
 
 def _grad_call(comm, method, mutated, inputs, ints=(), floats=(), hints="", timeout_s=-1.0):
@@ -490,69 +494,29 @@ def _adjoint(ctx, grads):
     d_mut: list = [None] * ctx.n_mutated
     d_in: list = [None] * ctx.n_inputs
     kw = {"hints": hints, "timeout_s": timeout_s}
-    if method in ("all_reduce", "reduce_scatter", "reduce_scatter_v", "reduce_scatter_single"):
-        if ints[0] not in _LINEAR:
-            why = f"its reduction ({RedOpType(ints[0])}) is not linear"
-            return _refusal(ctx, comm, method, why, g)
+    if method in _SCATTERS + ("all_reduce",) and ints[0] not in _LINEAR:
+        why = f"its reduction ({RedOpType(ints[0])}) is not linear"
+        return _refusal(ctx, comm, method, why, g)
     if method == "all_reduce":
         d_mut = _grad_call(comm, "all_reduce", [g[0]], [], ints, floats, **kw)
     elif method == "broadcast":
-        (s,) = _grad_call(comm, "all_reduce", [g[0]], [], [RedOpType.SUM.value], [1.0], **kw)
+        (s,) = _grad_call(comm, "all_reduce", [g[0]], [], *_SUM, **kw)
         d_mut = [s if rank == ints[0] else torch.zeros_like(s)]
-    elif method in ("all_gather", "all_gather_v"):
-        (d,) = _grad_call(
-            comm,
-            "reduce_scatter" if method == "all_gather" else "reduce_scatter_v",
-            [g[0].new_empty(ctx.in_shapes[0])],
-            g,
-            [RedOpType.SUM.value],
-            [1.0],
-            **kw,
-        )
-        d_in = [d]
-    elif method == "all_gather_single":
-        d_in = _grad_call(
-            comm,
-            "reduce_scatter_single",
-            [g[0].new_empty(ctx.in_shapes[0])],
-            g,
-            [RedOpType.SUM.value],
-            [1.0],
-            **kw,
-        )
-    elif method in ("reduce_scatter", "reduce_scatter_v"):
+    elif method in _GATHERS:  # the gradients reduce-scattered into the input
+        like_input = [g[0].new_empty(ctx.in_shapes[0])]
+        d_in = _grad_call(comm, _ADJOINT[method], like_input, g, *_SUM, **kw)
+    elif method in _SCATTERS:  # the gradient all-gathered, scaled as the reduction scaled
         outs = [g[0].new_empty(s) for s in ctx.in_shapes]
-        name = "all_gather" if method == "reduce_scatter" else "all_gather_v"
         f = _scale(ints, floats, n)
-        d_in = [t * f if f != 1.0 else t for t in _grad_call(comm, name, outs, [g[0]], **kw)]
-    elif method == "reduce_scatter_single":
-        f = _scale(ints, floats, n)
-        (d,) = _grad_call(
-            comm, "all_gather_single", [g[0].new_empty(ctx.in_shapes[0])], [g[0]], **kw
-        )
-        d_in = [d * f if f != 1.0 else d]
-    elif method == "all_to_all_single":
-        d_in = _grad_call(
-            comm, "all_to_all_single", [g[0].new_empty(ctx.in_shapes[0])], [g[0]], **kw
-        )
-    elif method == "all_to_all_v_single":
+        d_in = _grad_call(comm, _ADJOINT[method], outs, [g[0]], **kw)
+        d_in = [t * f if f != 1.0 else t for t in d_in]
+    elif method in ("all_to_all_single", "all_to_all_v_single"):
         half = len(ints) // 2  # the splits swap: what came from a rank goes back to it
-        d_in = _grad_call(
-            comm,
-            "all_to_all_v_single",
-            [g[0].new_empty(ctx.in_shapes[0])],
-            [g[0]],
-            ints[half:] + ints[:half],
-            **kw,
-        )
+        like_input = [g[0].new_empty(ctx.in_shapes[0])]
+        d_in = _grad_call(comm, method, like_input, [g[0]], ints[half:] + ints[:half], **kw)
     elif method == "all_to_all":
-        d_in = _grad_call(
-            comm,
-            "all_to_all",
-            [t.new_empty(s) for t, s in zip(g, ctx.in_shapes, strict=True)],
-            g,
-            **kw,
-        )
+        outs = [t.new_empty(s) for t, s in zip(g, ctx.in_shapes, strict=True)]
+        d_in = _grad_call(comm, "all_to_all", outs, g, **kw)
     else:
         return _refusal(ctx, comm, method, "it has no gradient formula", g)
     return list(d_mut), list(d_in)

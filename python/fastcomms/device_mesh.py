@@ -116,12 +116,12 @@ class _CommOps:
         """One op per (output, input) pair; the work holds the outputs."""
         return _CommWork([issue(o, i) for o, i in zip(outputs, inputs, strict=True)], outputs)
 
+    def _op(self, c10d_op, name):
+        return _reduce_op(c10d_op, lambda: self._where(name))
+
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op = _reduce_op(
-            opts.reduceOp if opts is not None else dist.ReduceOp.SUM,
-            lambda: self._where("allreduce"),
-        )
+        op = self._op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         return self._each(lambda t: self._comm.all_reduce(t, op, True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -132,29 +132,28 @@ class _CommOps:
         return self._each(lambda t: self._comm.broadcast(t, root, True), tensors)
 
     def reduce(self, tensors, opts=None):
-        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce"))
+        op = self._op(opts.reduceOp, "reduce")
         return self._each(lambda t: self._comm.reduce(t, opts.rootRank, op, True), tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         return self._pairs(lambda o, i: self._comm.all_gather(o, i, True), output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
-        return _CommWork([self._comm.all_gather_single(output, input, True)], [output])
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._pairs(lambda o, i: self._comm.all_gather_single(o, i, True), outputs, inputs)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter"))
+        op = self._op(opts.reduceOp, "reduce_scatter")
         issue = lambda o, i: self._comm.reduce_scatter(o, i, op, True)  # noqa: E731
         return self._pairs(issue, outputs, input_lists)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
-        return _CommWork([self._comm.reduce_scatter_single(output, input, op, True)], [output])
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op = _reduce_op(opts.reduceOp, lambda: self._where("reduce_scatter_tensor"))
+        op = self._op(opts.reduceOp, "reduce_scatter_tensor")
         issue = lambda o, i: self._comm.reduce_scatter_single(o, i, op, True)  # noqa: E731
         return self._pairs(issue, outputs, inputs)
 
@@ -195,17 +194,17 @@ class _CommOps:
         dev = self._comm.get_device()
         return _CommWork([self._comm.barrier(True)], [], dev if dev.type == "cuda" else None)
 
-    def send(self, tensors, dst, tag=0):
+    def _p2p(self, kind, tensors, peer):
         if self._coalescing is not None:
-            self._coalescing += [("send", t, dst) for t in tensors]
+            self._coalescing += [(kind, t, peer) for t in tensors]
             return _CommWork([], tensors)
-        return self._each(lambda t: self._comm.send(t, dst, True), tensors)
+        return self._each(lambda t: getattr(self._comm, kind)(t, peer, True), tensors)
+
+    def send(self, tensors, dst, tag=0):
+        return self._p2p("send", tensors, dst)
 
     def recv(self, tensors, src, tag=0):
-        if self._coalescing is not None:
-            self._coalescing += [("recv", t, src) for t in tensors]
-            return _CommWork([], tensors)
-        return self._each(lambda t: self._comm.recv(t, src, True), tensors)
+        return self._p2p("recv", tensors, src)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError(
@@ -229,7 +228,7 @@ class _CommOps:
             return _CommWork([], [])
         batch = self._comm.batch_op_create()
         for kind, t, peer in ops:
-            (batch.send if kind == "send" else batch.recv)(t, peer)
+            getattr(batch, kind)(t, peer)
         return _CommWork([batch.issue(True)], [t for _, t, _ in ops])
 
     def set_timeout(self, timeout):

@@ -157,9 +157,7 @@ def _op(op) -> _FcReduceOp:
 
 
 def _result(work, async_op):
-    if async_op:
-        return work
-    return None
+    return work if async_op else None
 
 
 def init_process_group(
@@ -201,23 +199,16 @@ def init_process_group(
     if rank < 0 or world_size < 1:
         raise ValueError("init_process_group: rank and world_size are needed (arguments or env)")
     timeout = timeout or datetime.timedelta(seconds=600)
-    if store is None:
-        import torch.distributed as dist
-
-        method = init_method or "env://"
-        if method.startswith("file://"):
-            store = dist.FileStore(method[len("file://") :], world_size)
-        elif method.startswith("tcp://"):
+    method = init_method or "env://"
+    if store is None and method.startswith("file://"):
+        store = _td.FileStore(method[len("file://") :], world_size)
+    elif store is None:
+        if method.startswith("tcp://"):
             host, port = method[len("tcp://") :].rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), world_size, rank == 0, timeout=timeout)
         else:
-            store = dist.TCPStore(
-                os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                int(os.environ.get("MASTER_PORT", "29500")),
-                world_size,
-                rank == 0,
-                timeout=timeout,
-            )
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = os.environ.get("MASTER_PORT", "29500")
+        store = _td.TCPStore(host, int(port), world_size, rank == 0, timeout=timeout)
     device = torch.device(device_id) if device_id is not None else torch.device("cpu")
     name = str(backend or "gloo")
     chosen = "nccl" if device.type == "cuda" and "nccl" in name else "gloo"
@@ -226,10 +217,8 @@ def init_process_group(
         chosen, device, timeout=timeout, store=store, name=group_name or "default"
     )
     _default = _new_group(comm, list(range(world_size)))
-    import torch.distributed as dist
-
-    if not dist.is_initialized():  # torch's functions then see it as the default group
-        dist.distributed_c10d._update_default_pg(_default)
+    if not _td.is_initialized():  # torch's functions then see it as the default group
+        _td.distributed_c10d._update_default_pg(_default)
 
 
 def is_initialized() -> bool:
@@ -301,8 +290,7 @@ def split_group(
 
 @_or_torch
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
-    g = _group(group)
-    return _result(g.comm.all_reduce(tensor, _op(op), async_op), async_op)
+    return _result(_group(group).comm.all_reduce(tensor, _op(op), async_op), async_op)
 
 
 @_or_torch
@@ -383,8 +371,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
 
 @_or_torch
 def barrier(group=None, async_op=False, device_ids=None):
-    g = _group(group)
-    return _result(g.comm.barrier(async_op), async_op)
+    return _result(_group(group).comm.barrier(async_op), async_op)
 
 
 def _peer(g, rank, what):
@@ -486,12 +473,8 @@ def scatter_object_list(
     scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
 ):
     g = _group(group)
-    _objcol.scatter_object_list(
-        g.comm,
-        _src(g, src, group_src, "scatter_object_list"),
-        scatter_object_output_list,
-        scatter_object_input_list,
-    )
+    root = _src(g, src, group_src, "scatter_object_list")
+    _objcol.scatter_object_list(g.comm, root, scatter_object_output_list, scatter_object_input_list)
 
 
 # -- torchcomms' distwrap extensions --------------------------------------------------------------

@@ -25,10 +25,9 @@ def get_torchcomms_instance(pg, device_type=None):
     makes one communicator per group, for the device the group was made for; ``device_type``
     is checked against it."""
     comm = comm_of(pg)
-    if comm is not None and device_type is not None:
-        if comm.get_device().type != str(device_type):
-            raise ValueError(
-                f"get_torchcomms_instance: the group's communicator serves "
-                f"{comm.get_device().type}, not {device_type}"
-            )
+    if comm is not None and device_type is not None and comm.get_device().type != str(device_type):
+        raise ValueError(
+            f"get_torchcomms_instance: the group's communicator serves "
+            f"{comm.get_device().type}, not {device_type}"
+        )
     return comm
