@@ -122,10 +122,7 @@ class FlightRecorderHook(_Registered):
 
     def _ring(self, comm_name: str) -> collections.deque:
         key = comm_name if self._isolated else ""
-        ring = self._rings.get(key)
-        if ring is None:
-            ring = self._rings[key] = collections.deque(maxlen=self._max)
-        return ring
+        return self._rings.setdefault(key, collections.deque(maxlen=self._max))
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
@@ -193,29 +190,24 @@ class FlightRecorderHook(_Registered):
                     entry["duration_ms"] = (time.time_ns() - entry["time_created_ns"]) / 1e6
 
         def observe(event, op_id, payload):
-            if event == "issued":
-                with self._lock:
+            if event == "timeout":
+                self.dump_file(info["rank"])
+                return
+            with self._lock:
+                if event == "waited":
+                    self._settle(op_id)
+                elif event == "issued":
                     entry = self._open.get(op_id)  # (the post-hook has not run yet)
                     if payload is not None and entry is not None and entry["async_op"]:
                         self._works[op_id] = (weakref.ref(payload), entry)
                         if len(self._works) > 2 * self._max * max(1, len(self._rings)):
                             self._prune_works()
-                return
-            if event == "waited":
-                with self._lock:
-                    self._settle(op_id)
-                return
-            if event == "timeout":
-                self.dump_file(info["rank"])
-
-        def on_abort():
-            self.dump_file(info["rank"])
 
         self._handles += [
             comm.register_pre_hook(pre),
             comm.register_post_hook(post),
             comm._observe(observe),
-            comm.register_abort_hook(on_abort),
+            comm.register_abort_hook(lambda: self.dump_file(info["rank"])),
         ]
 
     def _prune_works(self) -> None:
@@ -289,19 +281,13 @@ class FlightRecorderHook(_Registered):
         ``$TORCHCOMM_FR_DUMP_TEMP_FILE`` itself (the whole path, read at each dump), as
         torchcomms names its files."""
         dynamic = os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME", "0").lower()
-        given = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
-        if given and dynamic in ("1", "true", "yes", "on"):
-            path = given
-        else:
-            if given:
-                prefix = given
-            else:
-                cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-                    os.path.expanduser("~"), ".cache"
-                )
+        path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
+        if not (path and dynamic in ("1", "true", "yes", "on")):
+            if not path:  # the default prefix
+                cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
                 os.makedirs(os.path.join(cache, "torch"), exist_ok=True)
-                prefix = os.path.join(cache, "torch", "comm_lib_trace_rank_")
-            path = f"{prefix}{rank}"
+                path = os.path.join(cache, "torch", "comm_lib_trace_rank_")
+            path = f"{path}{rank}"
         with open(path, "wb") as f:
             pickle.dump(self._trace(include_completed, rank), f)
         return path
