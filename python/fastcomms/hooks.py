@@ -68,16 +68,9 @@ def _sizes_and_dtypes(tensors):
 
 def _io(args: Any) -> tuple[list, list]:
     """(inputs, outputs) of a pre-hook argument object; an in-place ``tensor`` is both."""
-    ins, outs = [], []
-    for label, t in _tensors(args):
-        if label == "tensor":
-            ins.append(t)
-            outs.append(t)
-        elif label.startswith("input"):
-            ins.append(t)
-        else:
-            outs.append(t)
-    return ins, outs
+    pairs = _tensors(args)
+    ins = [t for label, t in pairs if label == "tensor" or label.startswith("input")]
+    return ins, [t for label, t in pairs if not label.startswith("input")]
 
 
 class _Registered:
@@ -363,11 +356,8 @@ def _clog_dtype(t) -> str:
 
 
 def _clog_red(op) -> str:
-    kind = getattr(op, "type", op)
-    name = getattr(kind, "name", None)
-    if not isinstance(name, str):
-        return "unknown"
-    return _CLOG_RED.get(name, name.lower())
+    name = getattr(getattr(op, "type", op), "name", None)
+    return _CLOG_RED.get(name, name.lower()) if isinstance(name, str) else "unknown"
 
 
 def _clog_counts(ts) -> str:
