@@ -68,17 +68,8 @@ def _args_class(name: str, fields: tuple[str, ...], base: type = object) -> type
         inner = ", ".join(f"{f}={_short(getattr(self, f))}" for f in fields)
         return f"{name}({inner})"
 
-    return type(
-        name,
-        () if base is object else (base,),
-        {
-            "__slots__": fields,
-            "__init__": __init__,
-            "__setattr__": __setattr__,
-            "__repr__": __repr__,
-            "_fields": fields,
-        },
-    )
+    methods = {"__init__": __init__, "__setattr__": __setattr__, "__repr__": __repr__}
+    return type(name, (base,), {"__slots__": fields, "_fields": fields, **methods})
 
 
 def _short(v):
@@ -131,9 +122,7 @@ _POST = {
     "BatchOpIssuePostHookArgs": (),
     "FinalizePostHookArgs": (),
 }
-for _name, _fields in _PRE.items():
-    globals()[_name] = _args_class(_name, _fields)
-for _name, _fields in _POST.items():
+for _name, _fields in {**_PRE, **_POST}.items():
     globals()[_name] = _args_class(_name, _fields)
 __all__ += list(_PRE) + list(_POST)
 

@@ -11,6 +11,7 @@ the process's one sequence (NOTE [op ids])."""
 from __future__ import annotations
 
 import datetime
+import functools
 
 from ._C import Comm, RedOpType, UnsupportedError, WorkStatus
 
@@ -124,25 +125,12 @@ class Shim:
         self._hooks[kind][key] = fn
         return lambda: self._hooks[kind].pop(key, None)
 
-    def register_pre_hook(self, fn):
-        return self._register("pre", fn)
+    register_pre_hook = functools.partialmethod(_register, "pre")
+    register_post_hook = functools.partialmethod(_register, "post")
+    register_abort_hook = functools.partialmethod(_register, "abort")
 
-    def register_post_hook(self, fn):
-        return self._register("post", fn)
-
-    def register_abort_hook(self, fn):
-        return self._register("abort", fn)
-
-    # ops: the C++ communicator's argument order in, the backend's (torchcomms') order out
-    def send(self, t, dst, a, to, h):
-        return self._call("send", t, dst, a)
-
-    def recv(self, t, src, a, to, h):
-        return self._call("recv", t, src, a)
-
-    def broadcast(self, t, root, a, to, h):
-        return self._call("broadcast", t, root, a)
-
+    # ops: the C++ communicator's argument order in, the backend's (torchcomms') order out; the
+    # ops whose arguments pass as they are (less the timeout and hints) are made below the class
     def all_reduce(self, t, op, f, a, to, h):
         return self._call("all_reduce", t, self._op(op, f), a)
 
@@ -152,36 +140,12 @@ class Shim:
     def all_gather(self, outs, t, v, a, to, h):
         return self._call("all_gather_v" if v else "all_gather", outs, t, a)
 
-    def all_gather_single(self, out, t, a, to, h):
-        return self._call("all_gather_single", out, t, a)
-
     def reduce_scatter(self, out, ins, op, f, v, a, to, h):
         name = "reduce_scatter_v" if v else "reduce_scatter"
         return self._call(name, out, ins, self._op(op, f), a)
 
     def reduce_scatter_single(self, out, t, op, f, a, to, h):
         return self._call("reduce_scatter_single", out, t, self._op(op, f), a)
-
-    def all_to_all_single(self, out, t, a, to, h):
-        return self._call("all_to_all_single", out, t, a)
-
-    def all_to_all_v_single(self, out, t, outs, ins, a, to, h):
-        return self._call("all_to_all_v_single", out, t, outs, ins, a)
-
-    def all_to_all(self, outs, ins, a, to, h):
-        return self._call("all_to_all", outs, ins, a)
-
-    def barrier(self, a, to, h):
-        return self._call("barrier", a)
-
-    def scatter(self, out, ins, root, a, to, h):
-        return self._call("scatter", out, ins, root, a)
-
-    def gather(self, outs, t, root, a, to, h):
-        return self._call("gather", outs, t, root, a)
-
-    def gather_single(self, out, t, root, a, to, h):
-        return self._call("gather_single", out, t, root, a)
 
     def batch(self, ops, a, to, h):
         if hasattr(self._b, "batch_op_issue"):
@@ -215,3 +179,22 @@ class Shim:
             f"[{self._name}] the Ulysses layer needs a built-in backend's communicator; "
             "pass a torch.distributed ProcessGroup instead"
         )
+
+
+def _passthrough(method):
+    """The Shim's ``method(*args, async_op, timeout, hints)``: the backend's
+    ``method(*args, async_op)``."""
+
+    def op(self, *args):
+        return self._call(method, *args[:-2])
+
+    op.__name__ = op.__qualname__ = method
+    return op
+
+
+# the ops whose arguments are in the same order in the C++ communicator and in the backend
+for _method in (
+    "send recv broadcast all_gather_single all_to_all_single all_to_all_v_single all_to_all "
+    "barrier scatter gather gather_single"
+).split():
+    setattr(Shim, _method, _passthrough(_method))

@@ -88,12 +88,7 @@ def init_handle(self) -> str:
 def reconfigure(self, uuid, init_handles=None, timeout=None, hints=None) -> _DoneWork:
     """``TorchComm.reconfigure`` of ``self``."""
     if isinstance(uuid, ReconfigureOptions):
-        uuid, init_handles, timeout, hints = (
-            uuid.uuid,
-            uuid.init_handles,
-            uuid.timeout,
-            uuid.hints,
-        )
+        uuid, init_handles, timeout, hints = uuid.uuid, uuid.init_handles, uuid.timeout, uuid.hints
     backend, name = self.get_backend(), self.get_name()
     where = f"[{name} reconfigure uuid={uuid}]"
     if not self._options.enable_reconfigure:

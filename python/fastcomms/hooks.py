@@ -68,16 +68,9 @@ def _sizes_and_dtypes(tensors):
 
 def _io(args: Any) -> tuple[list, list]:
     """(inputs, outputs) of a pre-hook argument object; an in-place ``tensor`` is both."""
-    ins, outs = [], []
-    for label, t in _tensors(args):
-        if label == "tensor":
-            ins.append(t)
-            outs.append(t)
-        elif label.startswith("input"):
-            ins.append(t)
-        else:
-            outs.append(t)
-    return ins, outs
+    pairs = _tensors(args)
+    ins = [t for label, t in pairs if label == "tensor" or label.startswith("input")]
+    return ins, [t for label, t in pairs if not label.startswith("input")]
 
 
 class _Registered:
@@ -122,10 +115,7 @@ class FlightRecorderHook(_Registered):
 
     def _ring(self, comm_name: str) -> collections.deque:
         key = comm_name if self._isolated else ""
-        ring = self._rings.get(key)
-        if ring is None:
-            ring = self._rings[key] = collections.deque(maxlen=self._max)
-        return ring
+        return self._rings.setdefault(key, collections.deque(maxlen=self._max))
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
@@ -193,29 +183,24 @@ class FlightRecorderHook(_Registered):
                     entry["duration_ms"] = (time.time_ns() - entry["time_created_ns"]) / 1e6
 
         def observe(event, op_id, payload):
-            if event == "issued":
-                with self._lock:
+            if event == "timeout":
+                self.dump_file(info["rank"])
+                return
+            with self._lock:
+                if event == "waited":
+                    self._settle(op_id)
+                elif event == "issued":
                     entry = self._open.get(op_id)  # (the post-hook has not run yet)
                     if payload is not None and entry is not None and entry["async_op"]:
                         self._works[op_id] = (weakref.ref(payload), entry)
                         if len(self._works) > 2 * self._max * max(1, len(self._rings)):
                             self._prune_works()
-                return
-            if event == "waited":
-                with self._lock:
-                    self._settle(op_id)
-                return
-            if event == "timeout":
-                self.dump_file(info["rank"])
-
-        def on_abort():
-            self.dump_file(info["rank"])
 
         self._handles += [
             comm.register_pre_hook(pre),
             comm.register_post_hook(post),
             comm._observe(observe),
-            comm.register_abort_hook(on_abort),
+            comm.register_abort_hook(lambda: self.dump_file(info["rank"])),
         ]
 
     def _prune_works(self) -> None:
@@ -289,19 +274,13 @@ class FlightRecorderHook(_Registered):
         ``$TORCHCOMM_FR_DUMP_TEMP_FILE`` itself (the whole path, read at each dump), as
         torchcomms names its files."""
         dynamic = os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME", "0").lower()
-        given = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
-        if given and dynamic in ("1", "true", "yes", "on"):
-            path = given
-        else:
-            if given:
-                prefix = given
-            else:
-                cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-                    os.path.expanduser("~"), ".cache"
-                )
+        path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
+        if not (path and dynamic in ("1", "true", "yes", "on")):
+            if not path:  # the default prefix
+                cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
                 os.makedirs(os.path.join(cache, "torch"), exist_ok=True)
-                prefix = os.path.join(cache, "torch", "comm_lib_trace_rank_")
-            path = f"{prefix}{rank}"
+                path = os.path.join(cache, "torch", "comm_lib_trace_rank_")
+            path = f"{path}{rank}"
         with open(path, "wb") as f:
             pickle.dump(self._trace(include_completed, rank), f)
         return path
@@ -368,7 +347,7 @@ _CLOG_DTYPES = {
 _CLOG_RED = {"PRODUCT": "prod", "PREMUL_SUM": "premul_sum"}
 _CLOG_EVENTS = ("Q", "S", "E", "W", "LIFECYCLE", "ALL", "NONE")
 _CLOG_VERBOSE = ("buffers",)
-_CLOG_SINGLE = ("all_gather_single", "all_to_all_single", "reduce_scatter_single", "gather_single")
+_CLOG_UNLOGGED = ("finalize", "new_window", "split")
 _UNSEEN = object()  # clog: a post-hook whose op's pre-hook it never saw
 
 
@@ -377,11 +356,8 @@ def _clog_dtype(t) -> str:
 
 
 def _clog_red(op) -> str:
-    kind = getattr(op, "type", op)
-    name = getattr(kind, "name", None)
-    if not isinstance(name, str):
-        return "unknown"
-    return _CLOG_RED.get(name, name.lower())
+    name = getattr(getattr(op, "type", op), "name", None)
+    return _CLOG_RED.get(name, name.lower()) if isinstance(name, str) else "unknown"
 
 
 def _clog_counts(ts) -> str:
@@ -393,56 +369,42 @@ def _clog_ptrs(ts) -> str:
 
 
 def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
-    """The ``<k>=<v>`` fields of an operation's signature (None: not an operation clog logs)."""
-    if op in ("all_reduce", "broadcast", "reduce"):
-        t = a.tensor
-        kv = [f"in_count={t.numel()}", f"out_count={t.numel()}", f"dtype={_clog_dtype(t)}"]
-        kv += [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op != "broadcast" else []
-        kv += [f"root={a.root}"] if op != "all_reduce" else []
-        ptrs = [f"buf={_clog_ptrs([t])}"]
-    elif op in ("send", "recv"):
-        t, n = a.tensor, a.tensor.numel()
-        counts = (n, 0) if op == "send" else (0, n)
-        kv = [f"in_count={counts[0]}", f"out_count={counts[1]}", f"dtype={_clog_dtype(t)}"]
-        kv.append(f"peer={a.peer}")
-        ptrs = [f"{'in' if op == 'send' else 'out'}={_clog_ptrs([t])}"]
-    elif op in _CLOG_SINGLE:
-        kv = [f"in_count={a.input.numel()}", f"out_count={a.output.numel()}"]
-        kv.append(f"dtype={_clog_dtype(a.input)}")
-        kv += (
-            [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op == "reduce_scatter_single" else []
-        )
-        kv += [f"root={a.root}"] if op == "gather_single" else []
-        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs([a.output])}"]
-    elif op == "all_to_all_v_single":
-        ins = ",".join(str(int(v)) for v in a.input_split_sizes)
-        outs = ",".join(str(int(v)) for v in a.output_split_sizes)
-        kv = [f"in_splits={ins}", f"out_splits={outs}", f"dtype={_clog_dtype(a.input)}"]
-        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs([a.output])}"]
-    elif op in ("all_gather", "all_gather_v", "gather"):
-        outs = list(a.output)
-        kv = [f"in_count={a.input.numel()}", f"out_counts={_clog_counts(outs)}"]
-        kv.append(f"dtype={_clog_dtype(a.input)}")
-        kv += [f"root={a.root}"] if op == "gather" else []
-        ptrs = [f"in={_clog_ptrs([a.input])}", f"out={_clog_ptrs(outs)}"]
-    elif op in ("reduce_scatter", "reduce_scatter_v", "scatter"):
-        ins = list(a.input)
-        kv = [f"in_counts={_clog_counts(ins)}", f"out_count={a.output.numel()}"]
-        kv.append(f"dtype={_clog_dtype(a.output)}")
-        kv += [f"red_op={_clog_red(getattr(a, 'op', None))}"] if op != "scatter" else []
-        kv += [f"root={a.root}"] if op == "scatter" else []
-        ptrs = [f"in={_clog_ptrs(ins)}", f"out={_clog_ptrs([a.output])}"]
-    elif op == "all_to_all":
-        ins, outs = list(a.input), list(a.output)
-        kv = [f"in_counts={_clog_counts(ins)}", f"out_counts={_clog_counts(outs)}"]
-        kv.append(f"dtype={_clog_dtype(ins[0]) if ins else 'other'}")
-        ptrs = [f"in={_clog_ptrs(ins)}", f"out={_clog_ptrs(outs)}"]
-    elif op == "barrier":
-        kv, ptrs = [], []
-    elif op == "batch_op_issue":
-        kv, ptrs = [f"num_ops={a.num_ops}"], []
-    else:
+    """The ``<k>=<v>`` fields of an operation's signature (None: not an operation clog logs):
+    the counts of its input and output (a list's, ``in_counts=`` / ``out_counts=``; the splits of
+    an all_to_all_v_single), the dtype of its first single tensor (of a list's first tensor
+    where all are lists), its reduction, root, peer, number of ops, ``async_op`` and, with
+    ``buffers``, the tensors' addresses (``buf=`` for an in-place tensor)."""
+    if op in _CLOG_UNLOGGED:
         return None
+    fields, kv, ptrs = a._fields, [], []
+    if op in ("send", "recv"):
+        n, out = a.tensor.numel(), op == "recv"
+        kv = [f"in_count={0 if out else n}", f"out_count={n if out else 0}"]
+        ptrs = [f"{'out' if out else 'in'}={_clog_ptrs([a.tensor])}"]
+    elif "tensor" in fields:  # in place
+        kv = [f"in_count={a.tensor.numel()}", f"out_count={a.tensor.numel()}"]
+        ptrs = [f"buf={_clog_ptrs([a.tensor])}"]
+    elif op == "all_to_all_v_single":
+        kv = [
+            f"{k}_splits={','.join(str(int(v)) for v in getattr(a, f'{k}put_split_sizes'))}"
+            for k in ("in", "out")
+        ]
+    elif "input" in fields:
+        for k, v in (("in", a.input), ("out", a.output)):
+            lst = isinstance(v, list | tuple)
+            kv.append(f"{k}_count{'s' if lst else ''}={_clog_counts(v) if lst else v.numel()}")
+    if "input" in fields:
+        ptrs = [
+            f"{k}={_clog_ptrs(v if isinstance(v, list | tuple) else [v])}"
+            for k, v in (("in", a.input), ("out", a.output))
+        ]
+    if kv:  # the dtype of the first single tensor (all_to_all: of the first input)
+        ts = [getattr(a, f) for f in ("tensor", "input", "output") if f in fields]
+        t = next((v for v in ts if isinstance(v, torch.Tensor)), None)
+        t = t if t is not None else next(iter(a.input), None)
+        kv.append(f"dtype={_clog_dtype(t) if t is not None else 'other'}")
+    kv += [f"red_op={_clog_red(a.op)}"] if "op" in fields else []
+    kv += [f"{f}={getattr(a, f)}" for f in ("root", "peer", "num_ops") if f in fields]
     kv.append(f"async_op={'t' if a.async_op else 'f'}")
     return kv + ptrs if buffers else kv
 

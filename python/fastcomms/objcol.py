@@ -9,6 +9,7 @@ code on the receiving rank) is refused unless ``weights_only=False`` is passed."
 from __future__ import annotations
 
 import io
+import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -24,22 +25,27 @@ __all__ = [
 ]
 
 
-def _dev(comm) -> torch.device:
-    return comm.get_device()
-
-
 def _to_bytes(obj: object) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
 
 
-def _to_tensor(data: bytes, size: int, device) -> torch.Tensor:
-    """`data` in a uint8 tensor of `size` bytes (zero padded) on `device`."""
+def _to_tensor(data: bytes, size: int, comm) -> torch.Tensor:
+    """`data` in a uint8 tensor of `size` bytes (zero padded) on the communicator's device."""
     t = torch.zeros(max(size, 1), dtype=torch.uint8)
     if data:
         t[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return t.to(device)
+    return t.to(comm.get_device())
+
+
+def _bytes(comm, size: int) -> torch.Tensor:
+    """An uninitialized uint8 tensor of `size` bytes (at least 1) on the communicator's device."""
+    return torch.empty(max(size, 1), dtype=torch.uint8, device=comm.get_device())
+
+
+def _int64(comm, values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=comm.get_device())
 
 
 def _from_tensor(t: torch.Tensor, size: int, weights_only: bool) -> object:
@@ -47,13 +53,17 @@ def _from_tensor(t: torch.Tensor, size: int, weights_only: bool) -> object:
     return torch.load(io.BytesIO(data), weights_only=weights_only)
 
 
+def _unpack(object_list: list[Any], data: torch.Tensor, sizes: list[int], weights_only) -> None:
+    """Fills ``object_list`` with the objects packed one after another in ``data``."""
+    for i, (off, s) in enumerate(zip(itertools.accumulate([0, *sizes]), sizes, strict=False)):
+        object_list[i] = _from_tensor(data[off : off + s], s, weights_only)
+
+
 def _sizes(comm, mine: int, timeout) -> list[int]:
     """Every rank's byte count."""
-    out = torch.zeros(comm.get_size(), dtype=torch.int64, device=_dev(comm))
-    comm.all_gather_single(
-        out, torch.tensor([mine], dtype=torch.int64, device=_dev(comm)), False, timeout=timeout
-    )
-    return [int(v) for v in out.cpu()]
+    out = _int64(comm, [0] * comm.get_size())
+    comm.all_gather_single(out, _int64(comm, [mine]), False, timeout=timeout)
+    return out.tolist()
 
 
 def all_gather_object(
@@ -72,8 +82,8 @@ def all_gather_object(
     data = _to_bytes(obj)
     sizes = _sizes(comm, len(data), timeout)
     width = max(max(sizes), 1)
-    out = torch.empty(width * n, dtype=torch.uint8, device=_dev(comm))
-    comm.all_gather_single(out, _to_tensor(data, width, _dev(comm)), False, timeout=timeout)
+    out = _bytes(comm, width * n)
+    comm.all_gather_single(out, _to_tensor(data, width, comm), False, timeout=timeout)
     for q in range(n):
         object_list[q] = _from_tensor(out[q * width : (q + 1) * width], sizes[q], weights_only)
 
@@ -93,12 +103,8 @@ def gather_object(
     data = _to_bytes(obj)
     sizes = _sizes(comm, len(data), timeout)
     width = max(max(sizes), 1)
-    outs = (
-        [torch.empty(width, dtype=torch.uint8, device=_dev(comm)) for _ in range(n)]
-        if me == root
-        else []
-    )
-    comm.gather(outs, _to_tensor(data, width, _dev(comm)), root, False, timeout=timeout)
+    outs = [_bytes(comm, width) for _ in range(n)] if me == root else []
+    comm.gather(outs, _to_tensor(data, width, comm), root, False, timeout=timeout)
     if me == root:
         for q in range(n):
             object_gather_list[q] = _from_tensor(outs[q], sizes[q], weights_only)
@@ -108,10 +114,10 @@ def send_object_list(comm, object_list: list[Any], dst: int, timeout: timedelta 
     """Sends every object of ``object_list`` to ``dst`` (which calls recv_object_list with a list
     of the same length)."""
     blobs = [_to_bytes(o) for o in object_list]
-    sizes = torch.tensor([len(b) for b in blobs], dtype=torch.int64, device=_dev(comm))
+    sizes = _int64(comm, [len(b) for b in blobs])
     comm.send(sizes, dst, False, timeout=timeout)
     total = int(sizes.sum())
-    comm.send(_to_tensor(b"".join(blobs), total, _dev(comm)), dst, False, timeout=timeout)
+    comm.send(_to_tensor(b"".join(blobs), total, comm), dst, False, timeout=timeout)
 
 
 def recv_object_list(
@@ -122,15 +128,12 @@ def recv_object_list(
     weights_only: bool = True,
 ):
     """Fills ``object_list`` with the objects ``src`` sent with send_object_list."""
-    sizes = torch.zeros(len(object_list), dtype=torch.int64, device=_dev(comm))
+    sizes = _int64(comm, [0] * len(object_list))
     comm.recv(sizes, src, False, timeout=timeout)
-    sizes_l = [int(v) for v in sizes.cpu()]
-    data = torch.empty(max(sum(sizes_l), 1), dtype=torch.uint8, device=_dev(comm))
+    sizes_l = sizes.tolist()
+    data = _bytes(comm, sum(sizes_l))
     comm.recv(data, src, False, timeout=timeout)
-    off = 0
-    for i, s in enumerate(sizes_l):
-        object_list[i] = _from_tensor(data[off : off + s], s, weights_only)
-        off += s
+    _unpack(object_list, data, sizes_l, weights_only)
 
 
 def broadcast_object_list(
@@ -143,25 +146,14 @@ def broadcast_object_list(
     """Replaces ``object_list`` on every rank with ``root``'s (the lists have the same length)."""
     me = comm.get_rank()
     blobs = [_to_bytes(o) for o in object_list] if me == root else []
-    sizes = torch.tensor(
-        [len(b) for b in blobs] if me == root else [0] * len(object_list),
-        dtype=torch.int64,
-        device=_dev(comm),
-    )
+    sizes = _int64(comm, [len(b) for b in blobs] if me == root else [0] * len(object_list))
     comm.broadcast(sizes, root, False, timeout=timeout)
-    sizes_l = [int(v) for v in sizes.cpu()]
+    sizes_l = sizes.tolist()
     total = sum(sizes_l)
-    data = (
-        _to_tensor(b"".join(blobs), total, _dev(comm))
-        if me == root
-        else torch.empty(max(total, 1), dtype=torch.uint8, device=_dev(comm))
-    )
+    data = _to_tensor(b"".join(blobs), total, comm) if me == root else _bytes(comm, total)
     comm.broadcast(data, root, False, timeout=timeout)
     if me != root:
-        off = 0
-        for i, s in enumerate(sizes_l):
-            object_list[i] = _from_tensor(data[off : off + s], s, weights_only)
-            off += s
+        _unpack(object_list, data, sizes_l, weights_only)
 
 
 def scatter_object_list(
@@ -180,13 +172,11 @@ def scatter_object_list(
     if me == root and (scatter_object_input_list is None or len(scatter_object_input_list) != n):
         raise ValueError(f"scatter_object_list: the root needs {n} input objects")
     blobs = [_to_bytes(o) for o in scatter_object_input_list] if me == root else []
-    sizes = torch.tensor(
-        [len(b) for b in blobs] if me == root else [0] * n, dtype=torch.int64, device=_dev(comm)
-    )
+    sizes = _int64(comm, [len(b) for b in blobs] if me == root else [0] * n)
     comm.broadcast(sizes, root, False, timeout=timeout)
-    sizes_l = [int(v) for v in sizes.cpu()]
+    sizes_l = sizes.tolist()
     width = max(max(sizes_l), 1)
-    ins = [_to_tensor(b, width, _dev(comm)) for b in blobs] if me == root else []
-    out = torch.empty(width, dtype=torch.uint8, device=_dev(comm))
+    ins = [_to_tensor(b, width, comm) for b in blobs] if me == root else []
+    out = _bytes(comm, width)
     comm.scatter(out, ins, root, False, timeout=timeout)
     scatter_object_output_list[0] = _from_tensor(out, sizes_l[me], weights_only)
