@@ -1,8 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """The ring exchange of ring attention (API.md §2) and the zig-zag layout of a causal sequence
-(docs/sequence_parallel.md). Transports: "collective" (one batched send + receive per step on the
-group's backend) and "window" (an "nvlink" communicator on CUDA: puts into the next rank's window
-on a side stream, ordered by window signals; NOTE [ring window protocol])."""
+(docs/sequence_parallel.md)."""
 
 from __future__ import annotations
 
@@ -20,10 +18,9 @@ __all__ = ["RingGroup", "RingWork", "zigzag_indices", "zigzag_shard", "zigzag_un
 _ALIGN = 256  # bytes: every tensor of a window slot starts on this boundary (any dtype's view)
 
 
-# Zig-zag: causal attention over `world` contiguous pieces leaves rank 0 almost idle and the last
-# rank with the most work. Rank r holding chunks r and 2 * world - 1 - r of 2 * world pairs an
-# early chunk with a late one: every rank does the same causal work, and every ring step's block
-# is the diagonal (causal) or exactly half of a full block (see usp_attention.py).
+# Zig-zag: with contiguous pieces, causal attention leaves rank 0 almost idle and the last rank
+# the most work. Rank r holding chunks r and 2 * world - 1 - r of 2 * world evens the work, and
+# every ring step's block is the diagonal or exactly half of a full block (usp_attention.py).
 def _zigzag_check(length, world, rank, what):
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"{what}: world must be an int >= 1, got {world!r}")
@@ -70,14 +67,11 @@ def zigzag_unshard(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
     return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
 
 
-# NOTE [ring double buffer]: a ring-attention step computes on the K/V block it received last
-# while the next block is in flight, and sends the block it computes on: step k sends step k-1's
-# result and receives into other memory. So a group keeps two sets of receive buffers (two slots
-# of one window on the window transport) and step k receives into set k % 2: the results of the
-# last two steps are intact, and step k+2 overwrites step k's. No allocation per step once the
-# shapes repeat (a new shape or dtype in a slot gets new buffers; tensors handed out earlier keep
-# theirs). The backward of ring attention runs two rings at once (K/V and their gradients): each
-# needs its own RingGroup, since one group's steps share one pair of buffer sets.
+# NOTE [ring double buffer]: a ring-attention step sends the block it computes on (step k-1's
+# result) while the next is in flight, so step k receives into buffer set k % 2 (a window slot on
+# the window transport): the last two results stay intact, step k+2 overwrites step k's, and no
+# allocation is made once shapes repeat (a new shape or dtype gets new buffers; tensors handed out
+# keep theirs). Two rings at once (the backward's K/V and gradients) need two RingGroups.
 class RingWork:
     """The handle of one ``RingGroup.exchange``: ``wait()`` returns the received tensors (the
     structure that was sent), the group's buffers until the exchange two steps later reuses them.
@@ -98,12 +92,11 @@ class RingWork:
 
 
 class RingGroup(_Scoped):
-    """The ring exchange of ring attention over a ``TorchComm``, a ``torch.distributed``
-    ProcessGroup, a 1-D DeviceMesh, or None (the default group). ``transport`` ("window" or
-    "collective"; ``transport_reason`` says why) is chosen at construction, which is collective on
-    the window transport. Every rank exchanges the same shapes and dtypes with the same
-    ``reverse``, in the same order (calls pair by order), from one thread; ``destroy()``
-    (collective) releases the receive buffers and the window."""
+    """The ring exchange over a ``TorchComm``, a ProcessGroup, a 1-D DeviceMesh or None (the
+    default group); ``transport``: "window" (an "nvlink" communicator on CUDA) or "collective",
+    ``transport_reason`` says why. Every rank exchanges the same shapes, dtypes and ``reverse`` in
+    the same order (calls pair by order), from one thread. Construction and ``destroy()`` are
+    collective on the window transport."""
 
     def __init__(self, group=None, device=None):
         if hasattr(group, "get_group") and hasattr(group, "mesh"):  # a DeviceMesh
@@ -235,22 +228,17 @@ class RingGroup(_Scoped):
 
         return out, wait, lambda: all(w.is_completed() for w in works)
 
-    # NOTE [ring window protocol]: each rank registers one window buffer of two slots (the double
-    # buffer); step k's tensors go into slot k % 2 of the destination's buffer. On the group's
-    # side stream, after it waited for the caller's stream (the sent tensors are written, and
-    # every read of this rank's slot k % 2 from step k-2 the caller enqueued is ordered before):
-    #   1. signal(src): "my slot k % 2 is free" (a credit to the rank that writes into it);
-    #   2. wait_signal(dst): dst's credit for its slot k % 2;
-    #   3. put each tensor into dst's slot k % 2 (copy engines over NVLink);
-    #   4. signal(dst): "your slot k % 2 holds step k" (stream order puts the signal after the
-    #      copies; the window's signal is a release after a system fence);
-    #   5. wait_signal(src): src's data for this rank's slot; then an event the caller waits on.
-    # Signal counts are per (sender, receiver) pair and a wait takes the next count, so each
-    # signal must meet its own wait: from a given peer this rank receives per step exactly one
-    # credit or one data signal (world > 2), or with world 2 (the peer is both src and dst) a
-    # credit then a data signal, awaited in that order; forward and reverse steps keep the pairing
-    # because every rank runs the same sequence of steps. No cycle: every credit is sent before
-    # any wait.
+    # NOTE [ring window protocol]: one window buffer of two slots per rank (the double buffer);
+    # step k puts into slot k % 2 of dst's. On the side stream, after the caller's stream (the sent
+    # tensors are written; the caller's reads of this rank's slot from step k-2 come before):
+    # 1. signal(src): a credit, "my slot is free"; 2. wait_signal(dst): dst's credit; 3. put each
+    # tensor (copy engines over NVLink); 4. signal(dst): "your slot holds step k" (after the copies
+    # in stream order; a release after a system fence); 5. wait_signal(src): src's data landed;
+    # then an event the caller waits on. Signal counts are per (sender, receiver) pair and a wait
+    # takes the next count, so each signal must meet its own wait: per step a peer sends this rank
+    # one credit or one data signal (world > 2), or with world 2 a credit then a data signal,
+    # awaited in that order; every rank runs the same steps (forward and reverse). No cycle: every
+    # credit is sent before any wait.
     def _exchange_window(self, seq, slot, dst, src):
         for t in seq:
             if t.device != self.device:
