@@ -54,7 +54,6 @@ class SequenceParallelGroup(_Scoped):
             ring_comm, ulysses_comm = mesh.get_group(ring_dim), mesh.get_group(ulysses_dim)
         self.ulysses = UlyssesGroup(ulysses_comm, transport=transport)
         self.ring = RingGroup(ring_comm)
-        self._ring_source = ring_comm
         self.ring_size, self.ulysses_size = self.ring.size, self.ulysses._size
         self.ring_rank, self.ulysses_rank = self.ring.rank, self.ulysses._rank
         self.size = self.ring_size * self.ulysses_size
@@ -72,36 +71,29 @@ class SequenceParallelGroup(_Scoped):
                 f"{sizes!r}"
             )
         ring_size, ulysses_size = sizes
-        if isinstance(group, TorchComm):
-            world = group.get_size()
-        elif group is not None:
+        if group is not None and not isinstance(group, TorchComm):
             raise TypeError(
                 "SequenceParallelGroup: group= must be a fastcomms TorchComm (or None for "
                 f"torch.distributed's default group), got {type(group).__name__}"
             )
-        elif not dist.is_initialized():
+        if group is None and not dist.is_initialized():
             raise ValueError(
                 "SequenceParallelGroup: no group given and torch.distributed is not "
                 "initialized (call init_process_group, or pass group=a TorchComm)"
             )
-        else:
-            world = dist.get_world_size()
+        world = dist.get_world_size() if group is None else group.get_size()
         if ring_size * ulysses_size != world:
             raise ValueError(
                 f"SequenceParallelGroup: ring {ring_size} x ulysses {ulysses_size} = "
                 f"{ring_size * ulysses_size} ranks, the group has {world}"
             )
-        if isinstance(group, TorchComm):
+        if group is not None:
             # every rank joins its row (a Ulysses group) and its column (a ring), row-major
             r, u = divmod(group.get_rank(), ulysses_size)
-            name = group.get_name()
-            row = group.split(
-                [r * ulysses_size + j for j in range(ulysses_size)], f"{name}.{ulysses_dim}"
-            )
-            column = group.split(
-                [i * ulysses_size + u for i in range(ring_size)], f"{name}.{ring_dim}"
-            )
-            return column, row
+            row = [r * ulysses_size + j for j in range(ulysses_size)]
+            column = [i * ulysses_size + u for i in range(ring_size)]
+            ulysses_comm = group.split(row, f"{group.get_name()}.{ulysses_dim}")
+            return group.split(column, f"{group.get_name()}.{ring_dim}"), ulysses_comm
         from torch.distributed.device_mesh import init_device_mesh
 
         if device is None:
@@ -117,7 +109,7 @@ class SequenceParallelGroup(_Scoped):
         """A second RingGroup over the ring's ranks for the backward's gradient accumulators (each
         ring has its own double buffer); made on first use, collectively on the window transport."""
         if self._ring_grad is None:
-            self._ring_grad = RingGroup(self._ring_source)
+            self._ring_grad = RingGroup(self.ring.group)
         return self._ring_grad
 
     def check_heads(self, num_heads: int, num_kv_heads: int | None = None) -> int:
@@ -141,11 +133,9 @@ class SequenceParallelGroup(_Scoped):
         # Refused rather than silently wrong: the Ulysses all-to-all hands each rank a whole
         # number of heads; a remainder would drop heads or pair queries with the wrong K/V.
         best = max(d for d in range(1, self.size + 1) if self.size % d == 0 and fits(d))
-        what = (
-            f"{num_heads} query heads"
-            if num_heads % u
-            else f"{kv} K/V heads (grouped-query attention)"
-        )
+        what = f"{kv} K/V heads (grouped-query attention)"
+        if num_heads % u:
+            what = f"{num_heads} query heads"
         raise ValueError(
             f"SequenceParallelGroup: {what} do not split over the Ulysses size {u} "
             f"(ring {self.ring_size} x ulysses {u} = {self.size} ranks): each Ulysses rank needs "
