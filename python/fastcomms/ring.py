@@ -193,9 +193,7 @@ class RingGroup(_Scoped):
         Tensors returned earlier stay valid while referenced; later exchanges raise."""
         if self._win is not None:
             self._release_window()
-            self._win = None
-        self._slots = [None, None]
-        self._inflight = [None, None]
+        self._win, self._slots, self._inflight = None, [None, None], [None, None]
         self.transport = "destroyed"
 
     def _exchange_collective(self, seq, slot, dst, src):
