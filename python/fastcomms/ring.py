@@ -132,6 +132,7 @@ class RingGroup(_Scoped):
                     "an nvlink communicator on CUDA: puts into the next rank's window"
                 )
                 self._win = group.new_window()  # collective
+                self._side = torch.cuda.Stream(device=self.device)
             return
         import torch.distributed as dist
 
@@ -245,9 +246,6 @@ class RingGroup(_Scoped):
                     f"{self.device} (the communicator's device), got {t.device}"
                 )
         *offsets, slot_bytes = accumulate((_round_up(t.nbytes, _ALIGN) for t in seq), initial=0)
-        cur = torch.cuda.current_stream(self.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=self.device)
         if 2 * slot_bytes > self._win_bytes:
             # Grow-only, on every rank at the same step (every rank sends the same shapes).
             # Results that view the old buffer keep it alive.
@@ -261,20 +259,19 @@ class RingGroup(_Scoped):
             for t, o in zip(seq, offsets, strict=True)
         ]
         side, win, ordered = self._side, self._win, not self._armed_unordered
-        side.wait_stream(cur)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             win.signal(src)
             if ordered:
                 win.wait_signal(dst)
             for t, o in zip(seq, offsets, strict=True):
+                t.record_stream(side)  # the caller may drop them before the puts ran
                 if t.numel():
                     win.put(t.reshape(-1).view(torch.uint8), dst, base + o)
             win.signal(dst)
             if ordered:
                 win.wait_signal(src)
         done = side.record_event()
-        for t in seq:
-            t.record_stream(side)  # the caller may drop them before the puts ran
 
         def wait():
             torch.cuda.current_stream(self.device).wait_event(done)
