@@ -1,12 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""Two-dimensional sequence parallelism (USP: Ulysses inside a group of ranks, a ring across
-the groups), API.md §2.
-
-The ranks form a (ring, ulysses) grid, row-major: the Ulysses groups are runs of consecutive
-ranks (one node's GPUs when the Ulysses size is at most the GPUs per node, so the all-to-all stays
-on NVLink), and each ring joins the ranks with the same Ulysses index across the groups (the
-point-to-point ring crosses nodes). Attention runs as: the Ulysses all-to-all (heads scattered,
-the ring shard's sequence gathered), ring attention over the ring group, the inverse all-to-all
+"""Two-dimensional sequence parallelism (USP, API.md §2): a row-major (ring, ulysses) grid, the
+Ulysses all-to-all inside each row of consecutive ranks (one node: NVLink), a ring across the rows
 (examples/usp_attention.py; docs/sequence_parallel.md)."""
 
 from __future__ import annotations
@@ -21,24 +15,15 @@ from .ulysses import UlyssesGroup
 __all__ = ["SequenceParallelGroup"]
 
 
-def _divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 class SequenceParallelGroup(_Scoped):
-    """A 2-D sequence-parallel group.
+    """A 2-D sequence-parallel group (collective to construct).
 
     ``mesh``: a 2-D DeviceMesh with dimensions named ``ring_dim`` and ``ulysses_dim`` (either
-    order), or a ``(ring_size, ulysses_size)`` pair, whose grid is then built row-major over
-    ``group``: a fastcomms ``TorchComm`` (split into the two dimensions' communicators), or None
-    (torch.distributed's default group, through ``init_device_mesh``). ``device``: the device
-    type of a mesh built here (default: "cuda" where the default group's backend is NCCL, else
-    "cpu").
-
-    ``sp.ulysses`` is a ``UlyssesGroup`` over the inner (Ulysses) dimension, ``sp.ring`` a
-    ``RingGroup`` over the outer (ring) dimension, ``sp.ring_grad`` a second ring over the same
-    ranks for the gradients of the backward (NOTE [ring double buffer] in ring.py). Construction
-    is collective. ``check_heads`` says whether a head count fits the Ulysses size."""
+    order), or a ``(ring_size, ulysses_size)`` pair, whose grid is built row-major over ``group``:
+    a ``TorchComm`` (split into the two dimensions) or None (torch.distributed's default group,
+    through ``init_device_mesh`` on ``device``: default "cuda" under NCCL, else "cpu").
+    ``sp.ulysses`` is a ``UlyssesGroup`` over the inner dimension, ``sp.ring`` a ``RingGroup``
+    over the outer, ``sp.ring_grad`` a second ring for the backward's gradients."""
 
     def __init__(
         self,
@@ -65,40 +50,18 @@ class SequenceParallelGroup(_Scoped):
                     "SequenceParallelGroup: group= builds the grid from a (ring_size, "
                     "ulysses_size) pair; a DeviceMesh already names its groups"
                 )
-            ring_comm, ulysses_comm = self._from_mesh(mesh, ring_dim, ulysses_dim)
+            _check_mesh(mesh, ring_dim, ulysses_dim)
+            ring_comm, ulysses_comm = mesh.get_group(ring_dim), mesh.get_group(ulysses_dim)
         self.ulysses = UlyssesGroup(ulysses_comm, transport=transport)
         self.ring = RingGroup(ring_comm)
-        self._ring_source = ring_comm
         self.ring_size, self.ulysses_size = self.ring.size, self.ulysses._size
         self.ring_rank, self.ulysses_rank = self.ring.rank, self.ulysses._rank
         self.size = self.ring_size * self.ulysses_size
         self.rank = self.ring_rank * self.ulysses_size + self.ulysses_rank  # row-major grid
 
-    # -- construction ------------------------------------------------------------------------------
-    @staticmethod
-    def _from_mesh(mesh, ring_dim, ulysses_dim):
-        if not (hasattr(mesh, "get_group") and hasattr(mesh, "mesh_dim_names")):
-            raise TypeError(
-                "SequenceParallelGroup: mesh must be a 2-D DeviceMesh or a (ring_size, "
-                f"ulysses_size) pair, got {type(mesh).__name__}"
-            )
-        if mesh.ndim != 2:
-            raise ValueError(
-                f"SequenceParallelGroup: the DeviceMesh must be 2-D (ring x ulysses), got "
-                f"{mesh.ndim} dimensions {tuple(mesh.mesh.shape)}"
-            )
-        names = tuple(mesh.mesh_dim_names or ())
-        for what, name in (("ring_dim", ring_dim), ("ulysses_dim", ulysses_dim)):
-            if name not in names:
-                raise ValueError(
-                    f"SequenceParallelGroup: {what}={name!r} is not a dimension of the mesh "
-                    f"(its dimensions: {names or 'unnamed'}); name them with "
-                    "init_device_mesh(..., mesh_dim_names=(ring, ulysses)) or pass ring_dim= "
-                    "and ulysses_dim="
-                )
-        return mesh.get_group(ring_dim), mesh.get_group(ulysses_dim)
-
     def _from_sizes(self, sizes, ring_dim, ulysses_dim, group, device):
+        import torch.distributed as dist
+
         sizes = tuple(sizes)
         if len(sizes) != 2 or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes
@@ -108,39 +71,29 @@ class SequenceParallelGroup(_Scoped):
                 f"{sizes!r}"
             )
         ring_size, ulysses_size = sizes
-        if isinstance(group, TorchComm):
-            world, rank = group.get_size(), group.get_rank()
-        else:
-            import torch.distributed as dist
-
-            if group is not None:
-                raise TypeError(
-                    "SequenceParallelGroup: group= must be a fastcomms TorchComm (or None for "
-                    f"torch.distributed's default group), got {type(group).__name__}"
-                )
-            if not dist.is_initialized():
-                raise ValueError(
-                    "SequenceParallelGroup: no group given and torch.distributed is not "
-                    "initialized (call init_process_group, or pass group=a TorchComm)"
-                )
-            world, rank = dist.get_world_size(), dist.get_rank()
+        if group is not None and not isinstance(group, TorchComm):
+            raise TypeError(
+                "SequenceParallelGroup: group= must be a fastcomms TorchComm (or None for "
+                f"torch.distributed's default group), got {type(group).__name__}"
+            )
+        if group is None and not dist.is_initialized():
+            raise ValueError(
+                "SequenceParallelGroup: no group given and torch.distributed is not "
+                "initialized (call init_process_group, or pass group=a TorchComm)"
+            )
+        world = dist.get_world_size() if group is None else group.get_size()
         if ring_size * ulysses_size != world:
             raise ValueError(
                 f"SequenceParallelGroup: ring {ring_size} x ulysses {ulysses_size} = "
                 f"{ring_size * ulysses_size} ranks, the group has {world}"
             )
-        if isinstance(group, TorchComm):
+        if group is not None:
             # every rank joins its row (a Ulysses group) and its column (a ring), row-major
-            r, u = divmod(rank, ulysses_size)
-            name = group.get_name()
-            ulysses_comm = group.split(
-                [r * ulysses_size + j for j in range(ulysses_size)], f"{name}.{ulysses_dim}"
-            )
-            ring_comm = group.split(
-                [i * ulysses_size + u for i in range(ring_size)], f"{name}.{ring_dim}"
-            )
-            return ring_comm, ulysses_comm
-        import torch.distributed as dist
+            r, u = divmod(group.get_rank(), ulysses_size)
+            row = [r * ulysses_size + j for j in range(ulysses_size)]
+            column = [i * ulysses_size + u for i in range(ring_size)]
+            ulysses_comm = group.split(row, f"{group.get_name()}.{ulysses_dim}")
+            return group.split(column, f"{group.get_name()}.{ring_dim}"), ulysses_comm
         from torch.distributed.device_mesh import init_device_mesh
 
         if device is None:
@@ -151,23 +104,18 @@ class SequenceParallelGroup(_Scoped):
         )
         return self.mesh.get_group(ring_dim), self.mesh.get_group(ulysses_dim)
 
-    # -- the second ring ---------------------------------------------------------------------------
     @property
     def ring_grad(self) -> RingGroup:
-        """A second RingGroup over the ring's ranks (made on first use, collectively on the
-        window transport): ring attention's backward moves K/V on ``ring`` and their gradient
-        accumulators on this one, each with its own double buffer."""
+        """A second RingGroup over the ring's ranks for the backward's gradient accumulators (each
+        ring has its own double buffer); made on first use, collectively on the window transport."""
         if self._ring_grad is None:
-            self._ring_grad = RingGroup(self._ring_source)
+            self._ring_grad = RingGroup(self.ring.group)
         return self._ring_grad
 
-    # -- heads -------------------------------------------------------------------------------------
     def check_heads(self, num_heads: int, num_kv_heads: int | None = None) -> int:
-        """Checks that attention with ``num_heads`` query heads and ``num_kv_heads`` K/V heads
-        (None: as many as query heads) runs on this grid, and returns the ``kv_replicas`` to pass
-        to the K/V all-to-all (``UlyssesGroup.all_to_all_4d``): 1 when the K/V heads divide by
-        the Ulysses size, ``ulysses_size // num_kv_heads`` when fewer K/V heads than Ulysses ranks
-        divide it (each K/V head sent to several ranks, LoongTrain's KV replication). Raises
+        """The ``kv_replicas`` for the K/V all-to-all with ``num_heads`` query heads and
+        ``num_kv_heads`` K/V heads (None: as many): 1 when the K/V heads divide by the Ulysses size,
+        ``ulysses_size // num_kv_heads`` when they divide it (LoongTrain's KV replication). Raises
         ValueError naming the numbers and a grid that fits otherwise."""
         u = self.ulysses_size
         kv = num_heads if num_kv_heads is None else num_kv_heads
@@ -176,19 +124,18 @@ class SequenceParallelGroup(_Scoped):
                 f"SequenceParallelGroup: {num_heads} query heads and {kv} K/V heads: the query "
                 "heads must be a positive multiple of the K/V heads"
             )
-        if num_heads % u == 0 and (kv % u == 0 or u % kv == 0):
+
+        def fits(d):
+            return num_heads % d == 0 and (kv % d == 0 or d % kv == 0)
+
+        if fits(u):
             return 1 if kv % u == 0 else u // kv
         # Refused rather than silently wrong: the Ulysses all-to-all hands each rank a whole
         # number of heads; a remainder would drop heads or pair queries with the wrong K/V.
-        fits = [
-            d for d in _divisors(self.size) if num_heads % d == 0 and (kv % d == 0 or d % kv == 0)
-        ]
-        best = max(fits)  # 1 always fits
-        what = (
-            f"{num_heads} query heads"
-            if num_heads % u
-            else f"{kv} K/V heads (grouped-query attention)"
-        )
+        best = max(d for d in range(1, self.size + 1) if self.size % d == 0 and fits(d))
+        what = f"{kv} K/V heads (grouped-query attention)"
+        if num_heads % u:
+            what = f"{num_heads} query heads"
         raise ValueError(
             f"SequenceParallelGroup: {what} do not split over the Ulysses size {u} "
             f"(ring {self.ring_size} x ulysses {u} = {self.size} ranks): each Ulysses rank needs "
@@ -198,11 +145,9 @@ class SequenceParallelGroup(_Scoped):
             f"{num_heads} / {kv} heads on {self.size} ranks"
         )
 
-    # -- layout ------------------------------------------------------------------------------------
     def shard(self, x: torch.Tensor, *, dim: int = 1, zigzag: bool = False) -> torch.Tensor:
-        """This rank's part of the whole sequence ``x`` along ``dim`` (no communication): the
-        ring shard (contiguous, or zig-zag for causal attention: ring.zigzag_shard), cut into
-        ``ulysses_size`` contiguous pieces, piece ``ulysses_rank``."""
+        """This rank's part of the whole sequence ``x`` along ``dim``: the ring shard (zig-zag for
+        causal attention), cut into ``ulysses_size`` pieces, piece ``ulysses_rank``."""
         n = x.shape[dim]
         parts = 2 * self.ring_size if zigzag else self.ring_size
         if n % (parts * self.ulysses_size):
@@ -217,8 +162,7 @@ class SequenceParallelGroup(_Scoped):
         return ring_part.chunk(self.ulysses_size, dim=dim)[self.ulysses_rank].contiguous()
 
     def unshard(self, parts, *, dim: int = 1, zigzag: bool = False) -> torch.Tensor:
-        """The whole sequence from every rank's ``shard`` (``parts[r]`` for grid rank r =
-        ring_rank * ulysses_size + ulysses_rank), the inverse of ``shard``."""
+        """The whole sequence from every rank's ``shard`` (``parts[r]``: grid rank r's)."""
         if len(parts) != self.size:
             raise ValueError(
                 f"SequenceParallelGroup.unshard: {len(parts)} parts for {self.size} ranks"
@@ -232,3 +176,25 @@ class SequenceParallelGroup(_Scoped):
         for g in (self._ring_grad, self.ring, self.ulysses):
             if g is not None:
                 g.destroy()
+
+
+def _check_mesh(mesh, ring_dim, ulysses_dim):
+    if not (hasattr(mesh, "get_group") and hasattr(mesh, "mesh_dim_names")):
+        raise TypeError(
+            "SequenceParallelGroup: mesh must be a 2-D DeviceMesh or a (ring_size, "
+            f"ulysses_size) pair, got {type(mesh).__name__}"
+        )
+    if mesh.ndim != 2:
+        raise ValueError(
+            f"SequenceParallelGroup: the DeviceMesh must be 2-D (ring x ulysses), got "
+            f"{mesh.ndim} dimensions {tuple(mesh.mesh.shape)}"
+        )
+    names = tuple(mesh.mesh_dim_names or ())
+    for what, name in (("ring_dim", ring_dim), ("ulysses_dim", ulysses_dim)):
+        if name not in names:
+            raise ValueError(
+                f"SequenceParallelGroup: {what}={name!r} is not a dimension of the mesh "
+                f"(its dimensions: {names or 'unnamed'}); name them with "
+                "init_device_mesh(..., mesh_dim_names=(ring, ulysses)) or pass ring_dim= "
+                "and ulysses_dim="
+            )
