@@ -121,34 +121,27 @@ def _red(n: list[int], f: list[float]) -> ReduceOp:
     return ReduceOp(RedOpType(n[0]), f[0])
 
 
-# method -> the eager call on the clones: fn(comm, outs, ins, ints, floats, async_op, kw)
-_RUN = {
-    "send": lambda c, o, i, n, f, a, kw: c.send(i[0], n[0], a, **kw),
-    "recv": lambda c, o, i, n, f, a, kw: c.recv(o[0], n[0], a, **kw),
-    "broadcast": lambda c, o, i, n, f, a, kw: c.broadcast(o[0], n[0], a, **kw),
-    "all_reduce": lambda c, o, i, n, f, a, kw: c.all_reduce(o[0], _red(n, f), a, **kw),
-    "reduce": lambda c, o, i, n, f, a, kw: c.reduce(o[0], n[1], _red(n, f), a, **kw),
-    "all_gather": lambda c, o, i, n, f, a, kw: c.all_gather(o, i[0], a, **kw),
-    "all_gather_v": lambda c, o, i, n, f, a, kw: c.all_gather_v(o, i[0], a, **kw),
-    "all_gather_single": lambda c, o, i, n, f, a, kw: c.all_gather_single(o[0], i[0], a, **kw),
-    "reduce_scatter": lambda c, o, i, n, f, a, kw: c.reduce_scatter(o[0], i, _red(n, f), a, **kw),
-    "reduce_scatter_v": lambda c, o, i, n, f, a, kw: c.reduce_scatter_v(
-        o[0], i, _red(n, f), a, **kw
-    ),
-    "reduce_scatter_single": lambda c, o, i, n, f, a, kw: c.reduce_scatter_single(
-        o[0], i[0], _red(n, f), a, **kw
-    ),
-    "all_to_all_single": lambda c, o, i, n, f, a, kw: c.all_to_all_single(o[0], i[0], a, **kw),
+# method -> the eager method's arguments before ``async_op``: fn(outs, ins, ints, floats)
+_ARGS = {
+    "send": lambda o, i, n, f: (i[0], n[0]),
+    "recv": lambda o, i, n, f: (o[0], n[0]),
+    "broadcast": lambda o, i, n, f: (o[0], n[0]),
+    "all_reduce": lambda o, i, n, f: (o[0], _red(n, f)),
+    "reduce": lambda o, i, n, f: (o[0], n[1], _red(n, f)),
+    "all_gather": lambda o, i, n, f: (o, i[0]),
+    "all_gather_v": lambda o, i, n, f: (o, i[0]),
+    "all_gather_single": lambda o, i, n, f: (o[0], i[0]),
+    "reduce_scatter": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_v": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_single": lambda o, i, n, f: (o[0], i[0], _red(n, f)),
+    "all_to_all_single": lambda o, i, n, f: (o[0], i[0]),
     # ints: the output splits then the input splits, each half of the list
-    "all_to_all_v_single": lambda c, o, i, n, f, a, kw: c.all_to_all_v_single(
-        o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :], a, **kw
-    ),
-    "all_to_all": lambda c, o, i, n, f, a, kw: c.all_to_all(o, i, a, **kw),
-    "barrier": lambda c, o, i, n, f, a, kw: c.barrier(a, **kw),
-    "scatter": lambda c, o, i, n, f, a, kw: c.scatter(o[0], i, n[0], a, **kw),
-    "gather": lambda c, o, i, n, f, a, kw: c.gather(o, i[0], n[0], a, **kw),
-    "gather_single": lambda c, o, i, n, f, a, kw: c.gather_single(o[0], i[0], n[0], a, **kw),
-    "batch": lambda c, o, i, n, f, a, kw: _run_batch(c, o, i, n, a, kw),
+    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :]),
+    "all_to_all": lambda o, i, n, f: (o, i),
+    "barrier": lambda o, i, n, f: (),
+    "scatter": lambda o, i, n, f: (o[0], i, n[0]),
+    "gather": lambda o, i, n, f: (o, i[0], n[0]),
+    "gather_single": lambda o, i, n, f: (o[0], i[0], n[0]),
 }
 
 
@@ -180,8 +173,11 @@ def _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
     kw = {"hints": _unpack_hints(hints)}
     if timeout_s >= 0:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)
-    work = _RUN[method](comm, outs, list(inputs), list(ints)[:-1], list(floats)[:-1], async_op, kw)
-    return outs, work
+    ins, ints = list(inputs), list(ints)[:-1]
+    if method == "batch":
+        return outs, _run_batch(comm, outs, ins, ints, async_op, kw)
+    args = _ARGS[method](outs, ins, ints, list(floats)[:-1])
+    return outs, getattr(comm, method)(*args, async_op, **kw)
 
 
 @torch.library.custom_op("fastcomms::comm_call", mutates_args=())
@@ -214,11 +210,16 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # It has no autograd kernel (a call that needs a gradient is traced as ``comm_call_grad_``,
 # below, down to this op); the version bump that ADInplaceOrView would make is made here.
 _lib = torch.library.Library("fastcomms", "FRAGMENT")
-_lib.define(
-    f"comm_call_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
-    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
-    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
-)
+# (comm_call_grad_: NOTE [differentiable in-place calls])
+for _name in ("comm_call_", "comm_call_grad_"):
+    _lib.define(
+        f"{_name}(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
+        "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
+        "float timeout_s, bool async_op) -> (Tensor, Tensor)"
+    )
+    torch.library.register_fake(
+        f"fastcomms::{_name}", lambda order, *_: (order.new_empty(0), order.new_empty(0)), lib=_lib
+    )
 
 
 def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
@@ -237,12 +238,6 @@ def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeo
 
 _lib.impl("comm_call_", _comm_call_, "CompositeExplicitAutograd")
 
-
-@torch.library.register_fake("fastcomms::comm_call_", lib=_lib)
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
-    return order.new_empty(0), order.new_empty(0)
-
-
 comm_call_ = torch.ops.fastcomms.comm_call_.default
 
 # NOTE [differentiable in-place calls]: where a tensor of a call needs a gradient, the traced call
@@ -252,17 +247,7 @@ comm_call_ = torch.ops.fastcomms.comm_call_.default
 # the forward graph holds plain ``comm_call_`` nodes (in place, no clone; async where asked) and
 # the backward graph the adjoint's nodes; ``comm_call_grad_`` itself never runs in a compiled
 # graph (nor its autograd kernel per call).
-_lib.define(
-    f"comm_call_grad_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
-    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
-    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
-)
 _lib.impl("comm_call_grad_", comm_call_, "CompositeExplicitAutograd")  # below autograd: the same
-
-
-@torch.library.register_fake("fastcomms::comm_call_grad_", lib=_lib)
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
-    return order.new_empty(0), order.new_empty(0)
 
 
 class _InPlaceCall(torch.autograd.Function):
@@ -304,9 +289,8 @@ comm_call_grad_ = torch.ops.fastcomms.comm_call_grad_.default
 # the other ranks, a send) must still run, or its peers wait for it. (Not the effects system:
 # with registered effects inductor threads its own tokens, and its peak-memory reordering
 # ignored them.)
-torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
-torch.fx.node.has_side_effect(comm_call_)
-torch.fx.node.has_side_effect(comm_call_grad_)
+for _kept in (torch.ops.fastcomms.comm_call.default, comm_call_, comm_call_grad_):
+    torch.fx.node.has_side_effect(_kept)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -324,17 +308,7 @@ def _seconds(timeout) -> float:
 
 
 def _issue(
-    order,
-    comm,
-    method,
-    mutated,
-    inputs,
-    ints=(),
-    floats=(),
-    hints="",
-    timeout_s=-1.0,
-    async_op=None,
-    grad=False,
+    order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op=None, grad=False
 ):
     """One node of ``comm_call``, or of ``comm_call_`` (``comm_call_grad_`` with ``grad``) where
     ``async_op`` is given; each number list ends with a pad, so none is empty (NOTE above)."""
@@ -464,8 +438,7 @@ def _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s):
 
 
 def _setup_context(ctx, inputs, output):
-    _, comm, method, mutated, ins, ints, floats, hints, timeout_s = inputs
-    _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s)
+    _save_call(ctx, *inputs[1:])  # (inputs[0]: the order token)
 
 
 def _not_differentiable(comm, method, why):
@@ -527,7 +500,7 @@ def _refusal(ctx, comm, method, why, g):
     (on every rank alike), not while the compiler traces it, so a compiled forward whose
     backward never runs compiles."""
     msg = str(_not_differentiable(comm, method, why))
-    res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], hints=msg)
+    res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], (), (), msg, -1.0)
     return list(res[1:]), [None] * ctx.n_inputs
 
 

@@ -11,6 +11,7 @@ import os
 from . import _C, _bootstrap, _registry
 from ._C import UnsupportedError
 from ._options import CommOptions, _ms, _TypeError, _ValueError
+from ._pybackend import _Standin
 from ._work import _DoneWork
 
 
@@ -24,39 +25,20 @@ class ReconfigureOptions:
         self.hints = dict(hints or {})
 
 
-class _Unconfigured:
+class _Unconfigured(_Standin):
     """What a communicator made with ``enable_reconfigure=True`` holds until its first
     ``reconfigure``: it knows its name and backend, and every op says to reconfigure first."""
-
-    def __init__(self, backend: str, name: str, timeout, hints) -> None:
-        self._backend, self._name, self._timeout, self._hints = backend, name, timeout, hints
-
-    def name(self) -> str:
-        return self._name
-
-    def backend(self) -> str:
-        return self._backend
-
-    def timeout(self):
-        return self._timeout
 
     def set_timeout(self, td) -> None:
         self._timeout = td
 
-    def hints(self) -> dict:
-        return dict(self._hints)
-
     def set_hints(self, hints) -> None:
         self._hints = dict(hints)
-
-    def is_aborted(self) -> bool:
-        return False
 
     def finalize(self) -> None:
         pass
 
-    def abort(self) -> None:
-        pass
+    abort = finalize
 
     @staticmethod
     def register_hook(fn):
