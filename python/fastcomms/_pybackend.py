@@ -10,6 +10,7 @@ the process's one sequence (NOTE [op ids])."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 
@@ -154,8 +155,6 @@ class Shim(_Standin):
             raise UnsupportedError(
                 f"[{self._name}] backend '{self._backend}' does not implement split"
             )
-        import copy
-
         options = copy.copy(self._options)
         options.name = name
         if to is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
+import socket
 
 from . import _C, _bootstrap, _registry
 from ._C import UnsupportedError
@@ -58,9 +60,6 @@ def init_handle(self) -> str:
     """``TorchComm.get_init_handle`` of ``self``."""
     handle = getattr(self, "_init_handle", None)
     if handle is None:
-        import secrets
-        import socket
-
         handle = f"fastcomms:{self.get_backend()}:{socket.gethostname()}:{os.getpid()}"
         handle += f":{secrets.token_hex(8)}"
         self._init_handle = handle

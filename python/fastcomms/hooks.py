@@ -438,6 +438,10 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
     def _ts(self) -> str:
         return f"+{time.time() - self._base:.3f}"
 
+    def _event(self, corr: int, event: str) -> None:
+        if event in self._events:
+            self._line(f"C{corr}|{event}|{self._ts()}")
+
     def register_with_comm(self, comm: Any) -> None:
         """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
         name = comm.get_name()
@@ -487,10 +491,7 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
             if async_op:
                 with self._lock:
                     self._async[op_id] = corr
-                if "S" in self._events:
-                    self._line(f"C{corr}|S|{self._ts()}")
-            elif "E" in self._events:
-                self._line(f"C{corr}|E|{self._ts()}")
+            self._event(corr, "S" if async_op else "E")
 
         def observe(event, op_id, payload):
             if event != "waited":
@@ -499,10 +500,8 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
                 corr = self._async.pop(op_id, None)
             if corr is None:
                 return
-            if "E" in self._events:
-                self._line(f"C{corr}|E|{self._ts()}")
-            if "W" in self._events:
-                self._line(f"C{corr}|W|{self._ts()}")
+            self._event(corr, "E")
+            self._event(corr, "W")
 
         self._handles += [
             comm.register_pre_hook(pre),
