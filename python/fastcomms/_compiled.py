@@ -4,12 +4,11 @@ inside ``torch.compile(fullgraph=True)``).
 
 NOTE [compiled communicator methods]: a TorchComm is an opaque reference type whose collective
 methods (written from the operation table, NOTE [operation table] in ``_ops``) are registered as
-inlined members, so Dynamo traces each method's Python body; under compilation each method's
-first lines send the call here instead of to the C++ communicator. Every call becomes one node
-of a custom op that takes the communicator (an opaque graph input), the method's name, the
-tensors it writes (``mutated``) and reads (``inputs``), its integer and float arguments, hints
-and timeout, and runs the eager method at run time (hooks, the flight recorder and errors as in
-eager mode). Which op:
+inlined members, so Dynamo traces each method's Python body, whose first lines send a compiled
+call here instead of to the C++ communicator. Every call becomes one node of a custom op that
+takes the communicator (an opaque graph input), the method's name, the tensors it writes
+(``mutated``) and reads (``inputs``), its integer and float arguments, hints and timeout, and
+runs the eager method at run time (hooks, the flight recorder and errors as in eager mode):
 
 - NOTE [compiled calls in place]: every call that writes tensors is a node of ``comm_call_``,
   which declares that it writes ``mutated``; functionalization turns it into a functional node
@@ -18,38 +17,37 @@ eager mode). Which op:
   ``comm_call_grad_`` (NOTE [differentiable in-place calls]), which the compiler traces down to
   ``comm_call_`` in the forward graph and the adjoint in the backward graph.
 - ``fastcomms::comm_call``: a functional op that clones the written tensors, runs the method on
-  the clones and returns them (with a gradient formula of its own), for the rest: calls that
-  write nothing and are synchronous (barrier, send; an empty written list broke
-  auto_functionalized), a send whose tensor needs a gradient, the backward's collectives, and
-  NOTE [eager autograd].
+  the clones and returns them (with a gradient formula of its own), for the rest: synchronous
+  calls that write nothing (barrier, send; an empty written list broke auto_functionalized), a
+  send whose tensor needs a gradient, the backward's collectives, and NOTE [eager autograd].
 
-NOTE [compiled async calls]: ``async_op=True`` (with a gradient or without) issues the call through
-``comm_call_`` with the eager method's ``async_op=True`` and registers its work with torch's
-work registry on each tensor it writes (on a ``done`` tensor it returns where it writes none);
-the traced work's ``wait()`` puts torch's ``_c10d_functional.wait_tensor`` on those tensors where
-the program calls it, and every later read of them follows that wait. So what the program does
-between the call and its ``wait()`` runs while the call is in flight (on CUDA backends the wait
-orders the caller's stream after the call, the host does not block). Inductor places these
+NOTE [compiled async calls]: ``async_op=True`` (with a gradient or without) issues the call
+through ``comm_call_`` with the eager method's ``async_op=True`` and registers its work with
+torch's work registry on each tensor it writes (on a ``done`` tensor it returns where it writes
+none); the traced work's ``wait()`` puts torch's ``_c10d_functional.wait_tensor`` on those
+tensors where the program calls it, and every later read of them follows that wait. So what the
+program does between the call and its ``wait()`` runs while the call is in flight (on CUDA the
+wait orders the caller's stream after the call, the host does not block). Inductor places these
 waits as it places those of torch's functional collectives (each is a ``wait_tensor`` on a
 tensor written in place; its ``reorder_for_compute_comm_overlap`` passes that sink waits move
-ours too, while the call's node is not a collective kernel to the passes that raise those). Why in
-place: with clones (a draft of this did so), inductor's peak-memory reordering pulled each wait
-up to free its clone sooner, before the compute it was meant to hide. Not kept: a call
-whose written tensor is a large buffer made inside the compiled function; inductor's peak-memory
+ours too, while the call's node is not a collective kernel to the passes that raise those). Why
+in place: with clones (a draft of this did so), inductor's peak-memory reordering pulled each
+wait up to free its clone sooner, before the compute it was meant to hide. Not kept: a call
+whose written tensor is a large buffer made inside the compiled function; peak-memory
 reordering moves that allocation, and the call with it, after compute that does not depend on
 them (nothing between a call and its wait does), so nothing is hidden unless the compile sets
-``options={"reorder_for_peak_memory": False}`` (one H200: 68–70% of a 512 MiB call hidden
-with it, 11–15% without; docs/benchmarks.md). A call never
-waited inside the compiled function still writes its tensors when it completes, as an eager call
-never waited; its registry entry stays until a ``wait_tensor`` on them.
+``options={"reorder_for_peak_memory": False}`` (one H200: 68–70% of a 512 MiB call hidden with
+it, 11–15% without; docs/benchmarks.md). A call never waited inside the compiled function still
+writes its tensors when it completes, as an eager call never waited; its registry entry stays
+until a ``wait_tensor`` on them.
 
-Order: a rank must issue its communicator calls in program order (a send and a receive that the
-compiler swapped on one rank hang against the peer), and torch 2.11's inductor reorders nodes
-for peak memory without regard to registered op effects (seen: barrier, send, recv, all_reduce
-for barrier, all_reduce, send, recv). So every call takes an order token (an empty tensor) and
-returns the next one, a data dependency no scheduler may break. The token of each device lives
-in ``_tokens``, made when a communicator is made (so the first compile sees it and the second
-call does not recompile); the compiled graph reads it and stores the next.
+Order: a rank must issue its communicator calls in program order (a send and a receive swapped
+on one rank hang against the peer), and torch 2.11's inductor reorders nodes for peak memory
+without regard to registered op effects (seen: barrier, send, recv, all_reduce for barrier,
+all_reduce, send, recv). So every call takes an order token (an empty tensor) and returns the
+next one, a data dependency no scheduler may break. The token of each device lives in
+``_tokens``, made when a communicator is made (so the first compile sees it and the second call
+does not recompile); the compiled graph reads it and stores the next.
 
 Kept: the op is registered as side-effectful (``torch.fx.node.has_side_effect``), so no pass
 drops a call whose results this rank does not read. Its integer and float lists always end with
@@ -59,13 +57,12 @@ tensors, which left the backward of calls without numbers untraced (their gradie
 Gradients: a call (of ``comm_call_grad_`` or ``comm_call``) whose tensors' adjoint is a
 collective (all_reduce and the reduce_scatters with SUM, AVG or PREMUL_SUM; broadcast; the
 all_gathers; the all_to_alls) has that collective on the gradients as its backward, a node of
-``comm_call`` (``_adjoint``); any other
-call's backward raises when it runs (not while the compiler traces it). Eagerly the methods do
-not take part in autograd (they write the tensors' data), as in torchcomms without its compile
-patch, except under NOTE [eager autograd].
+``comm_call`` (``_adjoint``); any other call's backward raises when it runs (not while the
+compiler traces it). Eagerly the methods do not take part in autograd (they write the tensors'
+data), as in torchcomms without its compile patch, except under NOTE [eager autograd].
 
-NOTE [eager autograd]: with torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1``, an eager call one
-of whose tensors needs a gradient (grad mode on) runs as ``comm_call`` too: the functional op and
+NOTE [eager autograd]: with torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1``, an eager call one of
+whose tensors needs a gradient (grad mode on) runs as ``comm_call`` too: the functional op and
 its gradient formula, its results copied into the caller's tensors with autograd recording the
 copy, and it returns the tensor it wrote (a list where it writes several) as a ``_Result``,
 which is also its work; as torchcomms does under that patch, sync or async alike. A written
@@ -74,8 +71,7 @@ place under autograd, so that call, and every call without such a tensor or with
 variable, is the plain eager call, which writes the data outside autograd.
 
 The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
-a digest of this file), so a graph cached by other code is not reused; unpickling raises.
-"""
+a digest of this file), so a graph cached by other code is not reused; unpickling raises."""
 
 from __future__ import annotations
 
@@ -121,34 +117,27 @@ def _red(n: list[int], f: list[float]) -> ReduceOp:
     return ReduceOp(RedOpType(n[0]), f[0])
 
 
-# method -> the eager call on the clones: fn(comm, outs, ins, ints, floats, async_op, kw)
-_RUN = {
-    "send": lambda c, o, i, n, f, a, kw: c.send(i[0], n[0], a, **kw),
-    "recv": lambda c, o, i, n, f, a, kw: c.recv(o[0], n[0], a, **kw),
-    "broadcast": lambda c, o, i, n, f, a, kw: c.broadcast(o[0], n[0], a, **kw),
-    "all_reduce": lambda c, o, i, n, f, a, kw: c.all_reduce(o[0], _red(n, f), a, **kw),
-    "reduce": lambda c, o, i, n, f, a, kw: c.reduce(o[0], n[1], _red(n, f), a, **kw),
-    "all_gather": lambda c, o, i, n, f, a, kw: c.all_gather(o, i[0], a, **kw),
-    "all_gather_v": lambda c, o, i, n, f, a, kw: c.all_gather_v(o, i[0], a, **kw),
-    "all_gather_single": lambda c, o, i, n, f, a, kw: c.all_gather_single(o[0], i[0], a, **kw),
-    "reduce_scatter": lambda c, o, i, n, f, a, kw: c.reduce_scatter(o[0], i, _red(n, f), a, **kw),
-    "reduce_scatter_v": lambda c, o, i, n, f, a, kw: c.reduce_scatter_v(
-        o[0], i, _red(n, f), a, **kw
-    ),
-    "reduce_scatter_single": lambda c, o, i, n, f, a, kw: c.reduce_scatter_single(
-        o[0], i[0], _red(n, f), a, **kw
-    ),
-    "all_to_all_single": lambda c, o, i, n, f, a, kw: c.all_to_all_single(o[0], i[0], a, **kw),
+# method -> the eager method's arguments before ``async_op``: fn(outs, ins, ints, floats)
+_ARGS = {
+    "send": lambda o, i, n, f: (i[0], n[0]),
+    "recv": lambda o, i, n, f: (o[0], n[0]),
+    "broadcast": lambda o, i, n, f: (o[0], n[0]),
+    "all_reduce": lambda o, i, n, f: (o[0], _red(n, f)),
+    "reduce": lambda o, i, n, f: (o[0], n[1], _red(n, f)),
+    "all_gather": lambda o, i, n, f: (o, i[0]),
+    "all_gather_v": lambda o, i, n, f: (o, i[0]),
+    "all_gather_single": lambda o, i, n, f: (o[0], i[0]),
+    "reduce_scatter": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_v": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_single": lambda o, i, n, f: (o[0], i[0], _red(n, f)),
+    "all_to_all_single": lambda o, i, n, f: (o[0], i[0]),
     # ints: the output splits then the input splits, each half of the list
-    "all_to_all_v_single": lambda c, o, i, n, f, a, kw: c.all_to_all_v_single(
-        o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :], a, **kw
-    ),
-    "all_to_all": lambda c, o, i, n, f, a, kw: c.all_to_all(o, i, a, **kw),
-    "barrier": lambda c, o, i, n, f, a, kw: c.barrier(a, **kw),
-    "scatter": lambda c, o, i, n, f, a, kw: c.scatter(o[0], i, n[0], a, **kw),
-    "gather": lambda c, o, i, n, f, a, kw: c.gather(o, i[0], n[0], a, **kw),
-    "gather_single": lambda c, o, i, n, f, a, kw: c.gather_single(o[0], i[0], n[0], a, **kw),
-    "batch": lambda c, o, i, n, f, a, kw: _run_batch(c, o, i, n, a, kw),
+    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :]),
+    "all_to_all": lambda o, i, n, f: (o, i),
+    "barrier": lambda o, i, n, f: (),
+    "scatter": lambda o, i, n, f: (o[0], i, n[0]),
+    "gather": lambda o, i, n, f: (o, i[0], n[0]),
+    "gather_single": lambda o, i, n, f: (o[0], i[0], n[0]),
 }
 
 
@@ -180,8 +169,11 @@ def _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
     kw = {"hints": _unpack_hints(hints)}
     if timeout_s >= 0:
         kw["timeout"] = datetime.timedelta(seconds=timeout_s)
-    work = _RUN[method](comm, outs, list(inputs), list(ints)[:-1], list(floats)[:-1], async_op, kw)
-    return outs, work
+    ins, ints = list(inputs), list(ints)[:-1]
+    if method == "batch":
+        return outs, _run_batch(comm, outs, ins, ints, async_op, kw)
+    args = _ARGS[method](outs, ins, ints, list(floats)[:-1])
+    return outs, getattr(comm, method)(*args, async_op, **kw)
 
 
 @torch.library.custom_op("fastcomms::comm_call", mutates_args=())
@@ -214,11 +206,16 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # It has no autograd kernel (a call that needs a gradient is traced as ``comm_call_grad_``,
 # below, down to this op); the version bump that ADInplaceOrView would make is made here.
 _lib = torch.library.Library("fastcomms", "FRAGMENT")
-_lib.define(
-    f"comm_call_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
-    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
-    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
-)
+# (comm_call_grad_: NOTE [differentiable in-place calls])
+for _name in ("comm_call_", "comm_call_grad_"):
+    _lib.define(
+        f"{_name}(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
+        "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
+        "float timeout_s, bool async_op) -> (Tensor, Tensor)"
+    )
+    torch.library.register_fake(
+        f"fastcomms::{_name}", lambda order, *_: (order.new_empty(0), order.new_empty(0)), lib=_lib
+    )
 
 
 def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
@@ -237,12 +234,6 @@ def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeo
 
 _lib.impl("comm_call_", _comm_call_, "CompositeExplicitAutograd")
 
-
-@torch.library.register_fake("fastcomms::comm_call_", lib=_lib)
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
-    return order.new_empty(0), order.new_empty(0)
-
-
 comm_call_ = torch.ops.fastcomms.comm_call_.default
 
 # NOTE [differentiable in-place calls]: where a tensor of a call needs a gradient, the traced call
@@ -252,17 +243,7 @@ comm_call_ = torch.ops.fastcomms.comm_call_.default
 # the forward graph holds plain ``comm_call_`` nodes (in place, no clone; async where asked) and
 # the backward graph the adjoint's nodes; ``comm_call_grad_`` itself never runs in a compiled
 # graph (nor its autograd kernel per call).
-_lib.define(
-    f"comm_call_grad_(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
-    "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
-    "float timeout_s, bool async_op) -> (Tensor, Tensor)"
-)
 _lib.impl("comm_call_grad_", comm_call_, "CompositeExplicitAutograd")  # below autograd: the same
-
-
-@torch.library.register_fake("fastcomms::comm_call_grad_", lib=_lib)
-def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
-    return order.new_empty(0), order.new_empty(0)
 
 
 class _InPlaceCall(torch.autograd.Function):
@@ -284,16 +265,13 @@ class _InPlaceCall(torch.autograd.Function):
         return (None,) * 9 + (*d_mut, *d_in)
 
 
-def _comm_call_grad_autograd(
-    order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
-):
-    args = (order, comm, method, ints, floats, hints, timeout_s, async_op, len(mutated))
+def _comm_call_grad_autograd(*call):
+    order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op = call
     if torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs]):
+        args = (order, comm, method, ints, floats, hints, timeout_s, async_op, len(mutated))
         return tuple(_InPlaceCall.apply(*args, *mutated, *inputs)[:2])
     with torch._C._AutoDispatchBelowAutograd():
-        return comm_call_(
-            order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
-        )
+        return comm_call_(*call)
 
 
 _lib.impl("comm_call_grad_", _comm_call_grad_autograd, "Autograd")
@@ -304,9 +282,8 @@ comm_call_grad_ = torch.ops.fastcomms.comm_call_grad_.default
 # the other ranks, a send) must still run, or its peers wait for it. (Not the effects system:
 # with registered effects inductor threads its own tokens, and its peak-memory reordering
 # ignored them.)
-torch.fx.node.has_side_effect(torch.ops.fastcomms.comm_call.default)
-torch.fx.node.has_side_effect(comm_call_)
-torch.fx.node.has_side_effect(comm_call_grad_)
+for _kept in (torch.ops.fastcomms.comm_call.default, comm_call_, comm_call_grad_):
+    torch.fx.node.has_side_effect(_kept)
 
 
 # -- traced side: what the methods run while Dynamo traces them --------------------------------
@@ -324,17 +301,7 @@ def _seconds(timeout) -> float:
 
 
 def _issue(
-    order,
-    comm,
-    method,
-    mutated,
-    inputs,
-    ints=(),
-    floats=(),
-    hints="",
-    timeout_s=-1.0,
-    async_op=None,
-    grad=False,
+    order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op=None, grad=False
 ):
     """One node of ``comm_call``, or of ``comm_call_`` (``comm_call_grad_`` with ``grad``) where
     ``async_op`` is given; each number list ends with a pad, so none is empty (NOTE above)."""
@@ -464,8 +431,7 @@ def _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s):
 
 
 def _setup_context(ctx, inputs, output):
-    _, comm, method, mutated, ins, ints, floats, hints, timeout_s = inputs
-    _save_call(ctx, comm, method, mutated, ins, ints, floats, hints, timeout_s)
+    _save_call(ctx, *inputs[1:])  # (inputs[0]: the order token)
 
 
 def _not_differentiable(comm, method, why):
@@ -527,7 +493,7 @@ def _refusal(ctx, comm, method, why, g):
     (on every rank alike), not while the compiler traces it, so a compiled forward whose
     backward never runs compiles."""
     msg = str(_not_differentiable(comm, method, why))
-    res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], hints=msg)
+    res = _issue(torch.empty(0, device=ctx.device), comm, "refuse", g, [], (), (), msg, -1.0)
     return list(res[1:]), [None] * ctx.n_inputs
 
 

@@ -8,7 +8,6 @@ A pre-hook is called as ``fn(name: OpName, op_id: int, args)``, a post-hook as
 from __future__ import annotations
 
 import enum
-import re
 
 __all__ = ["OpName", "RemovableHandle"]
 
@@ -81,37 +80,41 @@ def _short(v):
     return repr(v)
 
 
-# torchcomms' fields, and for the reductions the call's ReduceOp last (``op``: a fastcomms
-# addition, which the clog hook writes)
+def _camel(op: str) -> str:
+    return "".join(w.capitalize() for w in op.split("_"))
+
+
+# each operation's ``<Op>PreHookArgs``: torchcomms' fields, and for the reductions the call's
+# ReduceOp last (``op``: a fastcomms addition, which the clog hook writes)
 _PRE = {
-    "SendPreHookArgs": ("tensor", "peer", "async_op"),
-    "RecvPreHookArgs": ("tensor", "peer", "async_op"),
-    "BroadcastPreHookArgs": ("tensor", "root", "async_op"),
-    "AllReducePreHookArgs": ("tensor", "async_op", "op"),
-    "ReducePreHookArgs": ("tensor", "root", "async_op", "op"),
-    "AllGatherPreHookArgs": ("input", "output", "async_op"),
-    "AllGatherVPreHookArgs": ("input", "output", "async_op"),
-    "AllGatherSinglePreHookArgs": ("input", "output", "async_op"),
-    "ReduceScatterPreHookArgs": ("input", "output", "async_op", "op"),
-    "ReduceScatterVPreHookArgs": ("input", "output", "async_op", "op"),
-    "ReduceScatterSinglePreHookArgs": ("input", "output", "async_op", "op"),
-    "AllToAllSinglePreHookArgs": ("input", "output", "async_op"),
-    "AllToAllVSinglePreHookArgs": (
+    "send": ("tensor", "peer", "async_op"),
+    "recv": ("tensor", "peer", "async_op"),
+    "broadcast": ("tensor", "root", "async_op"),
+    "all_reduce": ("tensor", "async_op", "op"),
+    "reduce": ("tensor", "root", "async_op", "op"),
+    "all_gather": ("input", "output", "async_op"),
+    "all_gather_v": ("input", "output", "async_op"),
+    "all_gather_single": ("input", "output", "async_op"),
+    "reduce_scatter": ("input", "output", "async_op", "op"),
+    "reduce_scatter_v": ("input", "output", "async_op", "op"),
+    "reduce_scatter_single": ("input", "output", "async_op", "op"),
+    "all_to_all_single": ("input", "output", "async_op"),
+    "all_to_all_v_single": (
         "input",
         "output",
         "input_split_sizes",
         "output_split_sizes",
         "async_op",
     ),
-    "AllToAllPreHookArgs": ("input", "output", "async_op"),
-    "BarrierPreHookArgs": ("async_op",),
-    "ScatterPreHookArgs": ("output", "input", "root", "async_op"),
-    "GatherPreHookArgs": ("input", "output", "root", "async_op"),
-    "GatherSinglePreHookArgs": ("input", "output", "root", "async_op"),
-    "SplitPreHookArgs": ("ranks", "name"),
-    "NewWindowPreHookArgs": (),
-    "BatchOpIssuePreHookArgs": ("num_ops", "async_op"),
-    "FinalizePreHookArgs": (),
+    "all_to_all": ("input", "output", "async_op"),
+    "barrier": ("async_op",),
+    "scatter": ("output", "input", "root", "async_op"),
+    "gather": ("input", "output", "root", "async_op"),
+    "gather_single": ("input", "output", "root", "async_op"),
+    "split": ("ranks", "name"),
+    "new_window": (),
+    "batch_op_issue": ("num_ops", "async_op"),
+    "finalize": (),
 }
 _POST = {
     "CollectivePostHookArgs": (),
@@ -122,18 +125,18 @@ _POST = {
     "BatchOpIssuePostHookArgs": (),
     "FinalizePostHookArgs": (),
 }
-for _name, _fields in {**_PRE, **_POST}.items():
+_PRE_CLASSES = {f"{_camel(op)}PreHookArgs": fields for op, fields in _PRE.items()}
+for _name, _fields in {**_PRE_CLASSES, **_POST}.items():
     globals()[_name] = _args_class(_name, _fields)
-__all__ += list(_PRE) + list(_POST)
+__all__ += list(_PRE_CLASSES) + list(_POST)
 
 # torchcomms' per-operation post-hook classes: one per collective and point-to-point operation,
 # each a CollectivePostHookArgs with no fields; a post-hook gets its operation's (split's takes
 # the communicator the split made)
 POST_OF: dict[OpName, type] = {}
-for _name in _PRE:
-    _base = _name[: -len("PreHookArgs")]
-    _post = f"{_base}PostHookArgs"
+for _op in _PRE:
+    _post = f"{_camel(_op)}PostHookArgs"
     if _post not in globals():
         globals()[_post] = _args_class(_post, (), base=globals()["CollectivePostHookArgs"])
         __all__.append(_post)
-    POST_OF[OpName(re.sub(r"(?<!^)(?=[A-Z])", "_", _base).lower())] = globals()[_post]
+    POST_OF[OpName(_op)] = globals()[_post]

@@ -10,6 +10,7 @@ the process's one sequence (NOTE [op ids])."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 
@@ -38,15 +39,34 @@ class _Work:
         return WorkStatus.COMPLETED if self.is_completed() else WorkStatus.INPROGRESS
 
 
-class Shim:
+class _Standin:
+    """What stands where the C++ communicator stands under a ``TorchComm`` in Python: its name,
+    backend, timeout and hints."""
+
+    def __init__(self, backend, name, timeout, hints) -> None:
+        self._backend, self._name, self._timeout = backend, name, timeout
+        self._hints = dict(hints)
+        self._aborted = False
+
+    def name(self):
+        return self._name
+
+    def backend(self):
+        return self._backend
+
+    def timeout(self):
+        return self._timeout
+
+    def hints(self):
+        return dict(self._hints)
+
+
+class Shim(_Standin):
     """Stands where the C++ communicator stands under a ``TorchComm``, and calls the backend."""
 
     def __init__(self, backend, backend_name, comm_name, options, reduce_op):
-        self._b, self._backend, self._name = backend, backend_name, comm_name
-        self._options = options
-        self._timeout = options.timeout
-        self._hints = dict(options.hints)
-        self._aborted = False
+        super().__init__(backend_name, comm_name, options.timeout, options.hints)
+        self._b, self._options = backend, options
         self._hooks: dict[str, dict[int, object]] = {"pre": {}, "post": {}, "abort": {}}
         self._next_hook = 0
         self._reduce_op = reduce_op  # fastcomms.ReduceOp (the package imports this module)
@@ -80,21 +100,9 @@ class Shim:
     def size(self):
         return int(self._b.get_size())
 
-    def name(self):
-        return self._name
-
-    def backend(self):
-        return self._backend
-
     def backend_version(self):
         get = getattr(self._b, "get_backend_version", None)
         return str(get()) if get is not None else "python"
-
-    def timeout(self):
-        return self._timeout
-
-    def hints(self):
-        return dict(self._hints)
 
     def set_timeout(self, t: datetime.timedelta):
         self._timeout = t
@@ -113,9 +121,6 @@ class Shim:
         if hasattr(self._b, "abort"):
             self._b.abort()
 
-    def is_aborted(self):
-        return self._aborted
-
     def finalize(self):
         self._hooked("finalize", False, getattr(self._b, "finalize", lambda: None))
 
@@ -131,21 +136,12 @@ class Shim:
 
     # ops: the C++ communicator's argument order in, the backend's (torchcomms') order out; the
     # ops whose arguments pass as they are (less the timeout and hints) are made below the class
-    def all_reduce(self, t, op, f, a, to, h):
-        return self._call("all_reduce", t, self._op(op, f), a)
-
-    def reduce(self, t, root, op, f, a, to, h):
-        return self._call("reduce", t, root, self._op(op, f), a)
-
     def all_gather(self, outs, t, v, a, to, h):
         return self._call("all_gather_v" if v else "all_gather", outs, t, a)
 
     def reduce_scatter(self, out, ins, op, f, v, a, to, h):
         name = "reduce_scatter_v" if v else "reduce_scatter"
         return self._call(name, out, ins, self._op(op, f), a)
-
-    def reduce_scatter_single(self, out, t, op, f, a, to, h):
-        return self._call("reduce_scatter_single", out, t, self._op(op, f), a)
 
     def batch(self, ops, a, to, h):
         if hasattr(self._b, "batch_op_issue"):
@@ -159,8 +155,6 @@ class Shim:
             raise UnsupportedError(
                 f"[{self._name}] backend '{self._backend}' does not implement split"
             )
-        import copy
-
         options = copy.copy(self._options)
         options.name = name
         if to is not None:
@@ -181,20 +175,29 @@ class Shim:
         )
 
 
-def _passthrough(method):
+def _passthrough(method, red=None):
     """The Shim's ``method(*args, async_op, timeout, hints)``: the backend's
-    ``method(*args, async_op)``."""
+    ``method(*args, async_op)``, the reduction's (type, factor) at ``red`` as one ReduceOp."""
 
     def op(self, *args):
-        return self._call(method, *args[:-2])
+        args = args[:-2]
+        if red is not None:
+            args = (*args[:red], self._op(*args[red : red + 2]), *args[red + 2 :])
+        return self._call(method, *args)
 
     op.__name__ = op.__qualname__ = method
     return op
 
 
-# the ops whose arguments are in the same order in the C++ communicator and in the backend
-for _method in (
-    "send recv broadcast all_gather_single all_to_all_single all_to_all_v_single all_to_all "
-    "barrier scatter gather gather_single"
-).split():
-    setattr(Shim, _method, _passthrough(_method))
+# the ops whose arguments are in the same order in the C++ communicator and in the backend (a
+# reduction's type and factor at the index given)
+for _method, _red in {
+    **dict.fromkeys(
+        "send recv broadcast all_gather_single all_to_all_single all_to_all_v_single all_to_all "
+        "barrier scatter gather gather_single".split()
+    ),
+    "all_reduce": 1,
+    "reduce": 2,
+    "reduce_scatter_single": 2,
+}.items():
+    setattr(Shim, _method, _passthrough(_method, _red))

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
+import socket
 
 from . import _C, _bootstrap, _registry
 from ._C import UnsupportedError
 from ._options import CommOptions, _ms, _TypeError, _ValueError
+from ._pybackend import _Standin
 from ._work import _DoneWork
 
 
@@ -24,39 +27,20 @@ class ReconfigureOptions:
         self.hints = dict(hints or {})
 
 
-class _Unconfigured:
+class _Unconfigured(_Standin):
     """What a communicator made with ``enable_reconfigure=True`` holds until its first
     ``reconfigure``: it knows its name and backend, and every op says to reconfigure first."""
-
-    def __init__(self, backend: str, name: str, timeout, hints) -> None:
-        self._backend, self._name, self._timeout, self._hints = backend, name, timeout, hints
-
-    def name(self) -> str:
-        return self._name
-
-    def backend(self) -> str:
-        return self._backend
-
-    def timeout(self):
-        return self._timeout
 
     def set_timeout(self, td) -> None:
         self._timeout = td
 
-    def hints(self) -> dict:
-        return dict(self._hints)
-
     def set_hints(self, hints) -> None:
         self._hints = dict(hints)
-
-    def is_aborted(self) -> bool:
-        return False
 
     def finalize(self) -> None:
         pass
 
-    def abort(self) -> None:
-        pass
+    abort = finalize
 
     @staticmethod
     def register_hook(fn):
@@ -76,9 +60,6 @@ def init_handle(self) -> str:
     """``TorchComm.get_init_handle`` of ``self``."""
     handle = getattr(self, "_init_handle", None)
     if handle is None:
-        import secrets
-        import socket
-
         handle = f"fastcomms:{self.get_backend()}:{socket.gethostname()}:{os.getpid()}"
         handle += f":{secrets.token_hex(8)}"
         self._init_handle = handle

@@ -1,16 +1,9 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """Hooks to register on a communicator, as torchcomms' ``torchcomms.hooks`` names them:
-
-- ``FlightRecorderHook``: a ring of the last ``max_entries`` operations in torch's
-  flight-recorder trace format, dumped as JSON on demand and pickled to a file on demand, when
-  the communicator aborts and when one of its operations times out (a sync op, or a wait on an
-  async op's work, raising ``TimeoutError``); ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the file's
-  prefix.
-- ``NanCheckHook``: raises ``RuntimeError`` before an operation whose input holds a NaN.
-- ``clog``: writes each operation's signature and lifecycle events to a file in torchcomms'
-  clog format (NOTE [clog]).
-
-Both are built on the communicator's pre/post/abort hooks (``TorchComm.register_*_hook``)."""
+``FlightRecorderHook`` (the last operations, in torch's flight-recorder trace format),
+``NanCheckHook`` (raises before an operation whose input holds a NaN) and ``clog`` (torchcomms'
+clog log, NOTE [clog]), all built on the communicator's pre/post/abort hooks
+(``TorchComm.register_*_hook``)."""
 
 from __future__ import annotations
 
@@ -351,17 +344,9 @@ _CLOG_UNLOGGED = ("finalize", "new_window", "split")
 _UNSEEN = object()  # clog: a post-hook whose op's pre-hook it never saw
 
 
-def _clog_dtype(t) -> str:
-    return _CLOG_DTYPES.get(t.dtype, "other")
-
-
 def _clog_red(op) -> str:
     name = getattr(getattr(op, "type", op), "name", None)
     return _CLOG_RED.get(name, name.lower()) if isinstance(name, str) else "unknown"
-
-
-def _clog_counts(ts) -> str:
-    return ",".join(str(t.numel()) for t in ts)
 
 
 def _clog_ptrs(ts) -> str:
@@ -392,7 +377,8 @@ def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
     elif "input" in fields:
         for k, v in (("in", a.input), ("out", a.output)):
             lst = isinstance(v, list | tuple)
-            kv.append(f"{k}_count{'s' if lst else ''}={_clog_counts(v) if lst else v.numel()}")
+            counts = ",".join(str(t.numel()) for t in v) if lst else v.numel()
+            kv.append(f"{k}_count{'s' if lst else ''}={counts}")
     if "input" in fields:
         ptrs = [
             f"{k}={_clog_ptrs(v if isinstance(v, list | tuple) else [v])}"
@@ -402,7 +388,7 @@ def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
         ts = [getattr(a, f) for f in ("tensor", "input", "output") if f in fields]
         t = next((v for v in ts if isinstance(v, torch.Tensor)), None)
         t = t if t is not None else next(iter(a.input), None)
-        kv.append(f"dtype={_clog_dtype(t) if t is not None else 'other'}")
+        kv.append(f"dtype={_CLOG_DTYPES.get(getattr(t, 'dtype', None), 'other')}")
     kv += [f"red_op={_clog_red(a.op)}"] if "op" in fields else []
     kv += [f"{f}={getattr(a, f)}" for f in ("root", "peer", "num_ops") if f in fields]
     kv.append(f"async_op={'t' if a.async_op else 'f'}")
@@ -451,6 +437,10 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
 
     def _ts(self) -> str:
         return f"+{time.time() - self._base:.3f}"
+
+    def _event(self, corr: int, event: str) -> None:
+        if event in self._events:
+            self._line(f"C{corr}|{event}|{self._ts()}")
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
@@ -501,10 +491,7 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
             if async_op:
                 with self._lock:
                     self._async[op_id] = corr
-                if "S" in self._events:
-                    self._line(f"C{corr}|S|{self._ts()}")
-            elif "E" in self._events:
-                self._line(f"C{corr}|E|{self._ts()}")
+            self._event(corr, "S" if async_op else "E")
 
         def observe(event, op_id, payload):
             if event != "waited":
@@ -513,10 +500,8 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
                 corr = self._async.pop(op_id, None)
             if corr is None:
                 return
-            if "E" in self._events:
-                self._line(f"C{corr}|E|{self._ts()}")
-            if "W" in self._events:
-                self._line(f"C{corr}|W|{self._ts()}")
+            self._event(corr, "E")
+            self._event(corr, "W")
 
         self._handles += [
             comm.register_pre_hook(pre),
