@@ -419,11 +419,7 @@ def _create_for_torch(backend: str, opts):
 
     # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later group
     # of some ranks: the device this process already runs on.
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.is_initialized()
-        else torch.device("cuda")
-    )
+    device = torch.device("cuda", torch.cuda.current_device() if dist.is_initialized() else None)
     token = _rank_size_override.set((int(opts.group_rank), int(opts.group_size)))
     try:
         comm = new_comm(backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout)

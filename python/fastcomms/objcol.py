@@ -58,11 +58,17 @@ def _gathered_sizes(comm, obj: object, timeout) -> tuple[list[int], torch.Tensor
     return sizes, _to_tensor(data, max(sizes), comm)
 
 
-def _root_sizes(comm, root: int, blobs: list[bytes], n: int, timeout) -> list[int]:
-    """The byte counts of root's ``blobs`` (``n`` of them) on every rank."""
-    sizes = _int64(comm, [len(b) for b in blobs] if comm.get_rank() == root else [0] * n)
-    comm.broadcast(sizes, root, False, timeout=timeout)
-    return sizes.tolist()
+def _move(comm, move, object_list: list[Any], sending: bool, weights_only=True) -> None:
+    """Moves ``object_list`` with ``move(tensor)``: its byte counts, then its bytes in one buffer;
+    the receiving side fills its list."""
+    blobs = [_to_bytes(o) for o in object_list] if sending else []
+    sizes = _int64(comm, [len(b) for b in blobs] if sending else [0] * len(object_list))
+    move(sizes)
+    sizes = sizes.tolist()
+    data = _to_tensor(b"".join(blobs), sum(sizes), comm)
+    move(data)
+    if not sending:
+        _fill(object_list, data[: sum(sizes)].split(sizes), sizes, weights_only)
 
 
 def all_gather_object(
@@ -106,10 +112,7 @@ def gather_object(
 def send_object_list(comm, object_list: list[Any], dst: int, timeout: timedelta | None = None):
     """Sends every object of ``object_list`` to ``dst`` (which calls recv_object_list with a list
     of the same length)."""
-    blobs = [_to_bytes(o) for o in object_list]
-    sizes = _int64(comm, [len(b) for b in blobs])
-    comm.send(sizes, dst, False, timeout=timeout)
-    comm.send(_to_tensor(b"".join(blobs), int(sizes.sum()), comm), dst, False, timeout=timeout)
+    _move(comm, lambda t: comm.send(t, dst, False, timeout=timeout), object_list, True)
 
 
 def recv_object_list(
@@ -120,12 +123,8 @@ def recv_object_list(
     weights_only: bool = True,
 ):
     """Fills ``object_list`` with the objects ``src`` sent with send_object_list."""
-    sizes = _int64(comm, [0] * len(object_list))
-    comm.recv(sizes, src, False, timeout=timeout)
-    sizes = sizes.tolist()
-    data = _to_tensor(b"", sum(sizes), comm)
-    comm.recv(data, src, False, timeout=timeout)
-    _fill(object_list, data[: sum(sizes)].split(sizes), sizes, weights_only)
+    move = lambda t: comm.recv(t, src, False, timeout=timeout)  # noqa: E731
+    _move(comm, move, object_list, False, weights_only)
 
 
 def broadcast_object_list(
@@ -136,14 +135,8 @@ def broadcast_object_list(
     weights_only: bool = True,
 ):
     """Replaces ``object_list`` on every rank with ``root``'s (the lists have the same length)."""
-    me = comm.get_rank()
-    blobs = [_to_bytes(o) for o in object_list] if me == root else []
-    sizes = _root_sizes(comm, root, blobs, len(object_list), timeout)
-    total = sum(sizes)
-    data = _to_tensor(b"".join(blobs), total, comm)  # blobs: none but on root
-    comm.broadcast(data, root, False, timeout=timeout)
-    if me != root:
-        _fill(object_list, data[:total].split(sizes), sizes, weights_only)
+    move = lambda t: comm.broadcast(t, root, False, timeout=timeout)  # noqa: E731
+    _move(comm, move, object_list, comm.get_rank() == root, weights_only)
 
 
 def scatter_object_list(
@@ -162,7 +155,9 @@ def scatter_object_list(
     if me == root and (scatter_object_input_list is None or len(scatter_object_input_list) != n):
         raise ValueError(f"scatter_object_list: the root needs {n} input objects")
     blobs = [_to_bytes(o) for o in scatter_object_input_list] if me == root else []
-    sizes = _root_sizes(comm, root, blobs, n, timeout)
+    sizes = _int64(comm, [len(b) for b in blobs] if me == root else [0] * n)
+    comm.broadcast(sizes, root, False, timeout=timeout)
+    sizes = sizes.tolist()
     width = max(sizes)
     out = _to_tensor(b"", width, comm)
     comm.scatter(out, [_to_tensor(b, width, comm) for b in blobs], root, False, timeout=timeout)

@@ -301,12 +301,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 
 def all_to_all_single(
-    output,
-    input,
-    output_split_sizes=None,
-    input_split_sizes=None,
-    group=None,
-    async_op=False,  # noqa: A002
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
 ):
     out_splits, in_splits = output_split_sizes or [], input_split_sizes or []
     work = _group(group).comm.all_to_all_v_single(output, input, out_splits, in_splits, async_op)
