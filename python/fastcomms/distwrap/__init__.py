@@ -367,8 +367,7 @@ def batch_isend_irecv(p2p_op_list):
                 for p, s in zip(p2p_op_list, sends, strict=True)
             ]
         )
-    group = p2p_op_list[0].group
-    # torch's P2POp names its own group
+    group = p2p_op_list[0].group  # a group not made here (torch's P2POp names its own): default
     g = _group(group if isinstance(_ops_of(group), _GroupOps) else None)
     batch = g.comm.batch_op_create()
     for p in p2p_op_list:
