@@ -2,22 +2,11 @@
 """fastcomms communicators as torch.distributed process groups, and DeviceMesh over them.
 
 ``_create_torchcomm_process_group(comm, group_name)`` wraps any ``TorchComm`` in a real
-``torch.distributed.ProcessGroup`` (registered with torch under ``group_name``): every
-``torch.distributed`` function, torch's functional collectives (so ``torch.compile`` traces them),
-DeviceMesh, DTensor, FSDP2 and DDP then run their collectives on the communicator.
-``init_device_mesh(comms, names)`` builds a ``DeviceMesh`` whose dimensions are such process
-groups, as torchcomms' function of the same name does.
-
-How (NOTE [process group over a communicator]): the group is a plain torch ``ProcessGroup`` with
-one c10d backend, registered for the communicator's device type, made by fastcomms._c10d (NOTE
-[c10d backend over python]); torch calls that backend both from Python (``dist.all_reduce``) and
-from C++ (the functional collectives, DDP's reducer), and it calls the methods of ``_CommOps``
-here by torch's names. Each issues the communicator's op with ``async_op=True`` and returns a
-``torch.distributed.Work`` whose ``wait()`` waits for it (on CUDA: the caller's stream waits, no
-host block) and whose ``get_future()`` waits, then hands back a completed future (DDP's reducer
-chains on it). The backend says it supports coalescing, so ``batch_isend_irecv`` sends a batch as
-one (NOTE [coalesced p2p]). Ranks in a group are the communicator's ranks;
-``global_ranks_mapping`` says which global rank each one is, for torch's bookkeeping.
+``torch.distributed.ProcessGroup`` registered with torch, so every ``torch.distributed`` function,
+the functional collectives, DeviceMesh, DTensor, FSDP2 and DDP run on the communicator;
+``init_device_mesh(comms, names)`` builds a ``DeviceMesh`` of such groups, as torchcomms' does.
+How: NOTE [process group over a communicator] in docs/design.md; torch's c10d backend calls the
+methods of ``_CommOps`` by torch's names.
 """
 
 from __future__ import annotations
@@ -32,15 +21,12 @@ from . import ReduceOp, TorchComm
 __all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_with_comm
 
 _REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
-
-
 # torch's reduce-op kinds to ours, looked up once per call (NOTE [host cost per call])
 _REDUCE_BY_KIND = {getattr(dist.ReduceOp, n): getattr(ReduceOp, n) for n in _REDUCE_OPS}
 
 
 def _reduce_op(c10d_op, where):
-    """Our reduce op for torch's (a ReduceOp, or its RedOpType); `where()` names the call in the
-    error (made only when there is one)."""
+    """Our op for torch's (a ReduceOp or its RedOpType); ``where()`` names the call in an error."""
     kind = getattr(c10d_op, "op", c10d_op)
     op = _REDUCE_BY_KIND.get(kind)
     if op is not None:
@@ -57,7 +43,8 @@ def _reduce_op(c10d_op, where):
 
 
 class _CommWork(dist.Work):
-    """A torch Work over one or more fastcomms works (NOTE [process group over a communicator])."""
+    """A torch Work over fastcomms works: ``wait()`` waits for them (on CUDA the caller's stream
+    waits), ``get_future()`` waits, then returns a completed future (DDP's reducer chains on it)."""
 
     def __init__(self, works, result, host_sync_device=None):
         super().__init__()
@@ -76,8 +63,7 @@ class _CommWork(dist.Work):
     def is_completed(self):
         return all(w.is_completed() for w in self._works)
 
-    def is_success(self):
-        return self.is_completed()
+    is_success = is_completed
 
     def get_future(self):
         self.wait()
@@ -88,33 +74,26 @@ class _CommWork(dist.Work):
 
 class _CommOps:
     """What the c10d backend of a fastcomms process group calls (NOTE [c10d backend over
-    python]): torch's backend methods, by torch's names, on a fastcomms TorchComm."""
+    python]): torch's backend methods, by torch's names, each issuing the op with async_op=True."""
 
     def __init__(self, comm: TorchComm):
-        self._comm = comm
+        self.comm = comm
         self._coalescing: list | None = None  # p2p ops held between start and end coalescing
 
-    @property
-    def comm(self) -> TorchComm:
-        return self._comm
-
-    def rank(self) -> int:
-        return self._comm.get_rank()
-
-    def size(self) -> int:
-        return self._comm.get_size()
-
     def _where(self, op):
-        return (
-            f"[rank {self._comm.get_rank()}/{self._comm.get_size()}] fastcomms process group {op}"
+        return f"[rank {self.comm.get_rank()}/{self.comm.get_size()}] fastcomms process group {op}"
+
+    def _each(self, name, tensors, *args):
+        """``comm.<name>(t, *args, True)`` for each tensor; the work holds the tensors."""
+        issue = getattr(self.comm, name)
+        return _CommWork([issue(t, *args, True) for t in tensors], tensors)
+
+    def _pairs(self, name, outputs, inputs, *args):
+        """``comm.<name>(o, i, *args, True)`` per (output, input); the work holds the outputs."""
+        issue = getattr(self.comm, name)
+        return _CommWork(
+            [issue(o, i, *args, True) for o, i in zip(outputs, inputs, strict=True)], outputs
         )
-
-    def _each(self, issue, tensors, result=None):
-        return _CommWork([issue(t) for t in tensors], tensors if result is None else result)
-
-    def _pairs(self, issue, outputs, inputs):
-        """One op per (output, input) pair; the work holds the outputs."""
-        return _CommWork([issue(o, i) for o, i in zip(outputs, inputs, strict=True)], outputs)
 
     def _op(self, c10d_op, name):
         return _reduce_op(c10d_op, lambda: self._where(name))
@@ -122,83 +101,76 @@ class _CommOps:
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = self._op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        return self._each(lambda t: self._comm.all_reduce(t, op, True), tensors)
+        return self._each("all_reduce", tensors, op)
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+    allreduce_coalesced = allreduce
 
     def broadcast(self, tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        return self._each(lambda t: self._comm.broadcast(t, root, True), tensors)
+        return self._each("broadcast", tensors, opts.rootRank if opts is not None else 0)
 
     def reduce(self, tensors, opts=None):
-        op = self._op(opts.reduceOp, "reduce")
-        return self._each(lambda t: self._comm.reduce(t, opts.rootRank, op, True), tensors)
+        return self._each("reduce", tensors, opts.rootRank, self._op(opts.reduceOp, "reduce"))
 
     def allgather(self, output_lists, inputs, opts=None):
-        return self._pairs(lambda o, i: self._comm.all_gather(o, i, True), output_lists, inputs)
+        return self._pairs("all_gather", output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
-        return self.allgather_into_tensor_coalesced([output], [input], opts)
+        return self._pairs("all_gather_single", [output], [input])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._pairs(lambda o, i: self._comm.all_gather_single(o, i, True), outputs, inputs)
+        return self._pairs("all_gather_single", outputs, inputs)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = self._op(opts.reduceOp, "reduce_scatter")
-        issue = lambda o, i: self._comm.reduce_scatter(o, i, op, True)  # noqa: E731
-        return self._pairs(issue, outputs, input_lists)
+        return self._pairs("reduce_scatter", outputs, input_lists, op)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = self._op(opts.reduceOp, "reduce_scatter_tensor")
-        issue = lambda o, i: self._comm.reduce_scatter_single(o, i, op, True)  # noqa: E731
-        return self._pairs(issue, outputs, inputs)
+        return self._pairs("reduce_scatter_single", outputs, inputs, op)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         if not output_split_sizes and not input_split_sizes:
-            work = self._comm.all_to_all_single(output, input, True)
-        else:
-            n = self._comm.get_size()
-            out_splits = list(output_split_sizes) or [output.shape[0] // n] * n
-            in_splits = list(input_split_sizes) or [input.shape[0] // n] * n
-            work = self._comm.all_to_all_v_single(output, input, out_splits, in_splits, True)
+            return _CommWork([self.comm.all_to_all_single(output, input, True)], [output])
+        n = self.comm.get_size()
+        out_splits = list(output_split_sizes) or [output.shape[0] // n] * n
+        in_splits = list(input_split_sizes) or [input.shape[0] // n] * n
+        work = self.comm.all_to_all_v_single(output, input, out_splits, in_splits, True)
         return _CommWork([work], [output])
 
     def alltoall(self, outputs, inputs, opts=None):
-        return _CommWork([self._comm.all_to_all(outputs, inputs, True)], outputs)
+        return _CommWork([self.comm.all_to_all(outputs, inputs, True)], outputs)
 
     def gather(self, output_lists, inputs, opts=None):
         root = opts.rootRank
-        out = output_lists[0] if self._comm.get_rank() == root else []
-        return _CommWork([self._comm.gather(out, inputs[0], root, True)], output_lists)
+        out = output_lists[0] if self.comm.get_rank() == root else []
+        return _CommWork([self.comm.gather(out, inputs[0], root, True)], output_lists)
 
     def scatter(self, outputs, input_lists, opts=None):
         root = opts.rootRank
-        inp = input_lists[0] if self._comm.get_rank() == root else []
-        return _CommWork([self._comm.scatter(outputs[0], inp, root, True)], outputs)
+        inp = input_lists[0] if self.comm.get_rank() == root else []
+        return _CommWork([self.comm.scatter(outputs[0], inp, root, True)], outputs)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """torch.distributed's gloo health-checking barrier, on the communicator (CPU only).
         torch passes its unset timeout as a non-positive one: the communicator's then."""
         if timeout is not None and timeout.total_seconds() <= 0:
             timeout = None
-        self._comm.monitored_barrier(timeout, wait_all_ranks)
+        self.comm.monitored_barrier(timeout, wait_all_ranks)
 
     def barrier(self, opts=None):
-        # As torch's NCCL process group: waiting on a barrier blocks the host until the work the
-        # current stream held before it is done (code clears buffers on the stream and relies
-        # on a barrier to flush that).
-        dev = self._comm.get_device()
-        return _CommWork([self._comm.barrier(True)], [], dev if dev.type == "cuda" else None)
+        # As torch's NCCL process group: waiting on a barrier blocks the host until the current
+        # stream's earlier work is done (code relies on a barrier to flush buffer clears).
+        dev = self.comm.get_device()
+        return _CommWork([self.comm.barrier(True)], [], dev if dev.type == "cuda" else None)
 
     def _p2p(self, kind, tensors, peer):
         if self._coalescing is not None:
             self._coalescing += [(kind, t, peer) for t in tensors]
             return _CommWork([], tensors)
-        return self._each(lambda t: getattr(self._comm, kind)(t, peer, True), tensors)
+        return self._each(kind, tensors, peer)
 
     def send(self, tensors, dst, tag=0):
         return self._p2p("send", tensors, dst)
@@ -212,11 +184,9 @@ class _CommOps:
         )
 
     # NOTE [coalesced p2p]: torch's batch_isend_irecv (and _coalescing_manager) bracket a batch
-    # with start/end coalescing on groups whose backend supports it. The sends and receives in
-    # between are held and issued at the end as one batch of the communicator (one NCCL group
-    # on the GPU backends), so a send and a receive between the same two ranks cannot block each
-    # other, as they can when each is its own NCCL call on one stream. Collectives in between
-    # run at once.
+    # with start/end coalescing; the p2p ops between are issued at the end as one batch (one NCCL
+    # group), so a send and a receive between the same two ranks cannot block each other.
+    # Collectives in between run at once.
     def _start_coalescing(self):
         if self._coalescing is not None:
             raise RuntimeError(f"{self._where('start_coalescing')}: already coalescing")
@@ -226,16 +196,16 @@ class _CommOps:
         ops, self._coalescing = self._coalescing, None
         if not ops:
             return _CommWork([], [])
-        batch = self._comm.batch_op_create()
+        batch = self.comm.batch_op_create()
         for kind, t, peer in ops:
             getattr(batch, kind)(t, peer)
         return _CommWork([batch.issue(True)], [t for _, t, _ in ops])
 
     def set_timeout(self, timeout):
-        self._comm.set_timeout(timeout)
+        self.comm.set_timeout(timeout)
 
     def abort(self):
-        self._comm.abort()
+        self.comm.abort()
 
     def shutdown(self):
         pass  # the communicator belongs to its maker, who finalizes it
@@ -251,7 +221,6 @@ def _process_group(ops: _CommOps) -> dist.ProcessGroup:
             "fastcomms process groups need the extension module fastcomms._c10d, which this "
             "installation lacks (build it with scripts/build.sh, or the CMake target _c10d)"
         ) from e
-
     comm = ops.comm
     pg = dist.ProcessGroup(dist.HashStore(), comm.get_rank(), comm.get_size())
     backend = _c10d.make_backend(comm.get_rank(), comm.get_size(), ops)
@@ -269,7 +238,6 @@ def _ops_of(group) -> _CommOps | None:
         from . import _c10d
     except ImportError:
         return None  # without the module no process group can forward to a communicator
-
     for device in getattr(group, "_device_types", ()):
         try:
             backend = group._get_backend(device)
@@ -281,19 +249,18 @@ def _ops_of(group) -> _CommOps | None:
 
 
 def _register(pg, group_name, backend_str, global_ranks_mapping):
-    """Records `pg` in torch's process-group tables (what torch.distributed's rank queries,
+    """Records ``pg`` in torch's process-group tables (what torch.distributed's rank queries,
     DeviceMesh and the functional collectives look up)."""
     c10d = dist.distributed_c10d
+    w = c10d._world
     pg._set_group_name(group_name)
-    store = dist.HashStore()  # torch's bookkeeping wants one; the communicator has its own
-    c10d._world.pg_map[pg] = (backend_str, store)
-    c10d._world.pg_names[pg] = group_name
-    c10d._world.pg_backend_config[pg] = f"{comm_of(pg).get_device().type}:{backend_str}"
+    w.pg_map[pg] = (backend_str, dist.HashStore())  # torch wants a store; the comm has its own
+    w.pg_names[pg] = group_name
+    w.pg_backend_config[pg] = f"{comm_of(pg).get_device().type}:{backend_str}"
     c10d._register_process_group(group_name, pg)
-    c10d._world.pg_group_ranks[pg] = global_ranks_mapping
-    tag = f"ptd:{group_name}"
-    c10d._world.tags_to_pg.setdefault(tag, []).append(pg)
-    c10d._world.pg_to_tag[pg] = tag
+    w.pg_group_ranks[pg] = global_ranks_mapping
+    w.pg_to_tag[pg] = tag = f"ptd:{group_name}"
+    w.tags_to_pg.setdefault(tag, []).append(pg)
 
 
 def _create_torchcomm_process_group(
@@ -308,19 +275,18 @@ def _create_torchcomm_process_group(
     if not isinstance(comm, TorchComm):
         raise TypeError(f"expected a fastcomms TorchComm, got {type(comm).__name__}")
     pg = _process_group(_CommOps(comm))
-    name = group_name or comm.get_name()
-    mapping = global_ranks_mapping or {i: i for i in range(comm.get_size())}
     n = comm.get_size()
+    mapping = global_ranks_mapping or {i: i for i in range(n)}
     if len(mapping) != n or sorted(mapping.values()) != list(range(n)):
         raise ValueError(
             f"global_ranks_mapping must map {n} global ranks onto 0..{n - 1}, got {mapping}"
         )
-    _register(pg, name, backend_str, dict(mapping))
+    _register(pg, group_name or comm.get_name(), backend_str, dict(mapping))
     return pg
 
 
 def _unregister(pg):
-    """Removes `pg` from torch's tables (and as the default group if it is that)."""
+    """Removes ``pg`` from torch's tables (and as the default group if it is that)."""
     c10d = dist.distributed_c10d
     w = c10d._world
     for table in (w.pg_map, w.pg_names, w.pg_backend_config, w.pg_group_ranks):
@@ -362,7 +328,6 @@ def init_device_mesh(
             "init_device_mesh: a mesh of more than one dimension needs _global_comm (a "
             "communicator over every rank) to serve as the default group"
         )
-    device = mesh_dim_comms[0].get_device()
     shape = tuple(c.get_size() for c in mesh_dim_comms)
     world = math.prod(shape)
     if _global_comm is not None and _global_comm.get_size() != world:
@@ -382,27 +347,23 @@ def init_device_mesh(
     default = None
     if _global_comm is not None:
         default = _create_torchcomm_process_group(_global_comm, _global_comm.get_name())
-    names = []
     for dim, (comm, name) in enumerate(zip(mesh_dim_comms, mesh_dim_names, strict=True)):
-        # The global ranks of this rank's group along `dim`, in group-rank order.
-        index = list(coords)
-        index[dim] = slice(None)
-        members = mesh[tuple(index)].tolist()
+        # the global ranks of this rank's group along `dim`, in group-rank order
+        members = mesh[(*coords[:dim], slice(None), *coords[dim + 1 :])].tolist()
         pg = _create_torchcomm_process_group(
             comm, name, global_ranks_mapping={g: i for i, g in enumerate(members)}
         )
         default = default or pg
-        names.append(name)
     if not dist.is_initialized():  # torch's default group: ours unless the process has one
         dist.distributed_c10d.GroupMember.WORLD = default
     dm = dist.DeviceMesh(
-        device_type=device.type,
+        device_type=mesh_dim_comms[0].get_device().type,
         mesh=mesh,
         mesh_dim_names=tuple(mesh_dim_names),
         _init_backend=False,
         _rank=rank,
     )
-    dm._dim_group_names = names
+    dm._dim_group_names = list(mesh_dim_names)
     return dm
 
 
@@ -438,35 +399,27 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
     return dm
 
 
-# NOTE [nvlink as a torch.distributed backend]: torch.distributed knows "gloo" and "nccl", not
-# "nvlink". `import fastcomms` registers that name with torch (Backend.register_backend, CUDA
-# only; torch's default backends are left as they were), so `init_process_group("nvlink")` and
+# NOTE [nvlink as a torch.distributed backend]: `import fastcomms` registers "nvlink" with torch
+# (Backend.register_backend, CUDA only), so `init_process_group("nvlink")` and
 # `new_group(backend="nvlink")` make process groups over fastcomms nvlink communicators, with or
-# without torch's torchcomms switch (with it, torch calls fastcomms._comms.new_comm itself and
-# needs only the name). The group owns its communicator: torch's shutdown finalizes it. Where
-# torch imports fastcomms while torch.distributed is itself being imported (a `torchcomms` alias
-# found by torch's switch), torch's registry does not exist yet: the name is registered at the
-# first import after it does (fastcomms/_alias.py, register_with_torch).
+# without torch's torchcomms switch. The group owns its communicator: torch's shutdown finalizes
+# it. Where torch imports fastcomms while torch.distributed is itself being imported, the name is
+# registered at the first import after (fastcomms/_alias.py, register_with_torch).
 class _OwnedCommOps(_CommOps):
-    """The ops of a process group torch made through the registered backend name: the group owns
-    its communicator, and torch's shutdown finalizes it (a no-op once finalized or aborted)."""
+    """The ops of a group torch made through the registered name: it owns its communicator."""
 
     def shutdown(self):
-        self._comm.finalize()
+        self.comm.finalize()  # a no-op once finalized or aborted
 
 
 def _create_for_torch(backend: str, opts):
-    """The c10d backend torch asks the registered name `backend` for (its extended creator
-    arguments `opts`; NOTE [nvlink as a torch.distributed backend])."""
+    """The c10d backend torch asks the registered name ``backend`` for (its extended creator
+    arguments ``opts``; NOTE [nvlink as a torch.distributed backend])."""
     from . import _c10d, _rank_size_override, new_comm
 
     # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later group
     # of some ranks: the device this process already runs on.
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.is_initialized()
-        else torch.device("cuda")
-    )
+    device = torch.device("cuda", torch.cuda.current_device() if dist.is_initialized() else None)
     token = _rank_size_override.set((int(opts.group_rank), int(opts.group_size)))
     try:
         comm = new_comm(backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout)

@@ -9,7 +9,6 @@ code on the receiving rank) is refused unless ``weights_only=False`` is passed."
 from __future__ import annotations
 
 import io
-import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -32,38 +31,44 @@ def _to_bytes(obj: object) -> bytes:
 
 
 def _to_tensor(data: bytes, size: int, comm) -> torch.Tensor:
-    """`data` in a uint8 tensor of `size` bytes (zero padded) on the communicator's device."""
-    t = torch.zeros(max(size, 1), dtype=torch.uint8)
+    """``data`` in a uint8 tensor of ``size`` bytes (at least 1, zero padded) on comm's device."""
+    t = torch.zeros(max(size, 1), dtype=torch.uint8, device=comm.get_device())
     if data:
         t[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return t.to(comm.get_device())
-
-
-def _bytes(comm, size: int) -> torch.Tensor:
-    """An uninitialized uint8 tensor of `size` bytes (at least 1) on the communicator's device."""
-    return torch.empty(max(size, 1), dtype=torch.uint8, device=comm.get_device())
+    return t
 
 
 def _int64(comm, values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=comm.get_device())
 
 
-def _from_tensor(t: torch.Tensor, size: int, weights_only: bool) -> object:
-    data = t[:size].cpu().numpy().tobytes()
-    return torch.load(io.BytesIO(data), weights_only=weights_only)
+def _fill(object_list: list[Any], chunks, sizes: list[int], weights_only: bool) -> None:
+    """``object_list[i]``: the object in the first ``sizes[i]`` bytes of ``chunks[i]``."""
+    for i, (t, size) in enumerate(zip(chunks, sizes, strict=False)):
+        data = t[:size].cpu().numpy().tobytes()
+        object_list[i] = torch.load(io.BytesIO(data), weights_only=weights_only)
 
 
-def _unpack(object_list: list[Any], data: torch.Tensor, sizes: list[int], weights_only) -> None:
-    """Fills ``object_list`` with the objects packed one after another in ``data``."""
-    for i, (off, s) in enumerate(zip(itertools.accumulate([0, *sizes]), sizes, strict=False)):
-        object_list[i] = _from_tensor(data[off : off + s], s, weights_only)
-
-
-def _sizes(comm, mine: int, timeout) -> list[int]:
-    """Every rank's byte count."""
+def _gathered_sizes(comm, obj: object, timeout) -> tuple[list[int], torch.Tensor]:
+    """Every rank's byte count, and ``obj``'s bytes padded to the largest."""
+    data = _to_bytes(obj)
     out = _int64(comm, [0] * comm.get_size())
-    comm.all_gather_single(out, _int64(comm, [mine]), False, timeout=timeout)
-    return out.tolist()
+    comm.all_gather_single(out, _int64(comm, [len(data)]), False, timeout=timeout)
+    sizes = out.tolist()
+    return sizes, _to_tensor(data, max(sizes), comm)
+
+
+def _move(comm, move, object_list: list[Any], sending: bool, weights_only=True) -> None:
+    """Moves ``object_list`` with ``move(tensor)``: its byte counts, then its bytes in one buffer;
+    the receiving side fills its list."""
+    blobs = [_to_bytes(o) for o in object_list] if sending else []
+    sizes = _int64(comm, [len(b) for b in blobs] if sending else [0] * len(object_list))
+    move(sizes)
+    sizes = sizes.tolist()
+    data = _to_tensor(b"".join(blobs), sum(sizes), comm)
+    move(data)
+    if not sending:
+        _fill(object_list, data[: sum(sizes)].split(sizes), sizes, weights_only)
 
 
 def all_gather_object(
@@ -79,13 +84,10 @@ def all_gather_object(
         raise ValueError(
             f"all_gather_object: object_list must have {n} slots, got {len(object_list)}"
         )
-    data = _to_bytes(obj)
-    sizes = _sizes(comm, len(data), timeout)
-    width = max(max(sizes), 1)
-    out = _bytes(comm, width * n)
-    comm.all_gather_single(out, _to_tensor(data, width, comm), False, timeout=timeout)
-    for q in range(n):
-        object_list[q] = _from_tensor(out[q * width : (q + 1) * width], sizes[q], weights_only)
+    sizes, mine = _gathered_sizes(comm, obj, timeout)
+    out = _to_tensor(b"", mine.numel() * n, comm)
+    comm.all_gather_single(out, mine, False, timeout=timeout)
+    _fill(object_list, out.chunk(n), sizes, weights_only)
 
 
 def gather_object(
@@ -100,24 +102,17 @@ def gather_object(
     n, me = comm.get_size(), comm.get_rank()
     if me == root and (object_gather_list is None or len(object_gather_list) != n):
         raise ValueError(f"gather_object: the root needs an object_gather_list of {n} slots")
-    data = _to_bytes(obj)
-    sizes = _sizes(comm, len(data), timeout)
-    width = max(max(sizes), 1)
-    outs = [_bytes(comm, width) for _ in range(n)] if me == root else []
-    comm.gather(outs, _to_tensor(data, width, comm), root, False, timeout=timeout)
+    sizes, mine = _gathered_sizes(comm, obj, timeout)
+    outs = [_to_tensor(b"", mine.numel(), comm) for _ in range(n)] if me == root else []
+    comm.gather(outs, mine, root, False, timeout=timeout)
     if me == root:
-        for q in range(n):
-            object_gather_list[q] = _from_tensor(outs[q], sizes[q], weights_only)
+        _fill(object_gather_list, outs, sizes, weights_only)
 
 
 def send_object_list(comm, object_list: list[Any], dst: int, timeout: timedelta | None = None):
     """Sends every object of ``object_list`` to ``dst`` (which calls recv_object_list with a list
     of the same length)."""
-    blobs = [_to_bytes(o) for o in object_list]
-    sizes = _int64(comm, [len(b) for b in blobs])
-    comm.send(sizes, dst, False, timeout=timeout)
-    total = int(sizes.sum())
-    comm.send(_to_tensor(b"".join(blobs), total, comm), dst, False, timeout=timeout)
+    _move(comm, lambda t: comm.send(t, dst, False, timeout=timeout), object_list, True)
 
 
 def recv_object_list(
@@ -128,12 +123,8 @@ def recv_object_list(
     weights_only: bool = True,
 ):
     """Fills ``object_list`` with the objects ``src`` sent with send_object_list."""
-    sizes = _int64(comm, [0] * len(object_list))
-    comm.recv(sizes, src, False, timeout=timeout)
-    sizes_l = sizes.tolist()
-    data = _bytes(comm, sum(sizes_l))
-    comm.recv(data, src, False, timeout=timeout)
-    _unpack(object_list, data, sizes_l, weights_only)
+    move = lambda t: comm.recv(t, src, False, timeout=timeout)  # noqa: E731
+    _move(comm, move, object_list, False, weights_only)
 
 
 def broadcast_object_list(
@@ -144,16 +135,8 @@ def broadcast_object_list(
     weights_only: bool = True,
 ):
     """Replaces ``object_list`` on every rank with ``root``'s (the lists have the same length)."""
-    me = comm.get_rank()
-    blobs = [_to_bytes(o) for o in object_list] if me == root else []
-    sizes = _int64(comm, [len(b) for b in blobs] if me == root else [0] * len(object_list))
-    comm.broadcast(sizes, root, False, timeout=timeout)
-    sizes_l = sizes.tolist()
-    total = sum(sizes_l)
-    data = _to_tensor(b"".join(blobs), total, comm) if me == root else _bytes(comm, total)
-    comm.broadcast(data, root, False, timeout=timeout)
-    if me != root:
-        _unpack(object_list, data, sizes_l, weights_only)
+    move = lambda t: comm.broadcast(t, root, False, timeout=timeout)  # noqa: E731
+    _move(comm, move, object_list, comm.get_rank() == root, weights_only)
 
 
 def scatter_object_list(
@@ -174,9 +157,8 @@ def scatter_object_list(
     blobs = [_to_bytes(o) for o in scatter_object_input_list] if me == root else []
     sizes = _int64(comm, [len(b) for b in blobs] if me == root else [0] * n)
     comm.broadcast(sizes, root, False, timeout=timeout)
-    sizes_l = sizes.tolist()
-    width = max(max(sizes_l), 1)
-    ins = [_to_tensor(b, width, comm) for b in blobs] if me == root else []
-    out = _bytes(comm, width)
-    comm.scatter(out, ins, root, False, timeout=timeout)
-    scatter_object_output_list[0] = _from_tensor(out, sizes_l[me], weights_only)
+    sizes = sizes.tolist()
+    width = max(sizes)
+    out = _to_tensor(b"", width, comm)
+    comm.scatter(out, [_to_tensor(b, width, comm) for b in blobs], root, False, timeout=timeout)
+    _fill(scatter_object_output_list, [out], sizes[me : me + 1], weights_only)

@@ -1,23 +1,17 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""A drop-in for the torch.distributed functions (API.md §1): the same signatures, run on
-fastcomms communicators. Groups are fastcomms communicators split from the default one, each a
-real ``torch.distributed.ProcessGroup`` registered with torch (fastcomms.device_mesh), so torch's
-own functions (``torch.distributed.get_rank(g)``, ``P2POp``, DeviceMesh, FSDP2) accept them; the
-default group becomes torch's default group when the process has none. Ranks in arguments (src,
-dst, ranks) are global ranks, as in torch.distributed.
-
-As torchcomms' distwrap: ``init_process_group(..., use_torchcomms=...)`` picks the engine:
-True (fastcomms' default) runs every call on fastcomms communicators; False makes torch's own
-process group and every function here then calls torch.distributed's. torch.distributed's
-names (``ReduceOp``, ``ProcessGroup``, ``Work``, ``group``, ``get_process_group_ranks``,
-``_make_nccl_premul_sum``, ...) are here too, and the object collectives. Unlike torch, the
-object collectives load with ``weights_only=True`` (tensors, containers and plain values; a
-pickled class is refused)."""
+"""A drop-in for the torch.distributed functions (API.md §1) on fastcomms communicators, with
+torchcomms' distwrap surface (docs/torchcomms.md). Groups are torch ProcessGroups over
+communicators (fastcomms.device_mesh) registered with torch, so torch's own functions accept them;
+the default group becomes torch's default group when the process has none. Ranks in arguments
+(src, dst, ranks) are global ranks. ``init_process_group(..., use_torchcomms=False)`` makes
+torch's own group instead, and every function here then calls torch.distributed's (the wrapping
+at the end of this file). Unlike torch, the object collectives load with ``weights_only=True``."""
 
 from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import os
 
 import torch
@@ -84,21 +78,9 @@ __all__ = [
 _torch_mode = False  # init_process_group(use_torchcomms=False): torch.distributed does it all
 ProcessGroupGloo = getattr(_td, "ProcessGroupGloo", None)  # torch's, where this torch has them
 ProcessGroupNCCL = getattr(_td, "ProcessGroupNCCL", None)
-
-
-def _or_torch(fn):
-    """In torch mode the function of the same name in torch.distributed runs instead."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        if _torch_mode:
-            return getattr(_td, fn.__name__)(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    return run
-
-
 GroupMember = _td.GroupMember  # torch's: NON_GROUP_MEMBER is what new_group returns to outsiders
+_default = None  # the default group (a torch ProcessGroup made by _new_group)
+_splits = 0  # groups made so far (their default names)
 
 
 class _GroupOps(_CommOps):
@@ -118,15 +100,10 @@ class _GroupOps(_CommOps):
 
 
 def _new_group(comm: TorchComm, ranks: list[int]):
-    """A process group (a plain torch ProcessGroup over the communicator, NOTE [process group
-    over a communicator]) registered with torch.distributed as ``fastcomms/<communicator name>``."""
+    """A process group over ``comm``, registered with torch as ``fastcomms/<comm name>``."""
     pg = _process_group(_GroupOps(comm, ranks))
     _register(pg, f"fastcomms/{comm.get_name()}", "fastcomms", {g: i for i, g in enumerate(ranks)})
     return pg
-
-
-_default = None  # the default group (a torch ProcessGroup made by _new_group)
-_splits = 0
 
 
 def _group(group) -> _GroupOps:
@@ -192,26 +169,23 @@ def init_process_group(
         )
         _torch_mode = True
         return
-    if rank < 0:
-        rank = int(os.environ.get("RANK", "-1"))
-    if world_size < 0:
-        world_size = int(os.environ.get("WORLD_SIZE", "-1"))
+    rank = rank if rank >= 0 else int(os.environ.get("RANK", "-1"))
+    world_size = world_size if world_size >= 0 else int(os.environ.get("WORLD_SIZE", "-1"))
     if rank < 0 or world_size < 1:
         raise ValueError("init_process_group: rank and world_size are needed (arguments or env)")
     timeout = timeout or datetime.timedelta(seconds=600)
     method = init_method or "env://"
     if store is None and method.startswith("file://"):
-        store = _td.FileStore(method[len("file://") :], world_size)
+        store = _td.FileStore(method.removeprefix("file://"), world_size)
     elif store is None:
         if method.startswith("tcp://"):
-            host, port = method[len("tcp://") :].rsplit(":", 1)
+            host, port = method.removeprefix("tcp://").rsplit(":", 1)
         else:
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             port = os.environ.get("MASTER_PORT", "29500")
         store = _td.TCPStore(host, int(port), world_size, rank == 0, timeout=timeout)
     device = torch.device(device_id) if device_id is not None else torch.device("cpu")
-    name = str(backend or "gloo")
-    chosen = "nccl" if device.type == "cuda" and "nccl" in name else "gloo"
+    chosen = "nccl" if device.type == "cuda" and "nccl" in str(backend or "gloo") else "gloo"
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(world_size)
     comm = fastcomms.new_comm(
         chosen, device, timeout=timeout, store=store, name=group_name or "default"
@@ -222,35 +196,30 @@ def init_process_group(
 
 
 def is_initialized() -> bool:
-    return _td.is_initialized() if _torch_mode else _default is not None
+    return _default is not None
 
 
 def destroy_process_group(group=None) -> None:
     global _default, _torch_mode
     if _torch_mode:
         _td.destroy_process_group(group)
-        if group is None:
-            _torch_mode = False
+        _torch_mode = group is not None
         return
     pg = _default if group is None else group
-    g = _group(pg)
-    g.comm.finalize()
+    _group(pg).comm.finalize()
     _unregister(pg)
     if pg is _default:
         _default = None
 
 
-@_or_torch
 def get_rank(group=None) -> int:
-    return _group(group).rank()
+    return _group(group).comm.get_rank()
 
 
-@_or_torch
 def get_world_size(group=None) -> int:
-    return _group(group).size()
+    return _group(group).comm.get_size()
 
 
-@_or_torch
 def new_group(
     ranks=None,
     timeout=None,
@@ -262,14 +231,13 @@ def new_group(
     """Collective over the default group; returns NON_GROUP_MEMBER on ranks not in ``ranks``."""
     global _splits
     d = _group(None)
-    ranks = sorted(ranks) if ranks is not None else list(range(d.size()))
+    ranks = sorted(ranks) if ranks is not None else list(range(d.comm.get_size()))
     _splits += 1
-    mine = ranks if d.rank() in ranks else []  # the group this rank joins (a colour split)
+    mine = ranks if d.comm.get_rank() in ranks else []  # the group this rank joins (a colour split)
     sub = d.comm.split(mine, group_desc or f"group{_splits}", timeout=timeout)
     return GroupMember.NON_GROUP_MEMBER if sub is None else _new_group(sub, ranks)
 
 
-@_or_torch
 def split_group(
     parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None, backend=None
 ):
@@ -277,99 +245,80 @@ def split_group(
     group, or None when it is in none of them."""
     global _splits
     parent = _group(parent_pg)
-    me = parent.ranks[parent.rank()]
+    me = parent.ranks[parent.comm.get_rank()]
     mine = next((sorted(r) for r in split_ranks if me in r), None)
     _splits += 1
     name = group_desc or f"split{_splits}"
     if mine is None:  # still a collective call for backends that split collectively
         parent.comm.split([], name, timeout=timeout)
         return None
-    sub = parent.comm.split([parent.group_rank(r) for r in mine], name, timeout=timeout)
-    return _new_group(sub, mine)
+    return _new_group(
+        parent.comm.split([parent.group_rank(r) for r in mine], name, timeout=timeout), mine
+    )
 
 
-@_or_torch
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     return _result(_group(group).comm.all_reduce(tensor, _op(op), async_op), async_op)
 
 
-@_or_torch
 def broadcast(tensor, src, group=None, async_op=False):
     g = _group(group)
     return _result(g.comm.broadcast(tensor, g.group_rank(src), async_op), async_op)
 
 
-@_or_torch
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     g = _group(group)
     return _result(g.comm.reduce(tensor, g.group_rank(dst), _op(op), async_op), async_op)
 
 
-@_or_torch
 def all_gather(tensor_list, tensor, group=None, async_op=False):
-    g = _group(group)
+    comm = _group(group).comm
     same = all(t.numel() == tensor.numel() for t in tensor_list)
-    fn = g.comm.all_gather if same else g.comm.all_gather_v
+    fn = comm.all_gather if same else comm.all_gather_v
     return _result(fn(tensor_list, tensor, async_op), async_op)
 
 
-@_or_torch
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    g = _group(group)
-    return _result(g.comm.all_gather_single(output_tensor, input_tensor, async_op), async_op)
+    comm = _group(group).comm
+    return _result(comm.all_gather_single(output_tensor, input_tensor, async_op), async_op)
 
 
-@_or_torch
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
-    g = _group(group)
+    comm = _group(group).comm
     same = all(t.numel() == output.numel() for t in input_list)
-    fn = g.comm.reduce_scatter if same else g.comm.reduce_scatter_v
+    fn = comm.reduce_scatter if same else comm.reduce_scatter_v
     return _result(fn(output, input_list, _op(op), async_op), async_op)
 
 
-@_or_torch
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
-    g = _group(group)
-    return _result(g.comm.reduce_scatter_single(output, input, _op(op), async_op), async_op)
+    comm = _group(group).comm
+    return _result(comm.reduce_scatter_single(output, input, _op(op), async_op), async_op)
 
 
-@_or_torch
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
-    g = _group(group)
-    return _result(g.comm.all_to_all(output_tensor_list, input_tensor_list, async_op), async_op)
+    comm = _group(group).comm
+    return _result(comm.all_to_all(output_tensor_list, input_tensor_list, async_op), async_op)
 
 
-@_or_torch
 def all_to_all_single(
-    output,
-    input,
-    output_split_sizes=None,
-    input_split_sizes=None,  # noqa: A002
-    group=None,
-    async_op=False,
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
 ):
-    g = _group(group)
-    work = g.comm.all_to_all_v_single(
-        output, input, output_split_sizes or [], input_split_sizes or [], async_op
-    )
+    out_splits, in_splits = output_split_sizes or [], input_split_sizes or []
+    work = _group(group).comm.all_to_all_v_single(output, input, out_splits, in_splits, async_op)
     return _result(work, async_op)
 
 
-@_or_torch
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     g = _group(group)
-    return _result(
-        g.comm.scatter(tensor, scatter_list or [], g.group_rank(src), async_op), async_op
-    )
+    work = g.comm.scatter(tensor, scatter_list or [], g.group_rank(src), async_op)
+    return _result(work, async_op)
 
 
-@_or_torch
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     g = _group(group)
     return _result(g.comm.gather(gather_list or [], tensor, g.group_rank(dst), async_op), async_op)
 
 
-@_or_torch
 def barrier(group=None, async_op=False, device_ids=None):
     return _result(_group(group).comm.barrier(async_op), async_op)
 
@@ -380,24 +329,20 @@ def _peer(g, rank, what):
     return g.group_rank(rank)
 
 
-@_or_torch
 def isend(tensor, dst, group=None, tag=0):
     g = _group(group)
     return g.comm.send(tensor, _peer(g, dst, "send"), True)
 
 
-@_or_torch
 def irecv(tensor, src=None, group=None, tag=0):
     g = _group(group)
     return g.comm.recv(tensor, _peer(g, src, "recv"), True)
 
 
-@_or_torch
 def send(tensor, dst, group=None, tag=0):
     isend(tensor, dst, group, tag).wait()
 
 
-@_or_torch
 def recv(tensor, src=None, group=None, tag=0):
     irecv(tensor, src, group, tag).wait()
     return src
@@ -415,30 +360,21 @@ def batch_isend_irecv(p2p_op_list):
     if not p2p_op_list:
         raise ValueError("batch_isend_irecv: the list is empty")
     if _torch_mode:  # torch's own P2POps, with torch's isend and irecv
+        sends = [getattr(p.op, "__name__", "") in ("isend", "send") for p in p2p_op_list]
         return _td.batch_isend_irecv(
             [
-                _td.P2POp(
-                    _td.isend if getattr(p.op, "__name__", "") in ("isend", "send") else _td.irecv,
-                    p.tensor,
-                    p.peer,
-                    p.group,
-                    p.tag,
-                )
-                for p in p2p_op_list
+                _td.P2POp(_td.isend if s else _td.irecv, p.tensor, p.peer, p.group, p.tag)
+                for p, s in zip(p2p_op_list, sends, strict=True)
             ]
         )
-    group = p2p_op_list[0].group
-    # torch's P2POp names its own group
+    group = p2p_op_list[0].group  # a group not made here (torch's P2POp names its own): default
     g = _group(group if isinstance(_ops_of(group), _GroupOps) else None)
     batch = g.comm.batch_op_create()
     for p in p2p_op_list:
-        name = getattr(p.op, "__name__", str(p.op))
-        if name in ("isend", "send"):
-            batch.send(p.tensor, g.group_rank(p.peer))
-        elif name in ("irecv", "recv"):
-            batch.recv(p.tensor, g.group_rank(p.peer))
-        else:
+        kind = getattr(p.op, "__name__", str(p.op)).removeprefix("i")
+        if kind not in ("send", "recv"):
             raise ValueError(f"batch_isend_irecv: op must be isend or irecv, got {p.op!r}")
+        getattr(batch, kind)(p.tensor, g.group_rank(p.peer))
     return [batch.issue(True)]
 
 
@@ -451,24 +387,20 @@ def _src(g, src, group_src, what):
     return g.group_rank(src)
 
 
-@_or_torch
 def all_gather_object(object_list, obj, group=None):
     _objcol.all_gather_object(_group(group).comm, object_list, obj)
 
 
-@_or_torch
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
     g = _group(group)
     _objcol.broadcast_object_list(g.comm, object_list, _src(g, src, group_src, "broadcast"))
 
 
-@_or_torch
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
     g = _group(group)
     _objcol.gather_object(g.comm, obj, _src(g, dst, group_dst, "gather_object"), object_gather_list)
 
 
-@_or_torch
 def scatter_object_list(
     scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
 ):
@@ -504,5 +436,21 @@ def register_mem_pool(group=None, device=None, pool=None):
     """torchcomms' NCCLX memory-pool registration: not in fastcomms."""
     raise UnsupportedError("fastcomms.distwrap register_mem_pool: an NCCLX feature (memory pools)")
 
+
+def _or_torch(fn):
+    """In torch mode the function of the same name in torch.distributed runs instead."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return (getattr(_td, fn.__name__) if _torch_mode else fn)(*args, **kwargs)
+
+    return run
+
+
+# every public function but these four runs torch.distributed's function of its name in torch mode
+_OWN = ("init_process_group", "destroy_process_group", "batch_isend_irecv", "new_window")
+for _name in __all__:
+    if _name not in _OWN and inspect.isfunction(globals()[_name]):
+        globals()[_name] = _or_torch(globals()[_name])
 
 group = _td.group  # torch.distributed.group (group.WORLD); bound last: parameters take the name

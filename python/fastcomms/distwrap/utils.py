@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch.distributed as _td
 
+from fastcomms import distwrap
 from fastcomms.device_mesh import comm_of
 
 __all__ = ["get_group", "get_torchcomms_instance"]
@@ -13,11 +14,9 @@ __all__ = ["get_group", "get_torchcomms_instance"]
 
 def get_group(group=None):
     """``group``, or the default group for None."""
-    from fastcomms import distwrap
-
-    if group is not None:
-        return group
-    return distwrap._default if distwrap._default is not None else _td.group.WORLD
+    if group is None:
+        group = distwrap._default if distwrap._default is not None else _td.group.WORLD
+    return group
 
 
 def get_torchcomms_instance(pg, device_type=None):
