@@ -194,16 +194,13 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
             f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
         ) from e
     err = None
-    for family, kind, proto, _, sockaddr in infos:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(sockaddr)
-            sock.listen(max(128, 2 * size))
-            return sock.detach()
+    for family, *_, sockaddr in infos:
+        try:  # (SO_REUSEADDR set)
+            return socket.create_server(
+                sockaddr, family=family, backlog=max(128, 2 * size)
+            ).detach()
         except OSError as e:
             err = e
-            sock.close()
     hint = (
         "; torchrun's agent serves a store there: is TORCHELASTIC_USE_AGENT_STORE missing from "
         "this process's environment?"
@@ -257,17 +254,12 @@ def _tcp_store(addr: str, port: int, size: int, rank: int, timeout, agent: bool 
     )
 
 
-# NOTE [one store per MASTER_PORT]: communicators made without a store meet on the TCPStore
-# that rank 0 serves at MASTER_ADDR:MASTER_PORT. A second one made while the first lives cannot
-# serve the same port again, so every communicator of this process made that way shares one store
-# (each has its own key space in it: NOTE [store incarnations] in core/communicator.cpp). The
-# table holds the store weakly: the port is free again once no communicator uses it.
-# A rank that makes its next communicator sooner than rank 0 drops the previous one could reach
-# the server that is about to close (the torchcomms test files did: rank 0 then waited for a
-# rank that had gone on with a dead store). So the k-th store-less communicator of the process
-# (the same k on every rank: communicators are made in the same order) is announced by rank 0
-# with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
-# only once they see that key on it, reconnecting until the deadline otherwise.
+# NOTE [one store per MASTER_PORT]: every store-less communicator of this process shares the one
+# TCPStore at MASTER_ADDR:MASTER_PORT (a second server cannot take the port; each communicator has
+# its own key space, NOTE [store incarnations] in core/communicator.cpp), held weakly so the port
+# frees once unused. A rank could otherwise reach a server rank 0 is about to close (the
+# torchcomms test files did), so rank 0 announces the k-th such communicator (the same k on every
+# rank) with the key "fastcomms/default/<k>", and the others take a server only once they see it.
 _default_stores: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _default_count: dict[tuple[str, int, int], int] = {}
 

@@ -161,18 +161,15 @@ _calls = threading.local()
 class _Call:
     """The hooked call in flight on a thread."""
 
-    __slots__ = ("key", "name", "pre_args", "args", "issued", "posted", "timed_out")
-
     def __init__(self, key: int, name: OpName, pre_args) -> None:
-        self.key, self.name, self.pre_args, self.args = key, name, pre_args, None
+        self.key, self.name, self._pre_args = key, name, pre_args
         self.issued: list = []  # fn(result) of the observers, then
         self.posted: list = []  # fn(post args) of the post-hooks, once the method has its result
         self.timed_out: list = []  # fn(error) of the observers, where the call times out
 
-    def pre(self):
-        if self.args is None:
-            self.args = self.pre_args()
-        return self.args
+    @functools.cached_property
+    def args(self):  # the <Op>PreHookArgs, made once for all hooks
+        return self._pre_args()
 
 
 def _hooked(comm, name: OpName, pre_args, issue):
@@ -218,7 +215,7 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
 
         return cb
 
-    pre = on_call(lambda call, op_id: fn(call.name, op_id, call.pre()))
+    pre = on_call(lambda call, op_id: fn(call.name, op_id, call.args))
     post = on_call(lambda call, op_id: call.posted.append(functools.partial(fn, op_id)))
     if kind in ("pre", "post"):
         return [(kind, pre if kind == "pre" else post)]

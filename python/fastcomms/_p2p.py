@@ -66,8 +66,7 @@ class BatchSendRecv:
         return self
 
     def issue(self, async_op: bool, options=None, hints=None, timeout=None) -> TorchWork:
-        """Issues the batch. ``options`` (torchcomms' BatchP2POptions) may carry ``hints`` and
-        ``timeout``."""
+        """Issues the batch; ``options`` (a BatchP2POptions) may carry ``hints`` and ``timeout``."""
         if options is not None:
             hints = getattr(options, "hints", None) or hints
             timeout = getattr(options, "timeout", None) or timeout

@@ -13,11 +13,10 @@ from ._options import _ValueError
 
 
 class TorchCommBackend:
-    """Base class of backends written in Python (torchcomms' protocol): ``register_backend(name,
-    cls)``; ``new_comm(name, device, comm_name)`` makes ``cls()``, calls its ``init(device, name,
-    options)`` and returns a TorchComm whose ops call the backend's methods of the same names
-    (``all_reduce(tensor, op, async_op)``, ...), each returning None (done) or an object with
-    ``wait()``. Methods it leaves out raise UnsupportedError when called."""
+    """Base class of backends written in Python (torchcomms' protocol): ``new_comm`` makes
+    ``cls()`` and calls ``init(device, name, options)``; the TorchComm's ops call the methods of
+    the same names, each returning None (done) or an object with ``wait()``; missing ones raise
+    UnsupportedError."""
 
     def init(self, device, name, options) -> None:
         raise NotImplementedError("a TorchCommBackend must define init(device, name, options)")
@@ -57,12 +56,9 @@ _window_allocators: dict[str, object] = {}
 
 
 def get_mem_allocator(backend: str):
-    """The CUDA allocator for window memory of ``backend`` (torchcomms' ``get_mem_allocator``):
-    one per backend per process, for ``torch.cuda.MemPool(allocator)``. On the CUDA backends
-    ("nccl", "nvlink") every block it gives is a ``cudaMalloc`` of its own, which CUDA IPC can
-    share with the peers whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory
-    allocator]); any other ``cudaMalloc`` memory registers too. Other backends have no window
-    memory of their own: ``UnsupportedError``."""
+    """The CUDA allocator for window memory of "nccl" or "nvlink" (torchcomms'), one per backend,
+    for ``torch.cuda.MemPool(allocator)``: each block its own ``cudaMalloc``, which CUDA IPC can
+    share whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory allocator])."""
     if backend not in ("nccl", "nvlink") or not _C.is_backend_built(backend):
         raise UnsupportedError(
             f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
@@ -82,10 +78,9 @@ def get_mem_allocator(backend: str):
 def native_comm(
     backend: str, rank: int, size: int, device: torch.device, store, options
 ) -> _C.Comm:
-    """Collective: the extension's communicator of a built-in backend (``options``: a
-    CommOptions; its timeout bounds the rendezvous)."""
-    o = options
-    index = -1 if device.index is None else device.index
+    """Collective: the extension's communicator of a built-in backend (the options' timeout
+    bounds the rendezvous)."""
+    o, index = options, -1 if device.index is None else device.index
     timeout, abort = o.timeout, o.abort_process_on_timeout_or_error
     return _C.Comm(backend, rank, size, device.type, index, store, timeout, abort, o.name, o.hints)
 
