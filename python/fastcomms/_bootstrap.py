@@ -57,16 +57,12 @@ class Launch:
     def describe(self) -> str:
         local = "" if self.local_rank is None else f", local rank {self.local_rank}"
         local += "" if self.local_size is None else f" of {self.local_size}"
-        store = (
-            f"joins the launcher's store at {self.addr}:{self.port}"
-            if self.agent_store
-            else f"{'serves' if self.rank == 0 else 'joins'} the store at "
-            f"{self.addr}:{self.port} ({self.where})"
-        )
-        return (
-            f"{self.launcher}: rank {self.rank} of {self.size}{local} (from {self.source}); "
-            f"{store}"
-        )
+        at = f"{self.addr}:{self.port}"
+        store = f"{'serves' if self.rank == 0 else 'joins'} the store at {at} ({self.where})"
+        if self.agent_store:
+            store = f"joins the launcher's store at {at}"
+        who = f"{self.launcher}: rank {self.rank} of {self.size}{local}"
+        return f"{who} (from {self.source}); {store}"
 
 
 def _int(name: str) -> int:

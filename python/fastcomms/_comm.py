@@ -197,8 +197,7 @@ class TorchComm(_OpaqueBase):
                 ) from e
             return
         works = {
-            q: self.recv(torch.zeros(1, dtype=torch.int32), q, True, timeout=timeout)
-            for q in range(1, size)
+            q: self.recv(torch.zeros_like(token), q, True, timeout=timeout) for q in range(1, size)
         }
         failed = []
         for q, w in works.items():

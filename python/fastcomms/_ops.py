@@ -196,11 +196,6 @@ def _hooked(comm, name: OpName, pre_args, issue):
     return result
 
 
-def _in_flight(key: int) -> _Call | None:
-    call = getattr(_calls, "call", None)
-    return call if call is not None and call.key == key else None
-
-
 def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
     """What the C++ registry of communicator ``key`` holds for the Python hook ``fn``:
     (``"pre"``/``"post"``/``"abort"``, callback) pairs; ``kind`` "observe" is
@@ -210,20 +205,19 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
 
     def on_call(act):  # a callback that acts on the call in flight, where there is one
         def cb(_name, op_id, _async_op):
-            if (call := _in_flight(key)) is not None:
+            call = getattr(_calls, "call", None)
+            if call is not None and call.key == key:
                 act(call, op_id)
 
         return cb
 
-    pre = on_call(lambda call, op_id: fn(call.name, op_id, call.args))
-    post = on_call(lambda call, op_id: call.posted.append(functools.partial(fn, op_id)))
-    if kind in ("pre", "post"):
-        return [(kind, pre if kind == "pre" else post)]
-    timed = on_call(
-        lambda call, op_id: call.timed_out.append(functools.partial(fn, "timeout", op_id))
-    )
+    if kind == "pre":
+        return [("pre", on_call(lambda call, op_id: fn(call.name, op_id, call.args)))]
+    if kind == "post":
+        return [("post", on_call(lambda c, op_id: c.posted.append(functools.partial(fn, op_id))))]
+    timed = on_call(lambda c, op_id: c.timed_out.append(functools.partial(fn, "timeout", op_id)))
     issued = on_call(
-        lambda call, op_id: call.issued.append(functools.partial(_observe_issued, fn, op_id))
+        lambda c, op_id: c.issued.append(functools.partial(_observe_issued, fn, op_id))
     )
     return [("pre", timed), ("post", issued)]
 
@@ -231,6 +225,5 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
 def _observe_issued(fn, op_id: int, result) -> None:
     work = result if isinstance(result, TorchWork) else None
     if work is not None:
-        work._observers = work._observers or []
-        work._observers.append(lambda event, payload: fn(event, op_id, payload))
+        work._observers = [*(work._observers or ()), lambda event, p: fn(event, op_id, p)]
     fn("issued", op_id, work)

@@ -29,23 +29,18 @@ def _torchcomms_installed() -> bool:
     return True
 
 
-def _wait(tensors: list[torch.Tensor]) -> None:
-    for t in tensors:
+def _in_place(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    for t in inputs:
         torch.ops._c10d_functional.wait_tensor(t)
+    return inputs
 
 
 def _functional(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    _wait(inputs)
-    return [t.clone() for t in inputs]
+    return [t.clone() for t in _in_place(inputs)]
 
 
 def _functional_fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty_like(t) for t in inputs]
-
-
-def _in_place(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    _wait(inputs)
-    return inputs
 
 
 def _in_place_autograd(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
