@@ -172,11 +172,9 @@ def required(op: str = "new_comm") -> Launch:
 
 # -- the store --------------------------------------------------------------------------------
 def _listen_on(addr: str, port: int, rank: int, size: int):
-    """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to
-    MASTER_ADDR's own address (the loopback when MASTER_ADDR is one) rather than every interface,
-    handed to torch's TCPStore as ``master_listen_fd``. FASTCOMMS_STORE_BIND overrides the
-    address ("*" or "0.0.0.0": every interface, torch's own behaviour). Returns the descriptor,
-    which the store then owns."""
+    """NOTE [store bind address]: rank 0's listening socket for torch's TCPStore
+    (``master_listen_fd``, which then owns it), bound to MASTER_ADDR's address, not every interface
+    (torch's own behaviour, FASTCOMMS_STORE_BIND="*"; another address overrides MASTER_ADDR's)."""
     import socket
 
     bind = os.environ.get("FASTCOMMS_STORE_BIND", addr)
@@ -213,9 +211,8 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
 
 
 def _with_deadline(make, what: str, timeout: datetime.timedelta):
-    """make() on a helper thread within `timeout`: torch's TCPStore client kept retrying an
-    unreachable network for 38 s with a 5 s timeout (tests/python/test_multihost.py); past the
-    deadline this raises TimeoutError and the thread ends when torch gives up."""
+    """make() within `timeout` (a helper thread): torch's TCPStore client retried an unreachable
+    network for 38 s given 5 s (tests/python/test_multihost.py)."""
     fut = concurrent.futures.Future()
 
     def run():
@@ -233,9 +230,7 @@ def _with_deadline(make, what: str, timeout: datetime.timedelta):
 
 
 def _tcp_store(addr: str, port: int, size: int, rank: int, timeout, agent: bool = False):
-    """torch's TCPStore at MASTER_ADDR:MASTER_PORT, rank 0 serving it unless it is torchrun's
-    (multi-tenant: a TCPStore torch.distributed makes on the same port in this process shares the
-    server)."""
+    """torch's multi-tenant TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves, unless torchrun)."""
     import torch.distributed as dist
 
     serve, whose = rank == 0 and not agent, "torchrun's" if agent else "the"
@@ -295,9 +290,8 @@ _agent_stores: dict[tuple[str, int, str], object] = {}
 
 
 def _agent_store(launch: Launch, timeout):
-    """torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True): a client, as torch's env://
-    rendezvous makes one, under a prefix per restart so that a restarted job never reads the keys
-    of the attempt before it. One client per process, shared by its communicators."""
+    """torchrun's agent store: one client per process (as torch's env:// rendezvous makes), under a
+    prefix per restart so that a restarted job never reads the keys of the attempt before it."""
     import torch.distributed as dist
 
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -309,8 +303,7 @@ def _agent_store(launch: Launch, timeout):
 
 
 def _torch_default_store(launch: Launch):
-    """torch.distributed's default group's store where that group was made first with this rank
-    and size (its rank 0 then holds MASTER_PORT); else None."""
+    """The store of torch.distributed's default group where it has this rank and size, else None."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None or not c10d.is_initialized():
         return None

@@ -98,9 +98,8 @@ class TorchComm(_OpaqueBase):
         (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
     def _refresh_fast(self) -> None:
-        """NOTE [process group fast path] (python/src/fast_ops.hpp): the C++ communicator a
-        process group over this one may call without Python in between, or None while Python
-        must see every op (hooks or observers registered, or no C++ communicator)."""
+        """NOTE [process group fast path]: the C++ communicator a process group may call directly,
+        or None while Python must see every op (hooks, observers, or a Python backend)."""
         c = self._c
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
         self._fast = c._native() if not self._hooked and isinstance(c, _C.Comm) else None
@@ -239,8 +238,8 @@ class TorchComm(_OpaqueBase):
         return self._add_hook("abort", fn)
 
     def _observe(self, fn) -> RemovableHandle:
-        """Internal (fastcomms.hooks' flight recorder): ``fn(event, op_id, payload)``, event
-        "issued" (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
+        """fastcomms.hooks' flight recorder: ``fn(event, op_id, payload)``, event "issued"
+        (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
         return self._add_hook("observe", fn)
 
     def _add_hook(self, kind: str, fn) -> RemovableHandle:

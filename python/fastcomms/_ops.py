@@ -128,9 +128,7 @@ def _source(op: Op) -> str:
 
 
 def methods(namespace: dict) -> dict[str, typing.Callable]:
-    """The methods of OPS, compiled with ``namespace`` as their globals (the module of
-    ``TorchComm``, which rebinds ``_compiling`` and ``_compiled``), where the names they call
-    are added."""
+    """The methods of OPS, with ``namespace`` (``TorchComm``'s module) as their globals."""
     namespace.update(_op=_op, _ms=_ms, TorchWork=TorchWork, _hooked=_hooked)
     namespace.update(_ht=_hook_types, _OpName=OpName)
     out = {}
@@ -197,9 +195,7 @@ def _hooked(comm, name: OpName, pre_args, issue):
 
 
 def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
-    """What the C++ registry of communicator ``key`` holds for the Python hook ``fn``:
-    (``"pre"``/``"post"``/``"abort"``, callback) pairs; ``kind`` "observe" is
-    ``TorchComm._observe``'s."""
+    """The (kind, callback) pairs the C++ registry of communicator ``key`` holds for hook ``fn``."""
     if kind == "abort":
         return [("abort", fn)]
 

@@ -5,6 +5,8 @@ what the machine offers them (``nvlink_matrix``, ``get_mem_allocator``)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _C, _native
@@ -33,8 +35,7 @@ def register_backend(name: str, cls: type) -> None:
 
 
 def _load_entry_point_backends() -> None:
-    """Backends installed by other distributions: entry points of the groups
-    ``fastcomms.backends`` and ``torchcomms.backends`` (torchcomms' own group)."""
+    """Backends installed by other distributions (entry points, torchcomms' group too)."""
     from importlib.metadata import entry_points
 
     for group in ("fastcomms.backends", "torchcomms.backends"):
@@ -52,27 +53,20 @@ def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
     return _C.nvlink_matrix([int(d) for d in devices])[0]  # (matrix, why)
 
 
-_window_allocators: dict[str, object] = {}
-
-
+@functools.cache  # one allocator per backend per process
 def get_mem_allocator(backend: str):
-    """The CUDA allocator for window memory of "nccl" or "nvlink" (torchcomms'), one per backend,
-    for ``torch.cuda.MemPool(allocator)``: each block its own ``cudaMalloc``, which CUDA IPC can
+    """The CUDA allocator for window memory of "nccl" or "nvlink" (torchcomms'), for
+    ``torch.cuda.MemPool(allocator)``: each block its own ``cudaMalloc``, which CUDA IPC can
     share whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory allocator])."""
     if backend not in ("nccl", "nvlink") or not _C.is_backend_built(backend):
         raise UnsupportedError(
             f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
             f"backends nccl and nvlink have one; built here: {', '.join(built_backends())})"
         )
-    if backend not in _window_allocators:
-        lib = _native.core_library()
-        if lib is None:
-            raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            lib, "fastcomms_window_alloc", "fastcomms_window_free"
-        )
-        _window_allocators[backend] = pluggable.allocator()
-    return _window_allocators[backend]
+    if (lib := _native.core_library()) is None:
+        raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
+    alloc, free = "fastcomms_window_alloc", "fastcomms_window_free"
+    return torch.cuda.memory.CUDAPluggableAllocator(lib, alloc, free).allocator()
 
 
 def native_comm(

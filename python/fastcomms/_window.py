@@ -26,7 +26,7 @@ class TorchCommWinAccessType(enum.Enum):
     WIN_ACCESS_TYPE_SEPARATE = 1
 
 
-@dataclasses.dataclass(repr=False)
+@dataclasses.dataclass(repr=False, eq=False)
 class TorchCommWindowAttr:
     """A window's attributes for one peer (``TorchCommWindow.get_attr``)."""
 
