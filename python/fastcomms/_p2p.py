@@ -33,9 +33,7 @@ class P2POp:
             if name not in ("send", "recv", "isend", "irecv"):
                 raise _ValueError(f"P2POp: type must be P2POpType.SEND or RECV, got {type!r}")
             type = P2POpType.SEND if name in ("send", "isend") else P2POpType.RECV  # noqa: A001
-        self.type = type
-        self.tensor = tensor
-        self.peer = int(peer)
+        self.type, self.tensor, self.peer = type, tensor, int(peer)
 
     @property
     def is_send(self) -> bool:
