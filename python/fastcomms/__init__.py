@@ -1,10 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""fastcomms: a torchcomms-compatible communicator API and a fast Ulysses all-to-all.
-
-Code written for torchcomms runs after ``import fastcomms as torchcomms`` (the parts built so
-far: the gloo backend on CPU tensors; see docs/status.md for what has run where). The classes
-live in modules named after them (docs/design.md, "Inside python/fastcomms"); this file
-re-exports them.
+"""fastcomms: a torchcomms-compatible communicator API and a fast Ulysses all-to-all. Code written
+for torchcomms runs after ``import fastcomms as torchcomms`` (docs/status.md). The classes live in
+modules named after them (docs/design.md); this file re-exports them.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from . import _C
 
 def register_nvlink_name() -> bool:
     """NOTE [nvlink as a torch.distributed backend] (fastcomms/device_mesh.py): registers "nvlink"
-    with torch.distributed where this build has it; False while torch's registry does not exist
-    yet (torch.distributed is still being imported)."""
+    with torch.distributed where built; False while torch's registry does not exist yet."""
     registry = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "Backend", None)
     if registry is None or not hasattr(registry, "register_backend"):
         return False
@@ -30,9 +29,8 @@ def _nvlink_for_torch(opts, backend_options=None):
 
 
 def register_with_torch() -> None:
-    """torch may import this package while it imports torch.distributed (torch's torchcomms
-    switch finding a `torchcomms` alias): then the name is registered at the first import after
-    torch's registry exists, by a finder that loads nothing and is inert afterwards."""
+    """Where torch imports this package while importing torch.distributed (a ``torchcomms``
+    alias), a finder that loads nothing registers the name at the first import after."""
     if register_nvlink_name() or "torch.distributed.distributed_c10d" not in sys.modules:
         return
 

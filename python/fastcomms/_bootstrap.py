@@ -1,42 +1,23 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """How a process finds its rank, its world and the store it meets the others on, when
-``new_comm`` is given no store (NOTE [launchers]).
+``new_comm`` is given no store.
 
-NOTE [launchers]: the environment is read in this order; the first launcher whose variables are
-all present wins, so a launcher started inside another (torchrun under ``srun``) is itself.
-
-=========== ======================================= ================================================
-launcher    rank, size (local rank)                 store
-=========== ======================================= ================================================
-torch group the group torch is making (fastcomms    the store torch hands over
-            as a torch.distributed backend)
-torchcomms  TORCHCOMM_RANK, TORCHCOMM_SIZE          as below, by the launcher underneath
-torchrun    RANK, WORLD_SIZE, LOCAL_RANK and        ``TORCHELASTIC_USE_AGENT_STORE=True`` (static
-            TORCHELASTIC_RUN_ID                     ``--master-port``, ``--standalone``, c10d
-                                                    rendezvous): the agent serves the store at
-                                                    MASTER_ADDR:MASTER_PORT and every rank joins it
-                                                    as a client, under the restart's prefix
-env         RANK, WORLD_SIZE (mp.spawn, a shell     rank 0 serves a TCPStore at MASTER_ADDR
-            loop, any launcher)                     (default 127.0.0.1):MASTER_PORT (default 29500)
-slurm       SLURM_PROCID, SLURM_NTASKS              rank 0 serves; MASTER_ADDR defaults to the first
-            (SLURM_LOCALID)                         host of SLURM_JOB_NODELIST, MASTER_PORT to
-                                                    20000 + SLURM_JOB_ID % 20000
-openmpi     OMPI_COMM_WORLD_RANK, _SIZE             rank 0 serves; MASTER_ADDR defaults to
-            (_LOCAL_RANK)                           127.0.0.1 only when every rank is on one host
-=========== ======================================= ================================================
-
-Where torch.distributed's default group already exists with the same rank and size (it was
-initialized first), its store is used: torch's rank 0 already holds MASTER_PORT.
-Where fastcomms serves the store itself it binds MASTER_ADDR's address only (NOTE [store bind
-address]) and shares the port with torch's own TCPStore in the same process (torch's
-multi-tenant servers), so ``init_process_group`` may come before or after ``new_comm``.
+NOTE [launchers]: docs/launching.md has the table (launcher, the variables of rank and size, the
+store). The first launcher whose variables are all present wins, so a launcher started inside
+another (torchrun under ``srun``) is itself. Where torch.distributed's default group already
+exists with the same rank and size, its store is used (torch's rank 0 holds MASTER_PORT). Where
+fastcomms serves the store itself it binds MASTER_ADDR's address only (NOTE [store bind
+address]) and shares the port with torch's own TCPStore in the same process (multi-tenant), so
+``init_process_group`` may come before or after ``new_comm``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import dataclasses
 import datetime
+import functools
 import os
 import re
 import sys
@@ -76,16 +57,12 @@ class Launch:
     def describe(self) -> str:
         local = "" if self.local_rank is None else f", local rank {self.local_rank}"
         local += "" if self.local_size is None else f" of {self.local_size}"
-        store = (
-            f"joins the launcher's store at {self.addr}:{self.port}"
-            if self.agent_store
-            else f"{'serves' if self.rank == 0 else 'joins'} the store at "
-            f"{self.addr}:{self.port} ({self.where})"
-        )
-        return (
-            f"{self.launcher}: rank {self.rank} of {self.size}{local} (from {self.source}); "
-            f"{store}"
-        )
+        at = f"{self.addr}:{self.port}"
+        store = f"{'serves' if self.rank == 0 else 'joins'} the store at {at} ({self.where})"
+        if self.agent_store:
+            store = f"joins the launcher's store at {at}"
+        who = f"{self.launcher}: rank {self.rank} of {self.size}{local}"
+        return f"{who} (from {self.source}); {store}"
 
 
 def _int(name: str) -> int:
@@ -176,16 +153,9 @@ def detect() -> Launch | None:
             f"new_comm: rank {rank} and size {size} from {source} do not fit "
             "(size >= 1 and 0 <= rank < size)"
         )
-    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and launcher in (
-        "torchrun",
-        "torchcomms",
-    )
-    addr, port, where = _addr_port(launcher, local_size, size)
-    if agent and port == 0:
-        raise LaunchError(
-            "new_comm: MASTER_PORT=0 under torchrun: the agent's store port is unknown "
-            "(torchrun --master-port 0 passes 0 on); give torchrun a port or use --standalone"
-        )
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent = agent and launcher in ("torchrun", "torchcomms")
+    addr, port, where = _addr_port(launcher, local_size, size)  # (port 0 is refused there)
     return Launch(launcher, rank, size, local_rank, local_size, addr, port, agent, source, where)
 
 
@@ -202,11 +172,9 @@ def required(op: str = "new_comm") -> Launch:
 
 # -- the store --------------------------------------------------------------------------------
 def _listen_on(addr: str, port: int, rank: int, size: int):
-    """NOTE [store bind address]: the listening socket of the TCPStore rank 0 serves, bound to
-    MASTER_ADDR's own address (the loopback when MASTER_ADDR is one) rather than every interface,
-    handed to torch's TCPStore as ``master_listen_fd``. FASTCOMMS_STORE_BIND overrides the
-    address ("*" or "0.0.0.0": every interface, torch's own behaviour). Returns the descriptor,
-    which the store then owns."""
+    """NOTE [store bind address]: rank 0's listening socket for torch's TCPStore
+    (``master_listen_fd``, which then owns it), bound to MASTER_ADDR's address, not every interface
+    (torch's own behaviour, FASTCOMMS_STORE_BIND="*"; another address overrides MASTER_ADDR's)."""
     import socket
 
     bind = os.environ.get("FASTCOMMS_STORE_BIND", addr)
@@ -220,16 +188,13 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
             f"(MASTER_ADDR or FASTCOMMS_STORE_BIND): {e}"
         ) from e
     err = None
-    for family, kind, proto, _, sockaddr in infos:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(sockaddr)
-            sock.listen(max(128, 2 * size))
-            return sock.detach()
+    for family, *_, sockaddr in infos:
+        try:  # (SO_REUSEADDR set)
+            return socket.create_server(
+                sockaddr, family=family, backlog=max(128, 2 * size)
+            ).detach()
         except OSError as e:
             err = e
-            sock.close()
     hint = (
         "; torchrun's agent serves a store there: is TORCHELASTIC_USE_AGENT_STORE missing from "
         "this process's environment?"
@@ -246,68 +211,47 @@ def _listen_on(addr: str, port: int, rank: int, size: int):
 
 
 def _with_deadline(make, what: str, timeout: datetime.timedelta):
-    """make() on a helper thread within `timeout`: torch's TCPStore client kept retrying an
-    unreachable network for 38 s with a 5 s timeout (tests/python/test_multihost.py), so the
-    deadline is kept here; past it this raises TimeoutError and the thread ends when torch gives
-    up."""
-    result = {}
+    """make() within `timeout` (a helper thread): torch's TCPStore client retried an unreachable
+    network for 38 s given 5 s (tests/python/test_multihost.py)."""
+    fut = concurrent.futures.Future()
 
     def run():
         try:
-            result["store"] = make()
+            fut.set_result(make())
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            result["error"] = e
+            fut.set_exception(e)
 
     t = threading.Thread(target=run, name="fastcomms-store", daemon=True)
     t.start()
     t.join(timeout.total_seconds() + 1.0)
-    if "store" in result:
-        return result["store"]
-    if "error" in result:
-        raise result["error"]
-    raise TimeoutError(f"{what} within {timeout.total_seconds():g} s")
+    if not fut.done():
+        raise TimeoutError(f"{what} within {timeout.total_seconds():g} s")
+    return fut.result()
 
 
-def _tcp_store(addr: str, port: int, size: int, rank: int, timeout):
-    """torch's TCPStore at MASTER_ADDR:MASTER_PORT, rank 0 serving it (multi-tenant: a TCPStore
-    torch.distributed makes on the same port in this process shares the server)."""
+def _tcp_store(addr: str, port: int, size: int, rank: int, timeout, agent: bool = False):
+    """torch's multi-tenant TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves, unless torchrun)."""
     import torch.distributed as dist
 
-    listen_fd = _listen_on(addr, port, rank, size) if rank == 0 else None
-
-    def make():
-        kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
-        return dist.TCPStore(
-            addr,
-            port,
-            size,
-            rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,
-            multi_tenant=True,
-            **kw,
-        )
-
+    serve, whose = rank == 0 and not agent, "torchrun's" if agent else "the"
+    listen_fd = _listen_on(addr, port, rank, size) if serve else None
+    kw = {} if listen_fd is None else {"master_listen_fd": listen_fd}
+    kw.update(timeout=timeout, wait_for_workers=False, multi_tenant=True)
     return _with_deadline(
-        make,
-        f"[rank {rank}/{size}] new_comm: the store at {addr}:{port} (MASTER_ADDR, MASTER_PORT) "
-        f"could not be {'served' if rank == 0 else 'reached'}",
+        functools.partial(dist.TCPStore, addr, port, size, serve, **kw),
+        f"[rank {rank}/{size}] new_comm: {whose} store at {addr}:{port} (MASTER_ADDR, "
+        f"MASTER_PORT) could not be {'served' if serve else 'reached'}",
         timeout,
     )
 
 
-# NOTE [one store per MASTER_PORT]: communicators made without a store meet on the TCPStore
-# that rank 0 serves at MASTER_ADDR:MASTER_PORT. A second one made while the first lives cannot
-# serve the same port again, so every communicator of this process made that way shares one store
-# (each has its own key space in it: NOTE [store incarnations] in core/communicator.cpp). The
-# table holds the store weakly: the port is free again once no communicator uses it.
-# A rank that makes its next communicator sooner than rank 0 drops the previous one could reach
-# the server that is about to close (the torchcomms test files did: rank 0 then waited for a
-# rank that had gone on with a dead store). So the k-th store-less communicator of the process
-# (the same k on every rank: communicators are made in the same order) is announced by rank 0
-# with the key "fastcomms/default/<k>" on the server it uses, and the other ranks take a server
-# only once they see that key on it, reconnecting until the deadline otherwise.
-_default_stores: dict[tuple[str, int, int], weakref.ref] = {}
+# NOTE [one store per MASTER_PORT]: every store-less communicator of this process shares the one
+# TCPStore at MASTER_ADDR:MASTER_PORT (a second server cannot take the port; each communicator has
+# its own key space, NOTE [store incarnations] in core/communicator.cpp), held weakly so the port
+# frees once unused. A rank could otherwise reach a server rank 0 is about to close (the
+# torchcomms test files did), so rank 0 announces the k-th such communicator (the same k on every
+# rank) with the key "fastcomms/default/<k>", and the others take a server only once they see it.
+_default_stores: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _default_count: dict[tuple[str, int, int], int] = {}
 
 
@@ -315,15 +259,12 @@ def _served_store(addr: str, port: int, size: int, rank: int, timeout):
     key = (addr, port, size)
     k = _default_count[key] = _default_count.get(key, 0) + 1
     mark = f"fastcomms/default/{k}"
-    ref = _default_stores.get(key)
-    store = ref() if ref is not None else None
+    store = _default_stores.get(key)
     if rank == 0:
-        if store is None:
-            store = _tcp_store(addr, port, size, rank, timeout)
+        store = _default_stores[key] = store or _tcp_store(addr, port, size, rank, timeout)
         store.set(mark, "1")
         if k > 1:  # every rank took the store of k - 1 before rank 0 could finish making it
             store.delete_key(f"fastcomms/default/{k - 1}")
-        _default_stores[key] = weakref.ref(store)
         return store
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
@@ -332,7 +273,7 @@ def _served_store(addr: str, port: int, size: int, rank: int, timeout):
             store = _tcp_store(addr, port, size, rank, datetime.timedelta(seconds=max(left, 0.1)))
         try:
             store.wait([mark], datetime.timedelta(seconds=max(min(1.0, left), 0.05)))
-            _default_stores[key] = weakref.ref(store)
+            _default_stores[key] = store
             return store
         except Exception as e:  # a server about to close, or not rank 0's current one
             store = None
@@ -349,32 +290,20 @@ _agent_stores: dict[tuple[str, int, str], object] = {}
 
 
 def _agent_store(launch: Launch, timeout):
-    """torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True): a client, as torch's env://
-    rendezvous makes one, under a prefix per restart so that a restarted job never reads the keys
-    of the attempt before it. One client per process, shared by its communicators."""
+    """torchrun's agent store: one client per process (as torch's env:// rendezvous makes), under a
+    prefix per restart so that a restarted job never reads the keys of the attempt before it."""
     import torch.distributed as dist
 
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     key = (launch.addr, launch.port, attempt)
-    store = _agent_stores.get(key)
-    if store is None:
-
-        def make():
-            return dist.TCPStore(launch.addr, launch.port, launch.size, False, timeout=timeout)
-
-        client = _with_deadline(
-            make,
-            f"[rank {launch.rank}/{launch.size}] new_comm: torchrun's store at "
-            f"{launch.addr}:{launch.port} (MASTER_ADDR, MASTER_PORT) could not be reached",
-            timeout,
-        )
-        store = _agent_stores[key] = dist.PrefixStore(f"fastcomms/attempt_{attempt}", client)
-    return store
+    if key not in _agent_stores:
+        client = _tcp_store(launch.addr, launch.port, launch.size, launch.rank, timeout, True)
+        _agent_stores[key] = dist.PrefixStore(f"fastcomms/attempt_{attempt}", client)
+    return _agent_stores[key]
 
 
 def _torch_default_store(launch: Launch):
-    """torch.distributed's default group's store where that group was made first with this rank
-    and size (its rank 0 then holds MASTER_PORT); else None."""
+    """The store of torch.distributed's default group where it has this rank and size, else None."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None or not c10d.is_initialized():
         return None

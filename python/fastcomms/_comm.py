@@ -22,8 +22,8 @@ from ._ops import _hooked
 from ._options import CommOptions, ReduceOp, _ms, _TypeError, _ValueError
 from ._p2p import BatchSendRecv
 from ._registry import get_mem_allocator, is_backend_built
-from ._window import TorchCommWindow, _same
-from ._work import _DoneWork
+from ._window import TorchCommWindow
+from ._work import _DoneWork, _same
 
 try:  # torch.compile takes instances of these classes as opaque objects (NOTE [ulysses custom op])
     from torch._opaque_base import OpaqueBase as _OpaqueBase
@@ -46,10 +46,8 @@ def _eager_grad() -> bool:
 
 
 def _load_compiled():
-    """NOTE [compiled communicator methods]: imports ``_compiled`` (its custom op) when the first
-    communicator is made, not at import: torch imports this package while it initializes itself
-    where a ``torchcomms`` alias points here, and neither ``torch.compiler`` nor
-    ``torch.library`` exists then."""
+    """NOTE [compiled communicator methods]: imports ``_compiled`` with the first communicator:
+    torch may import this package (a ``torchcomms`` alias) before torch.library exists."""
     global _compiled, _compiling
     _register_opaque()  # (its op takes a TorchComm)
     _waits.register()  # NOTE [torchcomms wait ops]
@@ -74,12 +72,9 @@ class TorchComm(_OpaqueBase):
     __copy__ = __deepcopy__ = _same  # a handle on shared state
 
     def __reduce__(self):
-        # A communicator cannot travel to another process: pickling one gives bytes that name it
-        # (inductor's graph cache pickles its graphs' inputs to make a key, NOTE [compiled
-        # communicator methods]), and unpickling them raises. The key names what a compiled
-        # graph may have baked in while tracing: the rank and size (a broadcast's gradient is
-        # traced per rank, so ranks must not share a cached graph), the device and the code
-        # that compiled calls run (a graph cached by another fastcomms is not reused).
+        # Bytes that name the communicator, for inductor's graph-cache key (NOTE [compiled
+        # communicator methods]); unpickling them raises. The key holds what a graph may bake in:
+        # rank and size (a broadcast's gradient is traced per rank), device, and code digest.
         key = (_compiled or _load_compiled()).code_key()
         try:
             where = (self.get_rank(), self.get_size(), str(self._device))
@@ -103,9 +98,8 @@ class TorchComm(_OpaqueBase):
         (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
     def _refresh_fast(self) -> None:
-        """NOTE [process group fast path] (python/src/fast_ops.hpp): the C++ communicator a
-        process group over this one may call without Python in between, or None while Python
-        must see every op (hooks or observers registered, or no C++ communicator)."""
+        """NOTE [process group fast path]: the C++ communicator a process group may call directly,
+        or None while Python must see every op (hooks, observers, or a Python backend)."""
         c = self._c
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
         self._fast = c._native() if not self._hooked and isinstance(c, _C.Comm) else None
@@ -162,9 +156,8 @@ class TorchComm(_OpaqueBase):
         return True
 
     def get_backend_impl(self):
-        """The backend object under this communicator (an escape hatch, as in torchcomms: no
-        compatibility promise): the extension's communicator for built-in backends, the
-        ``TorchCommBackend`` instance for Python ones."""
+        """The backend object under this communicator (torchcomms' escape hatch): the extension's
+        communicator, or the ``TorchCommBackend`` instance of a Python backend."""
         from ._pybackend import Shim
 
         return self._c._b if isinstance(self._c, Shim) else self._c
@@ -179,12 +172,9 @@ class TorchComm(_OpaqueBase):
         return self.get_backend_impl()
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
-        """A barrier that names the ranks that did not reach it (torch.distributed's gloo
-        ``monitored_barrier``), for communicators on CPU: every rank checks in with rank 0, which
-        waits at most ``timeout`` (default: the communicator's) for all of them at once and
-        releases them only when all arrived. Otherwise rank 0 raises RuntimeError naming the
-        missing ranks (every one with ``wait_all_ranks=True``, the lowest otherwise) and the
-        others raise when their release does not come within the timeout."""
+        """torch.distributed's gloo ``monitored_barrier`` (CPU): rank 0 waits at most ``timeout``
+        for every rank's check-in, then releases them all, or raises RuntimeError naming the
+        missing ranks (all with ``wait_all_ranks=True``); the others raise without a release."""
         rank, size = self.get_rank(), self.get_size()
         where = f"[rank {rank}/{size} {self.get_name()} monitored_barrier]"
         if self.get_device().type != "cpu":
@@ -206,8 +196,7 @@ class TorchComm(_OpaqueBase):
                 ) from e
             return
         works = {
-            q: self.recv(torch.zeros(1, dtype=torch.int32), q, True, timeout=timeout)
-            for q in range(1, size)
+            q: self.recv(torch.zeros_like(token), q, True, timeout=timeout) for q in range(1, size)
         }
         failed = []
         for q, w in works.items():
@@ -224,19 +213,14 @@ class TorchComm(_OpaqueBase):
             self.send(token, q, False, timeout=timeout)
 
     def get_init_handle(self) -> str:
-        """This process's handle for ``reconfigure`` (torchcomms' fault-tolerance API): a string
-        that names this communicator object, the same on every call and across reconfigures."""
+        """This communicator's handle for ``reconfigure`` (stable across calls and reconfigures)."""
         return _reconfigure.init_handle(self)
 
     def reconfigure(self, uuid, init_handles=None, timeout=None, hints=None) -> _DoneWork:
         """Rebuilds this communicator over the ranks whose init handles are listed (torchcomms'
-        fault-tolerance API; needs ``new_comm(enable_reconfigure=True)``): every participant
-        passes the same ``uuid`` (never used before on this communicator) and the same handles.
-        A list gives rank = position of the handle; a set, rank = position in sorted order.
-        Ranks left out just stop using the communicator. The old configuration is finalized
-        first (an error there, such as a dead peer, aborts it instead). Windows, splits and
-        Ulysses groups made before belong to the old configuration. Also takes a
-        ``ReconfigureOptions`` as its only argument. Returns a completed work."""
+        fault-tolerance API, docs/torchcomms.md; needs ``new_comm(enable_reconfigure=True)``):
+        every participant passes the same new ``uuid`` and handles (a list: rank = position; a
+        set: sorted). Also takes a ``ReconfigureOptions``. Returns a completed work."""
         return _reconfigure.reconfigure(self, uuid, init_handles, timeout, hints)
 
     # -- hooks (NOTE [one hook registry]) -------------------------------------------------------
@@ -254,11 +238,8 @@ class TorchComm(_OpaqueBase):
         return self._add_hook("abort", fn)
 
     def _observe(self, fn) -> RemovableHandle:
-        """Internal (fastcomms.hooks' flight recorder): ``fn(event, op_id, payload)`` with event
-        "issued" (payload: the op's TorchWork, None for ops that return none) once an op is
-        issued, "waited" (payload: the work) when a wait on its work returned, and "timeout"
-        (payload: the exception) when the op, or a wait on its work, raised TimeoutError. Op
-        ids are the hooks' op ids."""
+        """fastcomms.hooks' flight recorder: ``fn(event, op_id, payload)``, event "issued"
+        (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
         return self._add_hook("observe", fn)
 
     def _add_hook(self, kind: str, fn) -> RemovableHandle:
@@ -278,9 +259,7 @@ class TorchComm(_OpaqueBase):
 
         return RemovableHandle(remove)
 
-    # -- operations ---------------------------------------------------------------------------
-    # The collective and point-to-point methods are written from _ops.OPS (NOTE [operation
-    # table]) below the class; declared here for type checkers
+    # -- operations: written from _ops.OPS below the class, declared for type checkers ---------
     send: _ops.Method
     recv: _ops.Method
     broadcast: _ops.Method
@@ -327,11 +306,8 @@ class TorchComm(_OpaqueBase):
         return _hooked(self, _OpName.split, lambda: _ht.SplitPreHookArgs(list(ranks), name), issue)
 
     def tensor_register(self, tensor: torch.Tensor) -> None:
-        """Registers ``tensor``'s memory with the backend, so later ops on it can move without
-        staging (torchcomms' ``TorchComm.tensor_register``; on nccl and nvlink NCCL's
-        ``ncclCommRegister``, NOTE [nccl memory registration]). Local, not collective; call
-        ``tensor_deregister(tensor)`` before freeing it (finalize drops what is left). The gloo
-        backend has none: ``UnsupportedError``, as torchcomms' gloo raises."""
+        """Registers ``tensor``'s memory with the backend (NCCL's ``ncclCommRegister``, NOTE [nccl
+        memory registration]); local. gloo raises ``UnsupportedError``, as torchcomms' does."""
         self._c.tensor_register(tensor)
 
     def tensor_deregister(self, tensor: torch.Tensor) -> None:
@@ -352,10 +328,8 @@ class TorchComm(_OpaqueBase):
         return _hooked(self, _OpName.new_window, _ht.NewWindowPreHookArgs, issue)
 
     def ulysses_transport(self, transport="auto", *, require_nvlink=False):
-        """Collective: the Ulysses transport this communicator gives a
-        ``fastcomms.ulysses.UlyssesGroup``, as ``(transport, kind, reason)``: the backend's own
-        engine where it lends one (nvlink), else NVLink peer-to-peer or the collective path as
-        ``transport`` ("auto", "nvlink", "collective") and the machine allow."""
+        """Collective: the ``(transport, kind, reason)`` this communicator gives a UlyssesGroup
+        (the backend's own engine, NVLink peer-to-peer or the collective path)."""
         return self._c.select_transport(str(transport), bool(require_nvlink))
 
     # torch.compile passes communicators through as opaque objects and evaluates these two
@@ -380,10 +354,8 @@ for _name, _fn in _METHODS.items():
 
 
 def _register_opaque() -> None:
-    """TorchComm as an opaque reference type of torch.compile. Tried at import and again by
-    ``_load_compiled``: where torch imports this package while it initializes itself (a
-    ``torchcomms`` alias), torch's opaque-type registry is not importable yet, and the module
-    that torch imports later is a fresh one."""
+    """TorchComm as an opaque reference type of torch.compile; again in ``_load_compiled`` where
+    torch imported this package while initializing itself (a ``torchcomms`` alias)."""
     try:
         from torch._library.opaque_object import MemberType, is_opaque_type, register_opaque_type
     except ImportError:  # an older torch, or torch still initializing: not traceable (yet)
@@ -411,9 +383,8 @@ _register_opaque()
 
 
 def _indexed(device: torch.device) -> torch.device:
-    """A CUDA device without an index becomes cuda:(rank % device count), as torchcomms' CUDA
-    backends resolve it (every rank of a node on its own GPU without a set_device call); where
-    the rank is not known yet, the current device."""
+    """A CUDA device without an index becomes cuda:(local rank % device count), as torchcomms'
+    CUDA backends resolve it; where the rank is not known yet, the current device."""
     if device.type != "cuda" or device.index is not None:
         return device
     try:
@@ -440,7 +411,6 @@ def new_comm(
     """Creates a communicator (collective over the ranks that share the store). The positional
     order is torchcomms' Python binding's: ``new_comm(backend, device, name, ...)``."""
     opts = CommOptions(abort_process_on_timeout_or_error, timeout, store, hints, name or "")
-    timeout, abort = opts.timeout, opts.abort_process_on_timeout_or_error
     hints = dict(hints or {})
     if is_high_priority_stream:
         hints.setdefault("nccl.high_priority", "1")
@@ -454,29 +424,26 @@ def new_comm(
     if backend in _registry._python_backends:
         from ._pybackend import Shim
 
-        opts.hints = hints
-        opts.name = name or f"{backend}_{next(_names)}"
+        opts.hints, opts.name = hints, name or f"{backend}_{next(_names)}"
         impl = _registry._python_backends[backend]()
         impl.init(device, opts.name, opts)
         return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
-    given_store = store
     try:
         launch = _bootstrap.required()
-        if store is None:
-            store = _bootstrap.default_store(launch, timeout)
+        given = store
+        opts.store = store if store is not None else _bootstrap.default_store(launch, opts.timeout)
     except _bootstrap.LaunchError as e:
         raise _ValueError(str(e)) from None
     rank, size = launch.rank, launch.size
-    name = name or f"{backend}_{next(_names)}"
-    options = CommOptions(abort, timeout, store, hints, name)
+    opts.hints, opts.name = hints, name or f"{backend}_{next(_names)}"
     try:
-        impl = _registry.native_comm(backend, rank, size, device, store, options)
+        impl = _registry.native_comm(backend, rank, size, device, opts.store, opts)
     except Exception as e:
         e.add_note(
             f"fastcomms: this process is {launch.describe()}"
-            if given_store is None
+            if given is None
             else f"fastcomms: rank {rank} and size {size} from {launch.source} ({launch.launcher});"
             " the store was given"
         )
         raise
-    return TorchComm(impl, device, options)
+    return TorchComm(impl, device, opts)

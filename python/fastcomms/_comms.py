@@ -1,30 +1,22 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """What torch.distributed imports from torchcomms' native module when its torchcomms switch is on
-(``torch.distributed.config.use_torchcomms = True`` or ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``):
-``new_comm`` and ``_BackendWrapper``. With a module named ``torchcomms`` that aliases fastcomms
-(``torchcomms._comms`` resolving to this module; docs/torchcomms.md shows one),
-``init_process_group`` and ``new_group`` then make fastcomms communicators and run every
-collective on them.
+(docs/torchcomms.md): ``new_comm`` and ``_BackendWrapper``, with every public name besides.
 
 NOTE [torch's torchcomms switch]: torch imports this module while ``import torch`` is still under
-way (torch.distributed's import), so nothing here touches torch.distributed at import time. torch
-calls ``new_comm(backend, device, name=group_name, store=prefix_store)`` from its process-group
-helper, then ``_BackendWrapper(comm)``, and registers what that returns as the backend of the
-process group it makes: fastcomms' c10d backend over the communicator (fastcomms._c10d), which
-torch also recognizes later (``isinstance(backend, _BackendWrapper)``, ``get_comm()``) to
-finalize the communicator when the group is destroyed. torch passes no rank or
-size: for the default group they are the environment's (as torchcomms reads them), and for a
-``new_group`` of some of the ranks they are this rank's place in the member list that torch's
-helper holds (``global_ranks_in_group``), read from its frame, without which the members would
-wait for every rank of the job until the timeout.
+way, so nothing here touches torch.distributed at import time. torch calls ``new_comm(backend,
+device, name=group_name, store=prefix_store)``, then ``_BackendWrapper(comm)``, and registers the
+result (fastcomms' c10d backend, fastcomms._c10d) as the process group's backend; it recognizes
+it later (``isinstance``, ``get_comm()``) to finalize the communicator. torch passes no rank or
+size: for the default group they are the environment's; for a ``new_group`` they are this
+rank's place in the member list of torch's helper (``global_ranks_in_group``, read from its
+frame), without which the members would wait for every rank of the job until the timeout.
 """
 
 from __future__ import annotations
 
 import sys
 
-# torchcomms' native module holds every public name (code imports OpName, ReduceOp, the hook
-# argument classes, ... from it): so does this one
+# every public name, as torchcomms' native module (code imports OpName, ReduceOp, ... from it)
 from . import *  # noqa: F403
 from . import _rank_size_override
 from . import new_comm as _new_comm
@@ -57,9 +49,8 @@ class _BackendWrapperType(type):
 
 
 class _BackendWrapper(metaclass=_BackendWrapperType):  # noqa: N801 (torchcomms' name)
-    """``_BackendWrapper(comm)``: the c10d backend over ``comm`` that torch's torchcomms switch
-    installs on the process group it makes (NOTE [c10d backend over python]). Every backend
-    fastcomms makes is an instance (torch asks, then calls ``get_comm()`` to finalize it)."""
+    """``_BackendWrapper(comm)``: the c10d backend over ``comm`` (NOTE [c10d backend over
+    python]); every backend fastcomms makes is an instance (torch asks before ``get_comm()``)."""
 
     def __new__(cls, comm):
         from . import _c10d

@@ -16,19 +16,8 @@ class FakeBackend(TorchCommBackend):
     def init(self, device, name, options) -> None:
         self.device, self.name, self.options = device, name, options
 
-    def get_rank(self) -> int:
-        return 0
 
-    def get_size(self) -> int:
-        return 1
-
-    def get_backend_version(self) -> str:
-        return "fake"
-
-    def finalize(self) -> None:
-        pass
-
-
-for _op in ("batch_op_issue", *COLLECTIVE_METHODS):
-    setattr(FakeBackend, _op, lambda self, *args: None)
+_ANSWERS = {"get_rank": 0, "get_size": 1, "get_backend_version": "fake", "finalize": None}
+for _op, _answer in {**_ANSWERS, **dict.fromkeys(("batch_op_issue", *COLLECTIVE_METHODS))}.items():
+    setattr(FakeBackend, _op, lambda self, *args, _answer=_answer: _answer)
 register_backend("fake", FakeBackend)

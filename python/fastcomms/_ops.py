@@ -128,9 +128,7 @@ def _source(op: Op) -> str:
 
 
 def methods(namespace: dict) -> dict[str, typing.Callable]:
-    """The methods of OPS, compiled with ``namespace`` as their globals (the module of
-    ``TorchComm``, which rebinds ``_compiling`` and ``_compiled``), where the names they call
-    are added."""
+    """The methods of OPS, with ``namespace`` (``TorchComm``'s module) as their globals."""
     namespace.update(_op=_op, _ms=_ms, TorchWork=TorchWork, _hooked=_hooked)
     namespace.update(_ht=_hook_types, _OpName=OpName)
     out = {}
@@ -161,18 +159,15 @@ _calls = threading.local()
 class _Call:
     """The hooked call in flight on a thread."""
 
-    __slots__ = ("key", "name", "pre_args", "args", "issued", "posted", "timed_out")
-
     def __init__(self, key: int, name: OpName, pre_args) -> None:
-        self.key, self.name, self.pre_args, self.args = key, name, pre_args, None
+        self.key, self.name, self._pre_args = key, name, pre_args
         self.issued: list = []  # fn(result) of the observers, then
         self.posted: list = []  # fn(post args) of the post-hooks, once the method has its result
         self.timed_out: list = []  # fn(error) of the observers, where the call times out
 
-    def pre(self):
-        if self.args is None:
-            self.args = self.pre_args()
-        return self.args
+    @functools.cached_property
+    def args(self):  # the <Op>PreHookArgs, made once for all hooks
+        return self._pre_args()
 
 
 def _hooked(comm, name: OpName, pre_args, issue):
@@ -199,34 +194,26 @@ def _hooked(comm, name: OpName, pre_args, issue):
     return result
 
 
-def _in_flight(key: int) -> _Call | None:
-    call = getattr(_calls, "call", None)
-    return call if call is not None and call.key == key else None
-
-
 def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
-    """What the C++ registry of communicator ``key`` holds for the Python hook ``fn``:
-    (``"pre"``/``"post"``/``"abort"``, callback) pairs; ``kind`` "observe" is
-    ``TorchComm._observe``'s."""
+    """The (kind, callback) pairs the C++ registry of communicator ``key`` holds for hook ``fn``."""
     if kind == "abort":
         return [("abort", fn)]
 
     def on_call(act):  # a callback that acts on the call in flight, where there is one
         def cb(_name, op_id, _async_op):
-            if (call := _in_flight(key)) is not None:
+            call = getattr(_calls, "call", None)
+            if call is not None and call.key == key:
                 act(call, op_id)
 
         return cb
 
-    pre = on_call(lambda call, op_id: fn(call.name, op_id, call.pre()))
-    post = on_call(lambda call, op_id: call.posted.append(functools.partial(fn, op_id)))
-    if kind in ("pre", "post"):
-        return [(kind, pre if kind == "pre" else post)]
-    timed = on_call(
-        lambda call, op_id: call.timed_out.append(functools.partial(fn, "timeout", op_id))
-    )
+    if kind == "pre":
+        return [("pre", on_call(lambda call, op_id: fn(call.name, op_id, call.args)))]
+    if kind == "post":
+        return [("post", on_call(lambda c, op_id: c.posted.append(functools.partial(fn, op_id))))]
+    timed = on_call(lambda c, op_id: c.timed_out.append(functools.partial(fn, "timeout", op_id)))
     issued = on_call(
-        lambda call, op_id: call.issued.append(functools.partial(_observe_issued, fn, op_id))
+        lambda c, op_id: c.issued.append(functools.partial(_observe_issued, fn, op_id))
     )
     return [("pre", timed), ("post", issued)]
 
@@ -234,6 +221,5 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
 def _observe_issued(fn, op_id: int, result) -> None:
     work = result if isinstance(result, TorchWork) else None
     if work is not None:
-        work._observers = work._observers or []
-        work._observers.append(lambda event, payload: fn(event, op_id, payload))
+        work._observers = [*(work._observers or ()), lambda event, p: fn(event, op_id, p)]
     fn("issued", op_id, work)

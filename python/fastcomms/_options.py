@@ -4,6 +4,7 @@ rule for timeouts (``_ms``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import typing
@@ -18,29 +19,23 @@ from ._C import ValueError as _ValueError
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
 
 
+@dataclasses.dataclass(repr=False, unsafe_hash=True)
 class ReduceOp:
     """A reduction: ``ReduceOp.SUM`` ... and ``ReduceOp.PREMUL_SUM(factor)``; ``.type`` gives
     the RedOpType."""
 
     # one per RedOpType but PREMUL_SUM, set below the class (typed here for type checkers)
     SUM = PRODUCT = MIN = MAX = BAND = BOR = BXOR = AVG = typing.cast("ReduceOp", None)
+    type: RedOpType
+    factor: float = 1.0
 
-    def __init__(self, type: RedOpType, factor: float = 1.0) -> None:  # noqa: A002
-        self.type = type
-        self.factor = float(factor)
+    def __post_init__(self) -> None:
+        self.factor = float(self.factor)
 
     def __repr__(self) -> str:
         if self.type == RedOpType.PREMUL_SUM:
             return f"ReduceOp.PREMUL_SUM({self.factor})"
         return f"ReduceOp.{self.type.name}"
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, ReduceOp) and other.type == self.type and other.factor == self.factor
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.type, self.factor))
 
     @staticmethod
     def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
@@ -78,29 +73,28 @@ def _env_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+@dataclasses.dataclass(eq=False)
 class CommOptions:
     """Communicator options as torchcomms spells them. Unset fields take their defaults from
     ``TORCHCOMM_TIMEOUT_SECONDS`` (else 600 s) and ``TORCHCOMM_ABORT_ON_ERROR``. Unlike
     torchcomms, whose abort default is true, fastcomms aborts the process only when asked
     (the argument or the variable): a timeout or an error is an exception by default."""
 
-    def __init__(
-        self,
-        abort_process_on_timeout_or_error: bool | None = None,
-        timeout: datetime.timedelta | None = None,
-        store=None,
-        hints: dict[str, str] | None = None,
-        name: str = "",
-        enable_reconfigure: bool = False,
-    ) -> None:
-        if abort_process_on_timeout_or_error is None:
-            abort_process_on_timeout_or_error = _env_bool("TORCHCOMM_ABORT_ON_ERROR", False)
-        self.abort_process_on_timeout_or_error = bool(abort_process_on_timeout_or_error)
-        self.timeout = _env_timeout() if timeout is None else _ms(timeout)
-        self.store = store
-        self.hints = dict(hints or {})
-        self.name = name
-        self.enable_reconfigure = bool(enable_reconfigure)
+    abort_process_on_timeout_or_error: bool | None = None
+    timeout: datetime.timedelta | None = None
+    store: typing.Any = None
+    hints: dict[str, str] | None = None
+    name: str = ""
+    enable_reconfigure: bool = False
+
+    def __post_init__(self) -> None:
+        abort = self.abort_process_on_timeout_or_error
+        if abort is None:
+            abort = _env_bool("TORCHCOMM_ABORT_ON_ERROR", False)
+        self.abort_process_on_timeout_or_error = bool(abort)
+        self.timeout = _env_timeout() if self.timeout is None else _ms(self.timeout)
+        self.hints = dict(self.hints or {})
+        self.enable_reconfigure = bool(self.enable_reconfigure)
 
 
 def _ms(td, where: str = "") -> datetime.timedelta | None:

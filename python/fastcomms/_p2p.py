@@ -33,9 +33,7 @@ class P2POp:
             if name not in ("send", "recv", "isend", "irecv"):
                 raise _ValueError(f"P2POp: type must be P2POpType.SEND or RECV, got {type!r}")
             type = P2POpType.SEND if name in ("send", "isend") else P2POpType.RECV  # noqa: A001
-        self.type = type
-        self.tensor = tensor
-        self.peer = int(peer)
+        self.type, self.tensor, self.peer = type, tensor, int(peer)
 
     @property
     def is_send(self) -> bool:
@@ -66,8 +64,7 @@ class BatchSendRecv:
         return self
 
     def issue(self, async_op: bool, options=None, hints=None, timeout=None) -> TorchWork:
-        """Issues the batch. ``options`` (torchcomms' BatchP2POptions) may carry ``hints`` and
-        ``timeout``."""
+        """Issues the batch; ``options`` (a BatchP2POptions) may carry ``hints`` and ``timeout``."""
         if options is not None:
             hints = getattr(options, "hints", None) or hints
             timeout = getattr(options, "timeout", None) or timeout

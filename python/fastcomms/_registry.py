@@ -5,6 +5,8 @@ what the machine offers them (``nvlink_matrix``, ``get_mem_allocator``)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _C, _native
@@ -13,11 +15,10 @@ from ._options import _ValueError
 
 
 class TorchCommBackend:
-    """Base class of backends written in Python (torchcomms' protocol): ``register_backend(name,
-    cls)``; ``new_comm(name, device, comm_name)`` makes ``cls()``, calls its ``init(device, name,
-    options)`` and returns a TorchComm whose ops call the backend's methods of the same names
-    (``all_reduce(tensor, op, async_op)``, ...), each returning None (done) or an object with
-    ``wait()``. Methods it leaves out raise UnsupportedError when called."""
+    """Base class of backends written in Python (torchcomms' protocol): ``new_comm`` makes
+    ``cls()`` and calls ``init(device, name, options)``; the TorchComm's ops call the methods of
+    the same names, each returning None (done) or an object with ``wait()``; missing ones raise
+    UnsupportedError."""
 
     def init(self, device, name, options) -> None:
         raise NotImplementedError("a TorchCommBackend must define init(device, name, options)")
@@ -34,8 +35,7 @@ def register_backend(name: str, cls: type) -> None:
 
 
 def _load_entry_point_backends() -> None:
-    """Backends installed by other distributions: entry points of the groups
-    ``fastcomms.backends`` and ``torchcomms.backends`` (torchcomms' own group)."""
+    """Backends installed by other distributions (entry points, torchcomms' group too)."""
     from importlib.metadata import entry_points
 
     for group in ("fastcomms.backends", "torchcomms.backends"):
@@ -53,39 +53,28 @@ def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
     return _C.nvlink_matrix([int(d) for d in devices])[0]  # (matrix, why)
 
 
-_window_allocators: dict[str, object] = {}
-
-
+@functools.cache  # one allocator per backend per process
 def get_mem_allocator(backend: str):
-    """The CUDA allocator for window memory of ``backend`` (torchcomms' ``get_mem_allocator``):
-    one per backend per process, for ``torch.cuda.MemPool(allocator)``. On the CUDA backends
-    ("nccl", "nvlink") every block it gives is a ``cudaMalloc`` of its own, which CUDA IPC can
-    share with the peers whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory
-    allocator]); any other ``cudaMalloc`` memory registers too. Other backends have no window
-    memory of their own: ``UnsupportedError``."""
+    """The CUDA allocator for window memory of "nccl" or "nvlink" (torchcomms'), for
+    ``torch.cuda.MemPool(allocator)``: each block its own ``cudaMalloc``, which CUDA IPC can
+    share whatever ``PYTORCH_CUDA_ALLOC_CONF`` says (NOTE [window memory allocator])."""
     if backend not in ("nccl", "nvlink") or not _C.is_backend_built(backend):
         raise UnsupportedError(
             f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
             f"backends nccl and nvlink have one; built here: {', '.join(built_backends())})"
         )
-    if backend not in _window_allocators:
-        lib = _native.core_library()
-        if lib is None:
-            raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            lib, "fastcomms_window_alloc", "fastcomms_window_free"
-        )
-        _window_allocators[backend] = pluggable.allocator()
-    return _window_allocators[backend]
+    if (lib := _native.core_library()) is None:
+        raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
+    alloc, free = "fastcomms_window_alloc", "fastcomms_window_free"
+    return torch.cuda.memory.CUDAPluggableAllocator(lib, alloc, free).allocator()
 
 
 def native_comm(
     backend: str, rank: int, size: int, device: torch.device, store, options
 ) -> _C.Comm:
-    """Collective: the extension's communicator of a built-in backend (``options``: a
-    CommOptions; its timeout bounds the rendezvous)."""
-    o = options
-    index = -1 if device.index is None else device.index
+    """Collective: the extension's communicator of a built-in backend (the options' timeout
+    bounds the rendezvous)."""
+    o, index = options, -1 if device.index is None else device.index
     timeout, abort = o.timeout, o.abort_process_on_timeout_or_error
     return _C.Comm(backend, rank, size, device.type, index, store, timeout, abort, o.name, o.hints)
 

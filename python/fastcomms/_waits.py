@@ -1,22 +1,15 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """torchcomms' two wait operators, for code that calls them by name.
 
-NOTE [torchcomms wait ops]: torchcomms defines ``torch.ops.torchcomms.torchcomm_wait_tensors``
-(``Tensor[] -> Tensor[]``) and ``torchcomm_wait_tensors_`` (``Tensor(a!)[] -> Tensor(a!)[]``):
-each waits for the asynchronous work pending on its tensors and gives them back, and both are
-the identity to autograd. Code written for torchcomms calls them directly (its own tests do), so
-``import fastcomms as torchcomms`` must find them: fastcomms defines both where the torchcomms
-package is not installed (where it is, its own definitions serve, and defining the names twice
-would break its import). What "pending" means here: the work torch's work registry holds for a
-tensor, which is where fastcomms registers every asynchronous call made inside a compiled
-function and the Ulysses op's async results (NOTE [compiled async calls]); a tensor with nothing
-pending is given back at once. Semantics kept from torchcomms: the functional form returns new
-tensors (copies, once waited), the in-place form returns its inputs; where any input needs a
-gradient, every output of the functional form does (one autograd node for the list), and the
-gradient passes through unchanged. Under torch.compile the in-place form becomes torch's own
-``_c10d_functional.wait_tensor`` on each tensor (so inductor places it as a collective's wait,
-and no copy is made); the functional form stays one node. That wait is in the compiled
-graph, so this module's digest is part of a communicator's graph-cache key (``code_key``).
+NOTE [torchcomms wait ops]: ``torch.ops.torchcomms.torchcomm_wait_tensors`` (``Tensor[] ->
+Tensor[]``, new tensors) and ``torchcomm_wait_tensors_`` (in place) wait for the asynchronous
+work torch's work registry holds for their tensors (every async call made inside a compiled
+function and the Ulysses op's async results, NOTE [compiled async calls]) and are the identity
+to autograd. Defined only where the torchcomms package is not installed (defining them twice
+would break its import). Under torch.compile the in-place form becomes torch's own
+``_c10d_functional.wait_tensor`` per tensor (inductor places it as a collective's wait); the
+functional form stays one node. The wait is in compiled graphs, so this module's digest is part
+of a communicator's graph-cache key (``code_key``).
 """
 
 from __future__ import annotations
@@ -36,27 +29,21 @@ def _torchcomms_installed() -> bool:
     return True
 
 
-def _wait(tensors: list[torch.Tensor]) -> None:
-    for t in tensors:
+def _in_place(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    for t in inputs:
         torch.ops._c10d_functional.wait_tensor(t)
+    return inputs
 
 
 def _functional(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    _wait(inputs)
-    return [t.clone() for t in inputs]
+    return [t.clone() for t in _in_place(inputs)]
 
 
 def _functional_fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty_like(t) for t in inputs]
 
 
-def _in_place(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    _wait(inputs)
-    return inputs
-
-
 def _in_place_autograd(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    # the identity to autograd: the tensors come back as they went in, history and all
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.torchcomms.torchcomm_wait_tensors_.default(inputs)
 
@@ -73,9 +60,8 @@ def _in_place_functionalized(ctx, inputs: list[torch.Tensor]) -> list[torch.Tens
 
 
 def register() -> bool:
-    """Defines the two operators once (True where they are fastcomms'). Called at import and
-    again when the first communicator is made: where torch imports this package while it
-    initializes itself, ``torch.library`` does not exist yet."""
+    """Defines the two operators once (True where they are fastcomms'); again with the first
+    communicator where torch imported this package before ``torch.library`` existed."""
     global _lib
     if _lib is not None:
         return True

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 import typing
@@ -11,19 +12,10 @@ import torch
 
 from ._C import UnsupportedError
 from ._options import _ms, _TypeError, _ValueError
-from ._work import _DoneWork
+from ._work import _DoneWork, _same
 
 if typing.TYPE_CHECKING:
     from ._comm import TorchComm
-
-
-def _same(self, memo=None):
-    """``__copy__`` and ``__deepcopy__`` of a handle on shared state (a communicator, a window):
-    copying one, or deep-copying an object that holds one (a model), gives the same object back,
-    as torchcomms does."""
-    if memo is not None:
-        memo[id(self)] = self
-    return self
 
 
 class TorchCommWinAccessType(enum.Enum):
@@ -34,11 +26,11 @@ class TorchCommWinAccessType(enum.Enum):
     WIN_ACCESS_TYPE_SEPARATE = 1
 
 
+@dataclasses.dataclass(repr=False, eq=False)
 class TorchCommWindowAttr:
     """A window's attributes for one peer (``TorchCommWindow.get_attr``)."""
 
-    def __init__(self) -> None:
-        self.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
+    access_type: TorchCommWinAccessType = TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
 
     def __repr__(self) -> str:
         return f"TorchCommWindowAttr(access_type={self.access_type})"
@@ -47,12 +39,10 @@ class TorchCommWindowAttr:
 class TorchCommWindow:
     """A one-sided window (torchcomms' TorchCommWindow) of a backend that has them (nvlink, and
     nccl with every rank on one host): every rank registers a CUDA tensor of the same size
-    (collective), peers' tensors are mapped here through CUDA IPC. ``put`` copies into a peer's
-    tensor, ``signal``/``wait_signal`` order a peer's puts before this rank's later work; all are
-    enqueued on the caller's current stream
-    (their TorchWork is complete at once: the stream orders them). Not for CUDA graph capture.
-    ``hints`` are accepted and unused; ``timeout`` bounds ``wait_signal`` (a wait that gives up
-    leaves a TimeoutError for ``check_errors`` and the next window call)."""
+    (collective), peers' tensors are mapped here through CUDA IPC. ``put``, ``signal`` and
+    ``wait_signal`` are enqueued on the caller's current stream (their TorchWork is complete at
+    once). Not for CUDA graph capture. ``hints`` are accepted and unused; ``timeout`` bounds
+    ``wait_signal`` (a wait that gives up leaves a TimeoutError for ``check_errors``)."""
 
     __copy__ = __deepcopy__ = _same  # a handle, as the communicator
 
@@ -61,8 +51,7 @@ class TorchCommWindow:
         self._rank, self._size = comm.get_rank(), comm.get_size()
         self._device = comm.get_device()
         self._w = comm._c.new_window()  # collective; the backend says if it has windows
-        self._tensor = None  # the registered tensor when the window owns it
-        self._meta = None  # (dtype, shape, itemsize, numel) of the registered tensor
+        self._tensor = self._meta = None  # the tensor if owned; its (dtype, shape, itemsize, numel)
         if tensor is not None:
             self.tensor_register(tensor)
 
@@ -82,7 +71,7 @@ class TorchCommWindow:
         return q
 
     def _options(self, op: str, hints, timeout) -> int:
-        """Checks the per-call options; returns the timeout in ms (0: the communicator's)."""
+        """The timeout in ms (0: the communicator's), once the options are checked."""
         if hints is not None and not isinstance(hints, dict):
             raise _TypeError(f"{self._where(op)} hints must be a dict, got {type(hints).__name__}")
         td = _ms(timeout, self._where(op))
@@ -90,9 +79,8 @@ class TorchCommWindow:
 
     # -- registration ----------------------------------------------------------------------------
     def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
-        """Collective: this rank's buffer (a contiguous tensor on the communicator's device, the
-        same number of bytes on every rank). ``owning=False``: the window keeps no reference
-        (the caller keeps the tensor alive while the window uses it; ``get_tensor`` is None)."""
+        """Collective: this rank's buffer (contiguous, on the communicator's device, the same bytes
+        on every rank). ``owning=False``: the window keeps no reference (``get_tensor`` is None)."""
         if not isinstance(tensor, torch.Tensor):
             raise _TypeError(f"{self._where('tensor_register')} needs a tensor")
         if tensor.device != self._device or not tensor.is_contiguous():
@@ -119,8 +107,7 @@ class TorchCommWindow:
 
     # -- one-sided ops ---------------------------------------------------------------------------
     def put(self, tensor, dst_rank, target_offset_nelems, async_op=False, hints=None, timeout=None):
-        """Copies ``tensor`` into rank ``dst_rank``'s buffer from element
-        ``target_offset_nelems`` (elements of the registered tensor's dtype)."""
+        """Copies ``tensor`` into ``dst_rank``'s buffer from element ``target_offset_nelems``."""
         self._need("put")
         self._options("put", hints, timeout)
         dtype, _, itemsize, numel = self._meta
@@ -154,8 +141,7 @@ class TorchCommWindow:
         return _DoneWork()
 
     def map_remote_tensor(self, rank) -> torch.Tensor:
-        """Rank ``rank``'s registered tensor, mapped on this device (kernels may read and write
-        it directly; pair such writes with signal/wait_signal)."""
+        """Rank ``rank``'s registered tensor, mapped on this device (for loads and stores)."""
         self._need("map_remote_tensor")
         dtype, shape, _, _ = self._meta
         like = torch.empty(0, dtype=dtype, device=self._device)
@@ -167,13 +153,9 @@ class TorchCommWindow:
 
     # -- attributes ------------------------------------------------------------------------------
     def get_attr(self, peer_rank) -> TorchCommWindowAttr:
-        """How ``peer_rank``'s buffer is reached: UNIFIED (the window maps every peer's buffer
-        into this device through CUDA IPC with peer access, over NVLink where the GPUs have it,
-        so ``map_remote_tensor`` gives loads and stores)."""
+        """UNIFIED: every peer's buffer is mapped into this device through CUDA IPC."""
         self._peer("get_attr", "peer_rank", peer_rank)
-        attr = TorchCommWindowAttr()
-        attr.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
-        return attr
+        return TorchCommWindowAttr(TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED)
 
     def get_size(self) -> int:
         """Bytes of the registered buffer (0 when none)."""

@@ -9,18 +9,19 @@ from . import _C
 from ._C import WorkStatus
 
 
-class _Scoped:
-    """A group's handle behaviour: ``with group:`` destroys the group (its ``destroy()``) when the
-    block ends, also on error; copying a group, or deep-copying an object that holds one (a model:
-    an EMA copy, torch.compile's fake copy of an opaque object), gives the same group back, as a
-    communicator does (its windows, streams and peers cannot be duplicated by a copy)."""
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
+def _same(self, memo=None):
+    """``__copy__``/``__deepcopy__`` of a handle on shared state (a communicator, a window, a
+    group): a copy, or a deep copy of an object that holds one (a model), is the same object."""
+    if memo is not None:
         memo[id(self)] = self
-        return self
+    return self
+
+
+class _Scoped:
+    """A group's handle behaviour: ``with group:`` destroys the group when the block ends, also on
+    error; a copy is the same group (its windows, streams and peers cannot be duplicated)."""
+
+    __copy__ = __deepcopy__ = _same
 
     def __enter__(self):
         return self
@@ -36,9 +37,7 @@ class TorchWork:
 
     def __init__(self, work: _C.Work) -> None:
         self._work = work
-        # fn(event, payload) per observer of the op ("waited" / "timeout"; NOTE [one hook
-        # registry]), None while nothing observes it
-        self._observers: list | None = None
+        self._observers: list | None = None  # fn(event, payload): NOTE [one hook registry]
 
     def wait(self) -> None:
         if self._observers is None:
