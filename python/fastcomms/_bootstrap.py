@@ -115,8 +115,11 @@ def _addr_port(launcher: str, local_size: int | None, size: int) -> tuple[str, i
     else:
         port, pwhere = DEFAULT_PORT, f"{DEFAULT_PORT}: MASTER_PORT unset"
     if not 0 < port < 65536:
+        hint = ""
+        if port == 0 and launcher in ("torchrun", "torchcomms"):
+            hint = "; torchrun --master-port 0 passes 0 on: give it a port or use --standalone"
         raise LaunchError(
-            f"new_comm: the store's port must be in [1, 65535], got {port} ({pwhere})"
+            f"new_comm: the store's port must be in [1, 65535], got {port} ({pwhere}){hint}"
         )
     return addr, port, f"{where}; port {pwhere}"
 
@@ -155,7 +158,7 @@ def detect() -> Launch | None:
         )
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     agent = agent and launcher in ("torchrun", "torchcomms")
-    addr, port, where = _addr_port(launcher, local_size, size)  # (port 0 is refused there)
+    addr, port, where = _addr_port(launcher, local_size, size)
     return Launch(launcher, rank, size, local_rank, local_size, addr, port, agent, source, where)
 
 

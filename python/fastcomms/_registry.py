@@ -5,8 +5,6 @@ what the machine offers them (``nvlink_matrix``, ``get_mem_allocator``)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import _C, _native
@@ -53,7 +51,9 @@ def nvlink_matrix(devices) -> dict[tuple[int, int], bool] | None:
     return _C.nvlink_matrix([int(d) for d in devices])[0]  # (matrix, why)
 
 
-@functools.cache  # one allocator per backend per process
+_window_allocators: dict[str, object] = {}  # one per backend per process
+
+
 def get_mem_allocator(backend: str):
     """The CUDA allocator for window memory of "nccl" or "nvlink" (torchcomms'), for
     ``torch.cuda.MemPool(allocator)``: each block its own ``cudaMalloc``, which CUDA IPC can
@@ -63,10 +63,13 @@ def get_mem_allocator(backend: str):
             f"get_mem_allocator: backend {backend!r} has no window memory allocator (the CUDA "
             f"backends nccl and nvlink have one; built here: {', '.join(built_backends())})"
         )
-    if (lib := _native.core_library()) is None:
-        raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
-    alloc, free = "fastcomms_window_alloc", "fastcomms_window_free"
-    return torch.cuda.memory.CUDAPluggableAllocator(lib, alloc, free).allocator()
+    if backend not in _window_allocators:
+        if (lib := _native.core_library()) is None:
+            raise UnsupportedError("get_mem_allocator: libfastcomms.so is not beside the package")
+        alloc, free = "fastcomms_window_alloc", "fastcomms_window_free"
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(lib, alloc, free)
+        _window_allocators[backend] = pluggable.allocator()
+    return _window_allocators[backend]
 
 
 def native_comm(

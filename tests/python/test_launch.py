@@ -270,6 +270,10 @@ def test_detect_order_and_errors(monkeypatch):
         True,
         1234,
     )
+    monkeypatch.setenv("MASTER_PORT", "0")  # torchrun --master-port 0 passes 0 on
+    with pytest.raises(ValueError, match=r"got 0 \(MASTER_PORT\); torchrun --master-port 0"):
+        _bootstrap.detect()
+    monkeypatch.setenv("MASTER_PORT", "1234")
     monkeypatch.setenv("RANK", "6")
     with pytest.raises(ValueError, match=r"rank 6 and size 6 from RANK/WORLD_SIZE"):
         _bootstrap.detect()
