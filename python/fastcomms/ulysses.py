@@ -368,9 +368,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
             if wire_dtype is not None:
-                _fp8_wire.call_on_lane(
-                    self, self._lane_id, x, mode, seq, heads, kv, out, wire_dtype
-                )
+                _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire_dtype, gid=self._lane_id)
             else:
                 _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
