@@ -14,7 +14,6 @@ it and holds what stays in Python: the choice of transport, the async form and F
 from __future__ import annotations
 
 import collections
-import datetime
 import functools
 import math
 import os
@@ -29,6 +28,7 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, TorchComm, _fp8_wire, _OpaqueBase
+from ._options import _DEFAULT_TIMEOUT
 from ._work import _Scoped
 
 # The op, looked up once: a compiled call then guards on this one name instead of on torch.ops'
@@ -47,14 +47,10 @@ __all__ = [
     "zigzag_unshard",
 ]
 
-_DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
-
-# NOTE [eager-only members]: torch.compile sees a UlyssesGroup as an opaque object and reaches only
-# the members registered with it (the end of this module); an unregistered one stops Dynamo with
-# an internal error, even without fullgraph. The members that cannot be traced (the async form,
-# out=, empty_output, memory_stats, check_errors, destroy) are registered, and in a compiled
-# function each runs eagerly with the real group: a graph break there, as for any call Dynamo
-# cannot trace. Outside a trace the check costs one call of is_compiling().
+# NOTE [eager-only members]: torch.compile reaches only the members registered with the opaque
+# UlyssesGroup (an unregistered one stops Dynamo with an internal error, even without fullgraph),
+# so the members that cannot be traced (these and out=) are registered and run eagerly with the
+# real group: a graph break there. Outside a trace the check costs one call of is_compiling().
 _run_eager = torch.compiler.disable(lambda fn, *args, **kwargs: fn(*args, **kwargs))
 _EAGER_ONLY = []  # their names, for the registration
 
@@ -111,13 +107,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     LEND_RING = 4
 
     def __init__(
-        self,
-        group=None,
-        device=None,
-        *,
-        require_nvlink=False,
-        transport="auto",
-        process_group=None,
+        self, group=None, device=None, *, require_nvlink=False, transport="auto", process_group=None
     ):
         if process_group is not None:
             if group is not None and group is not process_group:
