@@ -201,11 +201,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         return t, kind, why
 
     # NOTE [host cost per call]: at small shapes a call is bound by its host time. A plain eager
-    # call goes from here to the op through one typed dispatcher call of the extension (no
-    # torch.ops lookup, no autograd.Function in Python); the op's autograd kernel records a graph
-    # only where one is needed (NOTE [ulysses op in c++]), and the async CUDA call orders the side
-    # stream, records the tensors' use, runs and registers its completion in one call of the
-    # extension.
+    # call reaches the op through one typed dispatcher call of the extension (no torch.ops lookup,
+    # no autograd.Function in Python), and the async CUDA call orders the side stream, records the
+    # tensors' use, runs and registers its completion in one call of the extension.
     def _live(self):
         if self._t is None:
             raise ValueError(
@@ -459,8 +457,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
 
 
 class UlyssesWork:
-    """The handle of all_to_all_4d_async where torch has no work registry: ``wait()`` returns the
-    output."""
+    """all_to_all_4d_async's handle where torch has no work registry: wait() returns the output."""
 
     def __init__(self, out, *, event=None, work=None):
         self._out, self._event, self._work = out, event, work
