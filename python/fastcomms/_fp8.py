@@ -74,12 +74,8 @@ def quantize_reference(
     check_wire_dtype(wire_dtype)
     fmax = FP8_MAX[wire_dtype]
     xf = x.float()
-    a = xf.abs()
-    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)
-    if x.shape[-1] == 0:
-        amax = torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
-    else:
-        amax = a.amax(dim=-1)
+    a = xf.abs().masked_fill(xf.isnan(), 0)
+    amax = a.amax(dim=-1) if x.shape[-1] else a.new_zeros(x.shape[:-1])  # (d == 0: no rows' max)
     scales = amax / torch.full_like(amax, fmax)
     s = scales.unsqueeze(-1)
     y = torch.where(s > 0, xf / s, xf)

@@ -3,23 +3,17 @@
 
 mode 0 (scatter heads, gather sequence): (b, s_local, n_global, d) -> (b, s_global, n_local, d);
 mode 1 is the inverse. Differentiable: the backward of one mode is the other mode with the same
-splits.
+splits. Grouped-query and multi-query attention: ``kv_replicas`` (``UlyssesGroup.all_to_all_4d``).
 
-Grouped-query and multi-query attention (``kv_replicas=R``): K and V with h heads stand for
-h * R virtual heads, as ``x.repeat_interleave(R, dim=2)`` would, so h KV heads serve
-``world_size = h * R`` ranks (one virtual head each) without materialising the repeat; mode 0
-reads each source head once per destination, and mode 1 (its backward) sums the R replicas'
-gradients back into their head. See ``UlyssesGroup.all_to_all_4d``.
-
-On a TorchComm the C++ collective path runs (one pack, one all_to_all_v_single, one unpack,
-mismatched calls detected on every rank); on a torch.distributed ProcessGroup the same layout is
-computed with torch ops around ``all_to_all_single``.
+The exchange is one C++ op (NOTE [ulysses op in c++] in python/src/ulysses_op.cpp): it checks the
+call, runs it on the group's transport (NVLink, hierarchical, or the collective path of a
+TorchComm or a torch.distributed ProcessGroup) and carries its autograd. This module forwards to
+it and holds what stays in Python: the choice of transport, the async form and FP8 on the wire.
 """
 
 from __future__ import annotations
 
 import collections
-import datetime
 import functools
 import math
 import os
@@ -34,10 +28,11 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, TorchComm, _fp8_wire, _OpaqueBase
+from ._options import _DEFAULT_TIMEOUT
 from ._work import _Scoped
 
-# The op (NOTE [ulysses op in c++]), looked up once: a compiled call then guards on this one name
-# instead of on torch.ops' attribute chain.
+# The op, looked up once: a compiled call then guards on this one name instead of on torch.ops'
+# attribute chain.
 _OP = torch.ops.fastcomms.ulysses_all_to_all_4d
 
 __all__ = [
@@ -52,19 +47,17 @@ __all__ = [
     "zigzag_unshard",
 ]
 
-_DEFAULT_TIMEOUT = datetime.timedelta(seconds=600)
-
-# NOTE [eager-only members]: torch.compile sees a UlyssesGroup as an opaque object and reaches only
-# the members registered with it (the end of this module); an unregistered one stops Dynamo with
-# an internal error, even without fullgraph. The members that cannot be traced (the async form,
-# out=, empty_output, memory_stats, check_errors, destroy) are registered, and in a compiled
-# function each runs eagerly with the real group: a graph break there, as for any call Dynamo
-# cannot trace. Outside a trace the check costs one call of is_compiling().
+# NOTE [eager-only members]: torch.compile reaches only the members registered with the opaque
+# UlyssesGroup (an unregistered one stops Dynamo with an internal error, even without fullgraph),
+# so the members that cannot be traced (these and out=) are registered and run eagerly with the
+# real group: a graph break there. Outside a trace the check costs one call of is_compiling().
 _run_eager = torch.compiler.disable(lambda fn, *args, **kwargs: fn(*args, **kwargs))
+_EAGER_ONLY = []  # their names, for the registration
 
 
 def _eager_only(fn):
     """NOTE [eager-only members]."""
+    _EAGER_ONLY.append(fn.__name__)
 
     @functools.wraps(fn)
     def member(*args, **kwargs):
@@ -75,42 +68,27 @@ def _eager_only(fn):
     return member
 
 
-def _refuse_vmap(t, rank, size, what):
-    """A vmapped collective would issue one exchange per batch row on ranks that may disagree on
-    the batch: refused with a clear error instead of hanging."""
-    f = torch._C._functorch
-    if isinstance(t, torch.Tensor) and (f.is_batchedtensor(t) or f.is_legacy_batchedtensor(t)):
-        raise _vmap_error(rank, size, what)
-
-
-def _vmap_error(rank, size, what):
-    return RuntimeError(
-        f"[rank {rank}/{size}] {what}: torch.vmap (or autograd.grad(is_grads_batched=True)) "
-        "over the Ulysses all-to-all is not supported: it would issue one collective per "
-        "batch row and ranks that disagree on the batch would hang; loop over the batch "
-        "explicitly or fold it into the tensor's batch dimension"
-    )
-
-
-def _kv_replicas(kv_replicas, rank=None, size=None):
-    """kv_replicas as an int >= 1 (None: 1); the error names the rank where one is given (the
-    message is formatted only for a bad value: NOTE [host cost per call])."""
+def _kv_replicas(kv_replicas, group):
+    """kv_replicas as an int >= 1 (None: 1); the C++ op takes an int, so a float, a bool or a
+    string is refused here (the message is formatted only for a bad value: NOTE [host cost per
+    call])."""
     if kv_replicas is None:
         return 1
     if isinstance(kv_replicas, bool) or not isinstance(kv_replicas, int) or kv_replicas < 1:
-        where = "" if rank is None else f"[rank {rank}/{size}] "
         raise ValueError(
-            f"{where}all_to_all_4d: kv_replicas must be an int >= 1 (virtual heads per K/V "
-            f"head), got {kv_replicas!r}"
+            f"[rank {group._rank}/{group._size}] all_to_all_4d: kv_replicas must be an int >= 1 "
+            f"(virtual heads per K/V head), got {kv_replicas!r}"
         )
     return kv_replicas
 
 
+def _splits(splits):
+    return None if splits is None else [int(v) for v in splits]
+
+
 def nvlink_decision(who, probe):
     """(usable, why) from every rank's "host|device" entry and a probe
-    ``probe(devices) -> (matrix or None, why)``: usable when there is one host and every pair of
-    distinct GPUs is NVLink-joined (ranks sharing a GPU count as joined); the probe's "unknown" is
-    never taken for yes. The decision itself lives in the Ulysses layer (C++)."""
+    ``probe(devices) -> (matrix or None, why)``; the decision lives in the Ulysses layer (C++)."""
     return _C.nvlink_decision(list(who), probe)
 
 
@@ -118,27 +96,18 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     """Ulysses all-to-all over a group (a TorchComm, a ProcessGroup, a 1-D DeviceMesh, or None:
     the default group).
 
-    The group holds one transport of the Ulysses layer: NVLink peer-to-peer when ``transport``
-    allows it and every rank of the group sits on one host with every pair of its GPUs
-    NVLink-joined (NVML's answer; "unknown" is never taken for yes); "hierarchical" when the ranks
-    span hosts, some host holds two or more and each host's GPUs are NVLink-joined (NVLink inside
-    a host, the group's collective backend between hosts, both at once; on CPU only when asked for,
-    over a TorchComm); else the collective path of the group's backend. ``transport`` is "auto",
-    "nvlink", "hierarchical" or "collective" (which forces the flat path). Over an "nvlink"
-    communicator the backend lends its own engine.
-    Constructing a group on CUDA is collective. ``self.transport`` says what was chosen and
-    ``self.transport_reason`` why. Calls from one thread at a time, in the same order on every
-    rank.
-    """
+    The group holds one transport (API.md §2): NVLink peer-to-peer when every rank sits on one
+    host with every pair of its GPUs NVLink-joined (NVML's answer; "unknown" is never taken for
+    yes); "hierarchical" when the ranks span hosts and each host's GPUs are NVLink-joined (on CPU
+    only when asked for, over a TorchComm); else the collective path of the group's backend.
+    ``transport`` is "auto", "nvlink", "hierarchical" or "collective"; ``self.transport`` says
+    what was chosen and ``self.transport_reason`` why. Constructing a group on CUDA is collective.
+    Calls from one thread at a time, in the same order on every rank."""
+
+    LEND_RING = 4
 
     def __init__(
-        self,
-        group=None,
-        device=None,
-        *,
-        require_nvlink=False,
-        transport="auto",
-        process_group=None,
+        self, group=None, device=None, *, require_nvlink=False, transport="auto", process_group=None
     ):
         if process_group is not None:
             if group is not None and group is not process_group:
@@ -153,8 +122,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             group = group.get_group()
         from .device_mesh import comm_of  # a process group over a communicator: use the comm
 
-        group = comm_of(group) or group
-        self.group = group
+        self.group = group = comm_of(group) or group
         self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
@@ -173,7 +141,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
         _fp8_wire.groups[self._id] = self  # NOTE [fp8 wire op]
 
-    # -- transport selection -----------------------------------------------------------------------
     @staticmethod
     def _resolve_device(device, default):
         device = torch.device(device) if device is not None else default
@@ -184,31 +151,28 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def _over_process_group(self, group, device, transport, require_nvlink):
         import torch.distributed as dist
 
+        from . import _c10d
+
         pg = group or dist.group.WORLD
         self._rank, self._size = dist.get_rank(pg), dist.get_world_size(pg)
-        backend = str(dist.get_backend(pg)).lower()
-        cuda = "nccl" in backend and torch.cuda.is_available()
-        default = torch.device("cuda", torch.cuda.current_device()) if cuda else None
-        self.device = self._resolve_device(device, default)
+        cuda = "nccl" in str(dist.get_backend(pg)).lower() and torch.cuda.is_available()
+        self.device = self._resolve_device(device, torch.device("cuda") if cuda else None)
         index = self.device.index if self.device is not None and self.device.type == "cuda" else -1
         who, store, gather, capsule = [], None, None, None
         if transport != "collective" and index >= 0:
-            from . import _c10d
-
             # Every rank's host and GPU (the decision's input), then a store shared by the ranks
             # of each host for the NVLink setup (NOTE [hierarchical choice]: several hosts also
             # need an all-gather of their verdicts and the group for the exchange between them).
             who = [None] * self._size
             dist.all_gather_object(who, f"{_C.host_name()}|{index}", group=pg)
-            hosts = list(dict.fromkeys(w.rsplit("|", 1)[0] for w in who))
-            mine = who[self._rank].rsplit("|", 1)[0]
+            host = [w.rsplit("|", 1)[0] for w in who]
+            hosts, mine = list(dict.fromkeys(host)), host[self._rank]
             # A fresh file name (one per host); FileStore deletes the file when the last rank lets
             # go of it (removing it earlier would leave a peer's FileStore retrying to open it).
             fresh = os.path.join(tempfile.gettempdir(), f"fastcomms_ulysses_{uuid.uuid4().hex}")
             path = [fresh if self._rank == 0 else None]
             dist.broadcast_object_list(path, src=dist.get_global_rank(pg, 0), group=pg)
-            here = sum(w.rsplit("|", 1)[0] == mine for w in who)
-            store = dist.FileStore(f"{path[0]}_{hosts.index(mine)}", here)
+            store = dist.FileStore(f"{path[0]}_{hosts.index(mine)}", host.count(mine))
             if len(hosts) > 1:
 
                 def gather(value):
@@ -231,19 +195,15 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             capsule,
         )
         if t is None:  # the collective path over the group itself (NOTE [ulysses op in c++])
-            from . import _c10d
-
             t = _C.process_group_transport(
                 _c10d._process_group_capsule(pg), self._rank, self._size, index
             )
         return t, kind, why
 
     # NOTE [host cost per call]: at small shapes a call is bound by its host time. A plain eager
-    # call goes from here to the op through one typed dispatcher call of the extension (no
-    # torch.ops lookup, no autograd.Function in Python); the op's autograd kernel records a graph
-    # only where one is needed (NOTE [ulysses op in c++]), and the async CUDA call orders the side
-    # stream, records the tensors' use, runs and registers its completion in one call of the
-    # extension.
+    # call reaches the op through one typed dispatcher call of the extension (no torch.ops lookup,
+    # no autograd.Function in Python), and the async CUDA call orders the side stream, records the
+    # tensors' use, runs and registers its completion in one call of the extension.
     def _live(self):
         if self._t is None:
             raise ValueError(
@@ -251,10 +211,17 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             )
         return self._t
 
+    def _args(self, seq_splits, head_splits, kv_replicas):
+        return _splits(seq_splits), _splits(head_splits), _kv_replicas(kv_replicas, self)
+
     def _shapes(self, gid, x, mode, seq, heads, kv=1):
         """(the exchange's shape, the result's shape) from the plan (C++): they differ for mode 1
         with kv replicas, whose result sums each head's replicas."""
         return _C.ulysses_shapes(gid, list(x.shape), x.element_size(), mode, seq, heads, kv)
+
+    @staticmethod
+    def _out_bytes(t, x, mode, seq, heads, kv):
+        return max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
 
     # -- public API ------------------------------------------------------------------------------
     def all_to_all_4d(
@@ -272,69 +239,30 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     ):
         """The exchange of API.md §2; differentiable unless ``out=`` is given.
 
-        ``kv_replicas=R`` (grouped-query / multi-query attention, K and V with h heads fewer
-        than the ranks): x's heads stand for ``h * R`` virtual heads, laid out as
-        ``x.repeat_interleave(R, dim=2)`` (head v is head v // R); ``head_splits`` and the result
-        speak of virtual heads. With h KV heads on P ranks (``P % h == 0``) pass
-        ``kv_replicas=P // h``: every rank receives the one KV head its query heads use (query
-        heads split evenly, group size a multiple of their share). Mode 0 gives exactly
-        ``all_to_all_4d(x.repeat_interleave(R, dim=2))`` without materialising the repeat (each
-        source byte is read once per destination); mode 1 takes this rank's virtual heads and
-        returns ``(b, s_local, h, d)``, each head the sum of its R replicas, which is mode 0's
-        backward. No rank may receive two copies of one head (a clear error says so).
-        KV heads at least as many as the ranks but not divisible by them need no replicas:
-        pass uneven ``head_splits`` (and the matching query-head splits) instead of padding.
+        ``kv_replicas=R`` (grouped-query / multi-query attention; docs/design.md): x's h heads
+        stand for ``h * R`` virtual heads laid out as ``x.repeat_interleave(R, dim=2)``, which
+        ``head_splits`` and the result count; with h KV heads on P ranks pass ``P // h``. Mode 0
+        is the exchange of the repeat without materialising it; mode 1 (its backward) returns
+        ``(b, s_local, h, d)``, each head the sum of its R replicas. No rank may receive two
+        copies of one head; uneven ``head_splits`` carry KV heads not divisible by the ranks.
 
-        ``wire_dtype=torch.float8_e4m3fn`` (or ``float8_e5m2``), for float16/bfloat16/float32 x:
-        the rows travel as FP8 with one float32 scale per (token, head) row and are dequantized
-        into x's dtype on receipt (NOTE [fp8 wire exchange]); ``return_scales=True`` returns
-        ``(fp8 rows, scales)`` instead. The backward sends the gradient in its own dtype, or as
+        ``wire_dtype`` (``torch.float8_e4m3fn`` or ``float8_e5m2``, for float16/bfloat16/float32
+        x): the rows travel as FP8 with one float32 scale per (token, head) row, dequantized into
+        x's dtype on receipt (NOTE [fp8 wire exchange]); ``return_scales=True`` returns ``(fp8
+        rows, scales)`` instead. The backward sends the gradient in its own dtype, or as
         ``grad_wire_dtype``."""
-        if out is not None and torch.compiler.is_compiling():  # NOTE [eager-only members]
-            return _run_eager(
-                UlyssesGroup.all_to_all_4d,
-                self,
-                x,
-                mode=mode,
-                out=out,
-                seq_splits=seq_splits,
-                head_splits=head_splits,
-                kv_replicas=kv_replicas,
-                wire_dtype=wire_dtype,
-                return_scales=return_scales,
-                grad_wire_dtype=grad_wire_dtype,
-            )
-        if torch.compiler.is_compiling():  # NOTE [ulysses custom op]
-            return all_to_all_4d(
-                x,
-                self,
-                mode=mode,
-                seq_splits=seq_splits,
-                head_splits=head_splits,
-                kv_replicas=kv_replicas,
-                wire_dtype=wire_dtype,
-                return_scales=return_scales,
-                grad_wire_dtype=grad_wire_dtype,
-            )
-        if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
-            seq, heads = self._args(mode, seq_splits, head_splits)
-            kv = self._kv(kv_replicas)
-            self._live()
-            return _fp8_wire.call(
-                self, x, mode, seq, heads, kv, out, wire_dtype, return_scales, grad_wire_dtype
-            )
-        kv = self._kv(kv_replicas)
-        seq, heads = self._args(mode, seq_splits, head_splits)
-        gid = self._id
-        if gid is None:
-            self._live()
-        if _pending:
-            _finish_done()
-        if out is not None:
-            return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
-        if _plain_eager(x):
-            return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
-        return _OP(x, gid, mode, seq, heads, kv)
+        return _call(
+            self,
+            x,
+            mode,
+            out,
+            seq_splits,
+            head_splits,
+            kv_replicas,
+            wire_dtype,
+            return_scales,
+            grad_wire_dtype,
+        )
 
     @_eager_only
     def all_to_all_4d_async(
@@ -349,77 +277,62 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         kv_replicas=None,
         wire_dtype=None,
     ):
-        """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``
-        (torch.distributed._functional_collectives): ``.wait()`` returns the plain tensor, and the
-        first use by any aten op waits the same way; on CUDA that orders the caller's current
-        stream after the transfer without blocking the host (CPU: it blocks until the exchange is
-        done). The work is registered with torch's work registry, so wait on or use every result
-        (a dropped, never-used one stays there). Where torch lacks the registry a ``UlyssesWork``
-        handle is returned instead. Not differentiable.
+        """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``:
+        ``.wait()`` (or the first use by any aten op) orders the caller's stream after the
+        transfer without blocking the host (CPU: it blocks until the exchange is done). Wait on
+        or use every result: torch's work registry keeps a dropped one. Where torch lacks the
+        registry a ``UlyssesWork`` is returned instead. Not differentiable.
 
-        ``lend=True`` (NVLink transport only): the output is a window of the group's own ring of
-        ``LEND_RING`` (4) per dtype, which peers write directly (no copy-out). The ring rotates;
-        a call whose next window still backs a live result (one the caller still holds, or a view
-        of it) raises instead of overwriting it, so at most four lent results per dtype live at
-        once. Every rank must release its results at the same point of its program.
-
-        ``kv_replicas``: as in ``all_to_all_4d`` (mode 1 sums the replicas on the same stream;
-        not with ``lend=True``). ``wire_dtype``: as in ``all_to_all_4d``; with ``lend=True`` the
-        FP8 rows land in the group's window and are dequantized into the lent buffer."""
-        seq, heads = self._args(mode, seq_splits, head_splits)
-        kv = self._kv(kv_replicas)
+        ``lend=True`` (NVLink only): the output is a window of the group's ring of ``LEND_RING``
+        per dtype, which peers write directly; a call whose next window still backs a live result
+        raises instead of overwriting it, so every rank must release its results at the same
+        point. ``kv_replicas`` (not with ``lend``) and ``wire_dtype``: as in ``all_to_all_4d``."""
+        seq, heads, kv = self._args(seq_splits, head_splits, kv_replicas)
         summed = mode == 1 and kv > 1
+        where = f"[rank {self._rank}/{self._size}] all_to_all_4d_async"
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: the async form is not "
-                "differentiable; x requires grad under grad mode"
+                f"{where}: the async form is not differentiable; x requires grad under grad mode"
             )
-        if lend and out is not None:
+        if lend and (out is not None or summed or self.transport != "nvlink"):
             raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True returns a buffer "
-                "of the group's ring; out= cannot be given with it"
+                f"{where}: lend=True "
+                + (
+                    "returns a buffer of the group's ring; out= cannot be given with it"
+                    if out is not None
+                    else "with mode 1 and kv_replicas > 1 is not supported (the replicas are "
+                    "summed into a new tensor)"
+                    if summed
+                    else f"needs the NVLink transport; this group uses {self.transport} "
+                    f"({self.transport_reason})"
+                )
             )
-        if lend and summed:
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True with mode 1 and "
-                "kv_replicas > 1 is not supported (the replicas are summed into a new tensor)"
+        f = torch._C._functorch  # one exchange per batch row would hang ranks that disagree
+        if isinstance(x, torch.Tensor) and (f.is_batchedtensor(x) or f.is_legacy_batchedtensor(x)):
+            raise RuntimeError(
+                f"{where}: torch.vmap (or autograd.grad(is_grads_batched=True)) over the Ulysses "
+                "all-to-all is not supported: it would issue one collective per batch row and "
+                "ranks that disagree on the batch would hang; loop over the batch explicitly or "
+                "fold it into the tensor's batch dimension"
             )
-        if lend and self.transport != "nvlink":
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: lend=True needs the NVLink "
-                f"transport; this group uses {self.transport} ({self.transport_reason})"
-            )
-        _refuse_vmap(x, self._rank, self._size, "all_to_all_4d_async")
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x must be a 4-D tensor "
-                f"(b, s, h, d), got {got}"
-            )
+            raise ValueError(f"{where}: x must be a 4-D tensor (b, s, h, d), got {got}")
         x = x.contiguous()
         if x.is_meta:
             raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async: x is a meta tensor (no "
-                "data to move); use all_to_all_4d for shapes"
+                f"{where}: x is a meta tensor (no data to move); use all_to_all_4d for shapes"
             )
         t = self._live()
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()
             if summed or wire_dtype is not None:  # run it, then hand back a done result
-                res = self.all_to_all_4d(
-                    x,
-                    mode=mode,
-                    out=out,
-                    seq_splits=seq,
-                    head_splits=heads,
-                    kv_replicas=kv,
-                    wire_dtype=wire_dtype,
-                )
-                return self._async_result(res, work=None)
+                res = _call(self, x, mode, out, seq, heads, kv, wire_dtype, False, None)
+                return _async_result(res)
             if out is None:
                 out = torch.empty(self._shapes(self._id, x, mode, seq, heads, kv)[1], dtype=x.dtype)
-            return self._async_result(out, work=t.all_to_all_4d(x, out, mode, seq, heads, True, kv))
+            return _async_result(out, t.all_to_all_4d(x, out, mode, seq, heads, True, kv))
         if self._lane is None:
             self._lane = t.async_lane()
             self._lane_id = _C._ulysses_register(self._lane)
@@ -427,27 +340,23 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             # high priority: the async call's small barrier kernels get the next free SM
             # ahead of a compute kernel's remaining blocks (the overlap it exists for)
             self._astream = torch.cuda.Stream(device=x.device, priority=-1)
-        lane = self._lane
+        lane, s = self._lane, self._astream
         shape, result = self._shapes(self._lane_id, x, mode, seq, heads, kv)
         if lend:
             out = self._lent(lane, x, shape, mode, seq, heads, kv)
         elif out is None:
             out = x.new_empty(result)
-        wire = wire_dtype is not None
-        if not summed and not wire and hasattr(lane, "all_to_all_4d_on"):
+        if not summed and wire_dtype is None and hasattr(lane, "all_to_all_4d_on"):
             # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
             # the completion work (NOTE [async result waits]) in one call of the extension
-            lane.all_to_all_4d_on(x, out, self._astream, mode, seq, heads, kv)
+            lane.all_to_all_4d_on(x, out, s, mode, seq, heads, kv)
             return AsyncCollectiveTensor(out)
-        s = self._astream
         s.wait_stream(torch.cuda.current_stream(x.device))
         x.record_stream(s)
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
-            if wire:
-                _fp8_wire.call_on_lane(
-                    self, self._lane_id, x, mode, seq, heads, kv, out, wire_dtype
-                )
+            if wire_dtype is not None:
+                _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire_dtype, gid=self._lane_id)
             else:
                 _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
@@ -460,17 +369,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         return UlyssesWork(out, event=done)
 
     @staticmethod
-    def _async_result(out, *, work=None):
-        """CPU results: a Python work whose wait() waits for the exchange."""
-        rw = _RegisteredWork(out, None, work)
-        _register_work(out, rw)
-        if work is not None:
-            _pending.append(rw)  # NOTE [dropped async results]
-        return AsyncCollectiveTensor(out)
-
-    LEND_RING = 4
-
-    @staticmethod
     def _storage_uses(t):
         return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
@@ -478,7 +376,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         # One ring per dtype: [buffers, the storage use count of each with no result alive, next]
         ring = self._ring.setdefault(x.dtype, [[None] * self.LEND_RING, [0] * self.LEND_RING, 0])
         bufs, idle, k = ring
-        need = max(16, lane.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
+        need = self._out_bytes(lane, x, mode, seq, heads, kv)
         buf = bufs[k]
         if buf is not None and self._storage_uses(buf) > idle[k]:
             raise RuntimeError(
@@ -490,22 +388,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         ring[2] = (k + 1) % self.LEND_RING
         if buf is None or buf.numel() < need:  # grow-only; every rank grows at the same call
             bufs[k] = None
-            buf = lane.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
-            bufs[k] = buf
+            buf = bufs[k] = lane.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
             idle[k] = self._storage_uses(buf)
         return buf.view(x.dtype)[: math.prod(shape)].view(shape)
-
-    def _args(self, mode, seq_splits, head_splits):
-        if mode not in (0, 1):
-            raise ValueError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d: mode must be 0 or 1, got {mode}"
-            )
-        seq = None if seq_splits is None else [int(v) for v in seq_splits]
-        heads = None if head_splits is None else [int(v) for v in head_splits]
-        return seq, heads
-
-    def _kv(self, kv_replicas):
-        return _kv_replicas(kv_replicas, self._rank, self._size)
 
     @_eager_only
     def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
@@ -513,12 +398,11 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         is passed as ``out=`` (zero copy); collective there (every rank calls it, in the same
         order). Elsewhere (and for mode 1 with kv_replicas, whose result is a sum) an ordinary
         tensor."""
-        seq, heads = self._args(mode, seq_splits, head_splits)
-        kv = self._kv(kv_replicas)
+        seq, heads, kv = self._args(seq_splits, head_splits, kv_replicas)
         t = self._live()
         shape = self._shapes(self._id, x, mode, seq, heads, kv)[1]
         if not x.is_meta and not (mode == 1 and kv > 1):
-            need = max(16, t.max_out_bytes(list(x.shape), x.element_size(), mode, seq, heads, kv))
+            need = self._out_bytes(t, x, mode, seq, heads, kv)
             buf = t.empty_output(list(shape), need, x)
             if buf is not None:
                 return buf
@@ -572,10 +456,31 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         self.transport = "destroyed"
 
 
+class UlyssesWork:
+    """all_to_all_4d_async's handle where torch has no work registry: wait() returns the output."""
+
+    def __init__(self, out, *, event=None, work=None):
+        self._out, self._event, self._work = out, event, work
+
+    def wait(self):
+        if self._event is not None:
+            torch.cuda.current_stream(self._out.device).wait_event(self._event)
+        if self._work is not None:
+            self._work.wait()
+        return self._out
+
+    def is_completed(self) -> bool:
+        if self._event is not None:
+            return self._event.query()
+        return self._work.is_completed() if self._work is not None else True
+
+
 class _RegisteredWork(_C10dWork):
     """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
     wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
     waits])."""
+
+    is_completed = UlyssesWork.is_completed
 
     def __init__(self, out, event, work):
         super().__init__()
@@ -602,23 +507,24 @@ class _RegisteredWork(_C10dWork):
             raise self._error
         return True
 
-    def is_completed(self):
-        if self._event is not None:
-            return self._event.query()
-        return self._work.is_completed() if self._work is not None else True
-
 
 # NOTE [dropped async results]: torch's work registry keeps the work of an AsyncCollectiveTensor
-# until a wait on it, and never lets go of one whose result was dropped unwaited (torch warns of
-# them at exit). The work of a CPU call holds its input, output and staging buffers (NOTE [work
-# keeps its buffers]; the output because the unpack into it runs in wait()), so every dropped
-# result used to keep them for the rest of the process. Every CPU async call's registered work is
-# queued here instead, and each later CPU call finishes the ones whose exchange is over (in call
-# order): it runs their unpack and releases the call, so only a small registry entry stays behind
-# (as for torch's own functional collectives). A result that is kept reads the same whether its
-# wait came before or after that; an error is raised by its wait as before (one nobody waits for
-# is dropped with the result). CUDA calls register a work holding an event alone.
+# until a wait on it, forever for a result dropped unwaited, and a CPU call's work holds its
+# buffers (NOTE [work keeps its buffers]; the unpack into the output runs in wait()). So every CPU
+# async call's work is queued here, and each later CPU call finishes those whose exchange is over
+# (in call order: the unpack, then the release), leaving a small registry entry as torch's own
+# functional collectives do (docs/reliability.md). A kept result reads the same; its wait raises
+# the call's error. CUDA calls register a work holding an event alone.
 _pending = collections.deque()
+
+
+def _async_result(out, work=None):
+    """CPU results: a Python work whose wait() waits for the exchange."""
+    rw = _RegisteredWork(out, None, work)
+    _register_work(out, rw)
+    if work is not None:
+        _pending.append(rw)  # NOTE [dropped async results]
+    return AsyncCollectiveTensor(out)
 
 
 def _finish_done():
@@ -626,34 +532,13 @@ def _finish_done():
         _pending.popleft()._finish()
 
 
-class UlyssesWork:
-    """The handle of all_to_all_4d_async where torch has no work registry: ``wait()`` returns the
-    output."""
-
-    def __init__(self, out, *, event=None, work=None):
-        self._out, self._event, self._work = out, event, work
-
-    def wait(self):
-        if self._event is not None:
-            torch.cuda.current_stream(self._out.device).wait_event(self._event)
-        if self._work is not None:
-            self._work.wait()
-        return self._out
-
-    def is_completed(self) -> bool:
-        if self._event is not None:
-            return self._event.query()
-        return self._work.is_completed() if self._work is not None else True
-
-
 # -- the functional form ----------------------------------------------------------------------
-# NOTE [ulysses custom op]: the op is C++'s (NOTE [ulysses op in c++]); it takes the group's id in
-# the op's table, an int that Dynamo carries as a constant and guards on. torch.compile passes
-# the UlyssesGroup itself through as an opaque reference type, so tracing never enters the
-# group's Python; `_id` is the one member the compiler reads (on the real object). A TorchComm
-# (or a process group over one, fastcomms.device_mesh) reaches its UlyssesGroup through the
-# `_ulysses_group` member, which the compiler evaluates on the real object too. So compiling needs
-# no eager call first, and the fake kernel is the op's Meta kernel: the plan's shapes.
+# NOTE [ulysses custom op]: the op is C++'s (NOTE [ulysses op in c++]) and takes the group's id in
+# the op's table, an int Dynamo carries as a constant and guards on. torch.compile passes the
+# UlyssesGroup through as an opaque reference type and reads `_id` on the real object; a TorchComm
+# (or a process group over one) reaches its group through its `_ulysses_group` member, evaluated
+# on the real object too. So compiling needs no eager call first; the fake kernel is the op's Meta
+# kernel (the plan's shapes).
 _by_comm: dict[object, UlyssesGroup] = {}  # keyed by the communicator object itself
 
 
@@ -668,27 +553,14 @@ register_opaque_type(
     UlyssesGroup,
     typ="reference",
     members={
-        "_id": MemberType.USE_REAL,
-        "_rank": MemberType.USE_REAL,  # (error messages)
-        "_size": MemberType.USE_REAL,
-        "all_to_all_4d": MemberType.INLINED,
-        # read as constants where a compiled function asks (set at construction; "destroyed"
-        # after destroy(), which a compiled function only sees if it is compiled again)
-        "transport": MemberType.USE_REAL,
-        "transport_reason": MemberType.USE_REAL,
-        "device": MemberType.USE_REAL,
-        "LEND_RING": MemberType.USE_REAL,
-        # NOTE [eager-only members]
-        **{
-            m: MemberType.INLINED
-            for m in (
-                "all_to_all_4d_async",
-                "empty_output",
-                "memory_stats",
-                "check_errors",
-                "destroy",
-            )
-        },
+        # read as constants where a compiled function asks (`transport` is "destroyed" after
+        # destroy(), which a compiled function only sees if it is compiled again); `_rank` and
+        # `_size` for error messages
+        **dict.fromkeys(
+            ("_id", "_rank", "_size", "transport", "transport_reason", "device", "LEND_RING"),
+            MemberType.USE_REAL,
+        ),
+        **dict.fromkeys(["all_to_all_4d", *_EAGER_ONLY], MemberType.INLINED),
     },
 )
 
@@ -721,32 +593,51 @@ def all_to_all_4d(
     ``group`` is a UlyssesGroup, a TorchComm, a process group (a ProcessGroup from
     fastcomms.device_mesh compiles; torch's own process groups run eagerly), or None (torch's
     default group, eager)."""
-    if mode not in (0, 1):
-        raise ValueError(f"all_to_all_4d: mode must be 0 or 1, got {mode}")
-    seq = None if seq_splits is None else [int(v) for v in seq_splits]
-    heads = None if head_splits is None else [int(v) for v in head_splits]
-    g, kv = _resolve(group), _kv_replicas(kv_replicas)
-    if _plain_eager(x) and wire_dtype is None:  # NOTE [host cost per call]
-        return g.all_to_all_4d(x, mode=mode, seq_splits=seq, head_splits=heads, kv_replicas=kv)
+    return _call(
+        _resolve(group),
+        x,
+        mode,
+        None,
+        seq_splits,
+        head_splits,
+        kv_replicas,
+        wire_dtype,
+        return_scales,
+        grad_wire_dtype,
+    )
+
+
+def _call(g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire):
+    """UlyssesGroup.all_to_all_4d and the functional form: the mode, the splits' sums and the
+    shapes are the op's to check (C++)."""
+    compiling = torch.compiler.is_compiling()
+    if out is not None and compiling:  # NOTE [eager-only members]
+        return _run_eager(_call, g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire)
+    seq, heads, kv = _splits(seq), _splits(heads), _kv_replicas(kv, g)
     gid = g._id
     if gid is None:
         g._live()
-    if wire_dtype is not None or return_scales or grad_wire_dtype is not None:
+    if wire is not None or return_scales or grad_wire is not None:
         # NOTE [fp8 wire op]: one op too (quantize, two exchanges, dequantize)
-        return _fp8_wire.call(
-            g, x, mode, seq, heads, kv, None, wire_dtype, return_scales, grad_wire_dtype
-        )
+        return _fp8_wire.call(g, x, mode, seq, heads, kv, out, wire, return_scales, grad_wire)
+    if compiling:  # NOTE [ulysses custom op]
+        return _OP(x, gid, mode, seq, heads, kv)
+    if _pending:
+        _finish_done()
+    if out is not None:
+        return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
+    if _plain_eager(x):  # NOTE [host cost per call]
+        return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
     return _OP(x, gid, mode, seq, heads, kv)
 
 
 def _plain_eager(x) -> bool:
-    """A plain tensor in plain eager mode: nothing traces, transforms or intercepts the call (no
-    compile, no dispatch or function mode, no functorch transform), so the extension's typed
-    dispatcher call runs the op, with the same result and autograd as torch.ops and less host
-    time."""
+    """A plain tensor in plain eager mode (the caller has ruled out compiling): nothing traces,
+    transforms or intercepts the call (no dispatch or function mode, no functorch transform), so
+    the extension's typed dispatcher call runs the op, with the same result and autograd as
+    torch.ops and less host time."""
     return (
-        not torch.compiler.is_compiling()  # first: a trace stops here (fewer guards to check)
-        and type(x) is torch.Tensor
+        type(x) is torch.Tensor
         and not _in_dispatch_mode()
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._functorch.peek_interpreter_stack() is None

@@ -2,24 +2,23 @@
 """Functional collectives on fastcomms communicators, traceable by torch.compile.
 
 Each function takes a tensor and a ``TorchComm`` (or a process group from fastcomms.device_mesh)
-and returns a new tensor; under ``torch.compile(fullgraph=True)`` it becomes torch's own
-functional collective op on the communicator's process group, so the compiler traces it, inserts
-the wait where the result is first used, and (inductor) schedules it like torch's. Eagerly the
-result is an ``AsyncCollectiveTensor`` whose first use waits.
+and forwards to torch's own functional collective on the communicator's process group, so
+``torch.compile(fullgraph=True)`` traces and schedules it like torch's; eagerly the result is an
+``AsyncCollectiveTensor`` whose first use waits. The ``*_autograd`` forms are differentiable.
 
-How (NOTE [functional over a communicator]): a communicator reaches its process group's
-registered name through its ``_process_group_name`` member, which torch.compile evaluates on the
-real object while tracing (the communicator is an opaque reference type), so the traced graph
-holds a constant group name and no communicator call. The process group is made and registered
-on first use (fastcomms.device_mesh); its "global" ranks are the communicator's ranks, so
-``src`` below is a rank of the communicator. The ``*_autograd`` forms are differentiable
-(backward: the adjoint collective).
+NOTE [functional over a communicator]: a communicator reaches its process group's registered name
+through its ``_process_group_name`` member, which torch.compile evaluates on the real (opaque)
+object, so the graph holds a constant group name. The group is made on first use
+(fastcomms.device_mesh); its "global" ranks are the communicator's, so ``src`` is a comm rank.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed._functional_collectives as _funcol
+from torch.torch_version import TorchVersion
 
 from .. import ReduceOp, TorchComm
 from ..device_mesh import _create_torchcomm_process_group, comm_of
@@ -41,12 +40,11 @@ _names: dict[object, str] = {}  # communicator object -> its process group's nam
 
 
 def _process_group_name_of(comm) -> str:
-    name = _names.get(comm)
-    if name is None:
+    if comm not in _names:
         name = f"fastcomms/functional/{len(_names)}/{comm.get_name()}"
         _create_torchcomm_process_group(comm, name)
         _names[comm] = name
-    return name
+    return _names[comm]
 
 
 def _group(comm):
@@ -122,20 +120,12 @@ def is_torch_compile_supported(
     ``min_version``, the first torch whose compiler traces the communicator's own methods
     (``comm.all_reduce(t, op, async_op)`` inside ``torch.compile(fullgraph=True)``).
     ``TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT=1`` makes it True, as in torchcomms."""
-    import os
-
-    from torch.torch_version import TorchVersion
-
     if os.environ.get("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT") == "1":
         return True
     current = torch.__version__ if _current_version is None else _current_version
     return TorchVersion(current) >= (min_version or MIN_PYTORCH_VERSION_FOR_COMPILE)
 
 
-def is_torch_compile_supported_and_enabled(
-    min_version: str = MIN_PYTORCH_VERSION_FOR_COMPILE, _current_version: str | None = None
-) -> bool:
-    """torchcomms' switch for the communicator's methods under torch.compile. torchcomms also
-    asks for ``TORCHCOMMS_PATCH_FOR_COMPILE=1``; fastcomms needs no patching, so this is
-    ``is_torch_compile_supported``."""
-    return is_torch_compile_supported(min_version, _current_version)
+# torchcomms' switch for the communicator's methods under torch.compile; torchcomms also asks for
+# TORCHCOMMS_PATCH_FOR_COMPILE=1, but fastcomms needs no patching.
+is_torch_compile_supported_and_enabled = is_torch_compile_supported

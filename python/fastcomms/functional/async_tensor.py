@@ -56,9 +56,7 @@ class TorchCommsAsyncTensor(torch.Tensor):
             self.work, self.completed = None, True
         return self.elem
 
-    def wait(self) -> torch.Tensor:
-        """``trigger_wait()``: the tensor, once its work is done."""
-        return self.trigger_wait()
+    wait = trigger_wait
 
     @property
     def grad_fn(self):
