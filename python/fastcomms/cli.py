@@ -10,10 +10,13 @@ command runs as one rank under torchrun."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -335,73 +338,51 @@ def _child(fn, rank, size, path, q, args):
 _MPS_DIRS = {"CUDA_MPS_PIPE_DIRECTORY": "pipe", "CUDA_MPS_LOG_DIRECTORY": "log"}
 
 
-class _PrivateMps:
+@contextlib.contextmanager
+def _private_mps(share: bool):
     """NOTE [cli ranks on one GPU]: ranks that share a GPU as separate processes are time-sliced
     without MPS: a device-side wait for a peer on the same GPU lasts until the next context
     switch (tools/gpu/mps.sh says more). Where the command starts the ranks itself, they share
     a GPU, no MPS pipe is set and ``nvidia-cuda-mps-control`` is on PATH, a private MPS daemon
-    serves them for the run (as
-    tools/gpu/mps.sh: its pipes in a fresh temporary folder, no GPU setting changed; stopped and
-    removed afterwards). ``why`` says what was done, for the report."""
-
-    def __init__(self, share: bool):
-        import shutil
-
-        self.dir = None
-        self.why = ""
-        if not share:
-            return
-        if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-            self.why = "ranks share a GPU as clients of the MPS daemon at CUDA_MPS_PIPE_DIRECTORY"
-            return
-        self.control = shutil.which("nvidia-cuda-mps-control")
-        if self.control is None:
-            self.why = (
-                "ranks share a GPU time-sliced (nvidia-cuda-mps-control not found: every "
-                "exchange waits for context switches; start them as MPS clients)"
-            )
-            return
-        self.dir = tempfile.mkdtemp(prefix="fastcomms-mps.")
-
-    def __enter__(self):
-        import subprocess
-
-        if self.dir is None:
-            return self
-        env = dict(os.environ)
-        for k, folder in _MPS_DIRS.items():
-            env[k] = os.path.join(self.dir, folder)
-            os.makedirs(env[k], exist_ok=True)
-        r = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            self.why = f"ranks share a GPU time-sliced (the MPS daemon did not start: {r.stderr})"
-            self._remove()
-            return self
-        self.env = env
-        os.environ.update({k: env[k] for k in _MPS_DIRS})
-        self.why = "ranks share a GPU as clients of a private MPS daemon started for this run"
-        return self
-
-    def __exit__(self, *exc):
-        import subprocess
-
-        if self.dir is None:
-            return
-        try:
-            subprocess.run(
-                [self.control], input="quit\n", env=self.env, capture_output=True, timeout=10
-            )
-        except Exception:  # noqa: BLE001 - the folder goes either way
-            pass
-        for k in _MPS_DIRS:
-            os.environ.pop(k, None)
-        self._remove()
-
-    def _remove(self):
-        import shutil
-
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir = None
+    serves them for the run (as tools/gpu/mps.sh: its pipes in a fresh temporary folder, no GPU
+    setting changed; told to quit and its folder removed afterwards). Yields what was done, for
+    the report ("" where the ranks do not share a GPU)."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if not share:
+        yield ""
+    elif os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        yield "ranks share a GPU as clients of the MPS daemon at CUDA_MPS_PIPE_DIRECTORY"
+    elif control is None:
+        yield (
+            "ranks share a GPU time-sliced (nvidia-cuda-mps-control not found: every exchange "
+            "waits for context switches; start them as MPS clients)"
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="fastcomms-mps.", ignore_cleanup_errors=True) as d:
+            env = {**os.environ, **{k: os.path.join(d, f) for k, f in _MPS_DIRS.items()}}
+            for k in _MPS_DIRS:
+                os.makedirs(env[k])
+            r = subprocess.run([control, "-d"], env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                yield f"ranks share a GPU time-sliced (the MPS daemon did not start: {r.stderr})"
+                return
+            os.environ.update({k: env[k] for k in _MPS_DIRS})
+            try:
+                yield "ranks share a GPU as clients of a private MPS daemon started for this run"
+            finally:
+                for k in _MPS_DIRS:
+                    os.environ.pop(k, None)
+                try:
+                    subprocess.run(
+                        [control],
+                        input="quit\n",
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=10,
+                    )
+                except (OSError, subprocess.SubprocessError) as e:
+                    print(f"fastcomms: the private MPS daemon did not quit: {e}", file=sys.stderr)
 
 
 def _run_ranks(fn, nproc, args, timeout_s=900):
@@ -731,9 +712,9 @@ def bench(args) -> int:
             f"fastcomms bench: backend [bold]{args.backend}[/] ({escape(why)}), {size} ranks"
         )
     share = args.backend != "gloo" and _shares_gpu(size)
-    with _PrivateMps(share and launch is None) as mps:
-        if lead and mps.why:
-            console.print(f"fastcomms bench: {escape(mps.why)}")
+    with _private_mps(share and launch is None) as mps_why:
+        if lead and mps_why:
+            console.print(f"fastcomms bench: {escape(mps_why)}")
         results, error = _run_ranks(_bench_rank, size, args)
     if error is not None:
         print(f"fastcomms bench: FAILED, {error}", file=sys.stderr)
@@ -1032,22 +1013,27 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--version", action="version", version=f"fastcomms {fastcomms.__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser(
-        "bench",
-        help="time and check the Ulysses all-to-all against the permute path",
-        description="Times the Ulysses all-to-all (mode 0) against permute + torch.distributed "
-        "all_to_all_single + permute on the best backend present (or --backend), checking "
-        "every result bit for bit. Starts --nproc ranks itself, or runs as one rank under "
-        "torchrun.",
-    )
-    b.add_argument(
+    ranks = argparse.ArgumentParser(add_help=False)  # what bench and check share
+    ranks.add_argument(
         "--backend",
         default="auto",
         choices=["gloo", "nccl", "nvlink", "auto"],
         help="auto: nvlink when every GPU pair is NVLink-joined, else nccl with a GPU per rank, "
         "else gloo on CPU (the reason is printed)",
     )
-    b.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    ranks.add_argument(
+        "--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)"
+    )
+    ranks.add_argument("--json", default=None, help="also write the results to FILE")
+    b = sub.add_parser(
+        "bench",
+        parents=[ranks],
+        help="time and check the Ulysses all-to-all against the permute path",
+        description="Times the Ulysses all-to-all (mode 0) against permute + torch.distributed "
+        "all_to_all_single + permute on the best backend present (or --backend), checking "
+        "every result bit for bit. Starts --nproc ranks itself, or runs as one rank under "
+        "torchrun.",
+    )
     b.add_argument(
         "--shape",
         action="append",
@@ -1059,7 +1045,6 @@ def main(argv=None) -> int:
     b.add_argument("--rounds", type=int, default=5, help="interleaved samples per variant")
     b.add_argument("--warmup", type=int, default=3, help="untimed calls per variant first")
     b.add_argument("--plot", default=None, help="write time and GB/s against size to FILE.png")
-    b.add_argument("--json", default=None, help="write the results and environment to FILE")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     d = sub.add_parser("doctor", help="versions, GPUs, NVLink matrix, backends")
     d.add_argument(
@@ -1068,10 +1053,9 @@ def main(argv=None) -> int:
         help="check this machine against what the installed build needs before a job; exit 1 "
         "when something must be fixed",
     )
-    c = sub.add_parser("check", help="a short correctness run of every op on one backend")
-    c.add_argument("--backend", default="auto", choices=["gloo", "nccl", "nvlink", "auto"])
-    c.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
-    c.add_argument("--json", default=None, help="also write the results to this file")
+    sub.add_parser(
+        "check", parents=[ranks], help="a short correctness run of every op on one backend"
+    )
     args = ap.parse_args(argv)
     return {"bench": bench, "check": check, "doctor": doctor}[args.cmd](args)
 

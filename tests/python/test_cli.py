@@ -304,3 +304,29 @@ def test_pick_backend_says_why(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(cli, "_nvlink", lambda devs: (joined, ""))
     assert cli.pick_backend(2)[0] == "nccl"
+
+
+def test_private_mps_daemon_is_told_to_quit(tmp_path, monkeypatch):
+    """NOTE [cli ranks on one GPU]: the daemon the command starts for ranks sharing a GPU gets
+    "quit" on its control pipe when the run ends, and the ranks' MPS variables go. A stand-in
+    control program records what it was given (no GPU needed)."""
+    from fastcomms import cli
+
+    log = tmp_path / "control.log"
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text(
+        f'#!/bin/sh\necho "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY" >> {log}\n'
+        f'[ "$1" = "-d" ] || cat >> {log}\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with cli._private_mps(True) as why:
+        assert "private MPS daemon" in why, why
+        pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+        assert os.path.isdir(pipe)
+    lines = log.read_text().splitlines()
+    assert lines == [f"args=-d pipe={pipe}", f"args= pipe={pipe}", "quit"], lines
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ and not os.path.exists(pipe)
+    with cli._private_mps(False) as why:
+        assert why == ""
