@@ -308,6 +308,20 @@ def comm_of(group) -> TorchComm | None:
     return None if ops is None else ops.comm
 
 
+def resolve_group(group, who: str, dim: str):
+    """What a group-taking constructor (``who``) runs over: a 1-D DeviceMesh's process group
+    (``dim`` names the dimension in the error's slicing hint), the TorchComm behind a process group
+    made here, else ``group`` as given."""
+    if hasattr(group, "get_group") and hasattr(group, "mesh"):
+        if group.ndim != 1:
+            raise ValueError(
+                f"{who}: a DeviceMesh must be 1-D (slice it, mesh['{dim}']), got {group.ndim} "
+                "dimensions"
+            )
+        group = group.get_group()
+    return comm_of(group) or group
+
+
 def init_device_mesh(
     mesh_dim_comms: tuple[TorchComm, ...],
     mesh_dim_names: tuple[str, ...],

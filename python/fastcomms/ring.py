@@ -99,16 +99,9 @@ class RingGroup(_Scoped):
     collective on the window transport."""
 
     def __init__(self, group=None, device=None):
-        if hasattr(group, "get_group") and hasattr(group, "mesh"):  # a DeviceMesh
-            if group.ndim != 1:
-                raise ValueError(
-                    f"RingGroup: a DeviceMesh must be 1-D (slice it, mesh['ring']), got "
-                    f"{group.ndim} dimensions"
-                )
-            group = group.get_group()
-        from .device_mesh import comm_of  # a process group over a communicator: use the comm
+        from .device_mesh import resolve_group
 
-        self.group = group = comm_of(group) or group
+        self.group = group = resolve_group(group, "RingGroup", "ring")
         self._step = 0
         self._slots = [None, None]  # per slot: (key, receive buffers) (collective transport)
         self._inflight = [None, None]  # per slot: its last RingWork

@@ -113,16 +113,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             if group is not None and group is not process_group:
                 raise ValueError("UlyssesGroup: pass the group once (group= or process_group=)")
             group = process_group
-        if hasattr(group, "get_group") and hasattr(group, "mesh"):  # a 1-D DeviceMesh
-            if group.ndim != 1:
-                raise ValueError(
-                    f"UlyssesGroup: a DeviceMesh must be 1-D (slice it, mesh['sp']), got "
-                    f"{group.ndim} dimensions"
-                )
-            group = group.get_group()
-        from .device_mesh import comm_of  # a process group over a communicator: use the comm
+        from .device_mesh import resolve_group
 
-        self.group = group = comm_of(group) or group
+        self.group = group = resolve_group(group, "UlyssesGroup", "sp")
         self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
         self._astream = None
         self._lane = None  # the async calls' transport (own windows and barriers on NVLink)

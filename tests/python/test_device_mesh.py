@@ -521,3 +521,21 @@ def test_nvlink_name_registered_when_torch_imports_fastcomms(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_group_constructors_refuse_a_mesh_of_two_dimensions():
+    """UlyssesGroup and RingGroup take a 1-D DeviceMesh; a 2-D one is refused by name, with the
+    slice to take, before any group is looked up."""
+    from fastcomms.ring import RingGroup
+    from fastcomms.ulysses import UlyssesGroup
+
+    class Mesh2D:
+        mesh, ndim = None, 2
+
+        def get_group(self):
+            raise AssertionError("a 2-D mesh's group was looked up")
+
+    for cls, dim in ((UlyssesGroup, "sp"), (RingGroup, "ring")):
+        want = rf"{cls.__name__}: a DeviceMesh must be 1-D \(slice it, mesh\['{dim}'\]\), got 2 "
+        with pytest.raises(ValueError, match=want):
+            cls(Mesh2D())
