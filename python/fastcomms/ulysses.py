@@ -51,7 +51,10 @@ __all__ = [
 # UlyssesGroup (an unregistered one stops Dynamo with an internal error, even without fullgraph),
 # so the members that cannot be traced (these and out=) are registered and run eagerly with the
 # real group: a graph break there. Outside a trace the check costs one call of is_compiling().
-_run_eager = torch.compiler.disable(lambda fn, *args, **kwargs: fn(*args, **kwargs))
+# torch._disable_dynamo is torch.compiler.disable with Dynamo imported at the first call instead
+# of here: importing Dynamo costs about 2 s of CPU, which a process that never compiles (the first
+# new_comm reaches this module) should not pay.
+_run_eager = torch._disable_dynamo(lambda fn, *args, **kwargs: fn(*args, **kwargs))
 _EAGER_ONLY = []  # their names, for the registration
 
 

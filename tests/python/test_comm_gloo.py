@@ -226,3 +226,27 @@ def test_import_as_torchcomms():
         assert hasattr(torchcomms, name), name
     assert torchcomms.is_backend_built("gloo")
     assert repr(torchcomms.ReduceOp.SUM) == "ReduceOp.SUM"
+
+
+def test_a_communicator_and_a_ulysses_group_do_not_import_dynamo(tmp_path):
+    """A process that never compiles does not pay for importing torch._dynamo (about 2 s of CPU,
+    once paid by the first new_comm): the eager-only members' Dynamo wrapper imports it at its
+    first call (NOTE [eager-only members])."""
+    import subprocess
+    import sys
+
+    code = f"""
+import os, sys
+import torch.distributed as dist
+import fastcomms
+from fastcomms.ulysses import UlyssesGroup
+os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+comm = fastcomms.new_comm("gloo", "cpu", store=dist.FileStore({str(tmp_path / "s")!r}, 1), name="d")
+g = UlyssesGroup(comm)
+x = __import__("torch").randn(1, 4, 2, 3)
+assert __import__("torch").equal(g.all_to_all_4d(x), x)
+comm.finalize()
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "no dynamo", (r.stdout, r.stderr[-2000:])
