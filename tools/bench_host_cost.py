@@ -5,7 +5,9 @@ gloo, and the same loop with the communicator's extension object replaced by a s
 at once (the Python method alone, which the gloo round trip otherwise hides). Each ``--tree``
 is a directory holding a ``fastcomms`` package (put before the build's extension on PYTHONPATH);
 the trees run in turn, one process per tree and round, interleaved; the table gives the median
-over every timed loop, µs per call.
+over every timed loop, µs per call. It also gives, per process, what starting costs: importing
+fastcomms once torch is imported, and the process's first ``new_comm`` (ms, median over the
+rounds).
 
 Usage: python3 tools/bench_host_cost.py --tree before=/tmp/old --tree after=python
        [--rounds 7] [--calls 2000] [--build build/python]"""
@@ -21,14 +23,19 @@ import time
 
 
 def child(calls: int, loops: int) -> None:
-    import fastcomms
     import torch
     import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    import fastcomms
     from fastcomms import ReduceOp
 
+    start = {"import_ms": [(time.perf_counter() - t0) * 1e3]}
     os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1")
     with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
         comm = fastcomms.new_comm("gloo", "cpu", "host_cost", store=dist.FileStore(f"{d}/s", 1))
+        start["new_comm_ms"] = [(time.perf_counter() - t0) * 1e3]
         t = torch.ones(1)
 
         def loop():
@@ -48,7 +55,7 @@ def child(calls: int, loops: int) -> None:
         out["stub"] = [loop() for _ in range(loops)]
         comm._c = real
         comm.finalize()
-    print(json.dumps(out))
+    print(json.dumps({**out, **start}))
 
 
 def main() -> None:
@@ -63,7 +70,7 @@ def main() -> None:
     if a.child:
         return child(a.calls, a.loops)
     trees = dict(t.split("=", 1) for t in a.tree)
-    got = {name: {"gloo": [], "stub": []} for name in trees}
+    got = {name: {k: [] for k in ("gloo", "stub", "import_ms", "new_comm_ms")} for name in trees}
     for r in range(a.rounds):
         for name, tree in trees.items():
             env = dict(os.environ, PYTHONPATH=f"{os.path.abspath(tree)}:{os.path.abspath(a.build)}")
@@ -73,11 +80,16 @@ def main() -> None:
             for k, v in res.items():
                 got[name][k] += v
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-    print("| tree | gloo, µs per call | stub, µs per call |")
-    print("|---|---|---|")
+    print(
+        "| tree | gloo, µs per call | stub, µs per call | import fastcomms, ms "
+        "| first new_comm, ms |"
+    )
+    print("|---|---|---|---|---|")
     for name, v in got.items():
+        med = {k: statistics.median(x) for k, x in v.items()}
         print(
-            f"| {name} | {statistics.median(v['gloo']):.2f} | {statistics.median(v['stub']):.2f} |"
+            f"| {name} | {med['gloo']:.2f} | {med['stub']:.2f} | {med['import_ms']:.0f} "
+            f"| {med['new_comm_ms']:.0f} |"
         )
 
 

@@ -13,6 +13,11 @@ import pytest
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
+# Inductor compiles in a pool of worker processes, one per core, started in every process that
+# compiles; the ranks of a world each compile, so on a 2-core CI machine 2-3 ranks started 4-6
+# more interpreters importing torch. Compiling in the rank's own process gives the same code; set
+# the variable to override.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def _hang_guard():
