@@ -40,9 +40,10 @@ def _compiling() -> bool:  # NOTE [compiled communicator methods]; rebound by _l
 
 
 def _eager_grad() -> bool:
-    """NOTE [eager autograd]: torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1`` makes its eager
-    methods differentiable where a tensor of the call needs a gradient; read at each call."""
-    return os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE") == "1"
+    """NOTE [eager autograd]: torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1`` (or ``true``, any
+    case, as torchcomms reads it) makes its eager methods differentiable where a tensor of the
+    call needs a gradient; read at each call."""
+    return os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE", "").lower() in ("1", "true")
 
 
 def _load_compiled():

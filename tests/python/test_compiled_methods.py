@@ -289,6 +289,21 @@ def test_compiled_errors(world):
     world(compiled_errors, 2)
 
 
+def test_eager_autograd_switch_reads_as_torchcomms(monkeypatch):
+    """NOTE [eager autograd]: TORCHCOMMS_PATCH_FOR_COMPILE turns it on as torchcomms reads the
+    variable ("1" or "true", any case), read at each call; anything else leaves it off."""
+    from fastcomms._comm import _eager_grad
+
+    for value, on in (("1", True), ("true", True), ("TRUE", True), ("True", True), ("0", False)):
+        monkeypatch.setenv("TORCHCOMMS_PATCH_FOR_COMPILE", value)
+        assert _eager_grad() is on, value
+    for value in ("", "yes", "false"):
+        monkeypatch.setenv("TORCHCOMMS_PATCH_FOR_COMPILE", value)
+        assert not _eager_grad(), value
+    monkeypatch.delenv("TORCHCOMMS_PATCH_FOR_COMPILE")
+    assert not _eager_grad()
+
+
 def test_is_torch_compile_supported():
     """True on this torch (the methods compile, NOTE [compiled communicator methods]); the
     version rule as torchcomms states it."""
