@@ -54,7 +54,15 @@ __all__ = [
 # torch._disable_dynamo is torch.compiler.disable with Dynamo imported at the first call instead
 # of here: importing Dynamo costs about 2 s of CPU, which a process that never compiles (the first
 # new_comm reaches this module) should not pay.
-_run_eager = torch._disable_dynamo(lambda fn, *args, **kwargs: fn(*args, **kwargs))
+
+
+def _eager_only_member(fn, *args, **kwargs):
+    """Runs an eager-only member of UlyssesGroup outside the compiled graph (under fullgraph=True,
+    where no graph may break, Dynamo refuses the call naming this function)."""
+    return fn(*args, **kwargs)
+
+
+_run_eager = torch._disable_dynamo(_eager_only_member)
 _EAGER_ONLY = []  # their names, for the registration
 
 

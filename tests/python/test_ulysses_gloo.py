@@ -192,6 +192,11 @@ def functional_and_compile(comm, rank, size):
 
     y, same, stats = torch.compile(members, backend="aot_eager")(x)
     assert torch.equal(y, want * 2 + 1) and same and stats == g.memory_stats(), stats
+    # under fullgraph=True no graph may break: an eager-only member is refused, named
+    out = g.empty_output(x, **sp)
+    for member in (lambda t: g.memory_stats(), lambda t: g.all_to_all_4d(t, out=out, **sp)):
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="_eager_only_member"):
+            torch.compile(member, fullgraph=True, backend="eager")(x)
     # FakeTensor: shapes without communication
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(x)
