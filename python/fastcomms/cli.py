@@ -347,12 +347,11 @@ def _private_mps(share: bool):
     serves them for the run (as tools/gpu/mps.sh: its pipes in a fresh temporary folder, no GPU
     setting changed; told to quit and its folder removed afterwards). Yields what was done, for
     the report ("" where the ranks do not share a GPU)."""
-    control = shutil.which("nvidia-cuda-mps-control")
     if not share:
         yield ""
     elif os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         yield "ranks share a GPU as clients of the MPS daemon at CUDA_MPS_PIPE_DIRECTORY"
-    elif control is None:
+    elif (control := shutil.which("nvidia-cuda-mps-control")) is None:
         yield (
             "ranks share a GPU time-sliced (nvidia-cuda-mps-control not found: every exchange "
             "waits for context switches; start them as MPS clients)"
@@ -1024,7 +1023,9 @@ def main(argv=None) -> int:
     ranks.add_argument(
         "--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)"
     )
-    ranks.add_argument("--json", default=None, help="also write the results to FILE")
+    ranks.add_argument(
+        "--json", default=None, help="also write the results (bench: and the environment) to FILE"
+    )
     b = sub.add_parser(
         "bench",
         parents=[ranks],
