@@ -5,9 +5,12 @@ NOTE [compiled async calls]). World 1: over gloo on CPU (no device needed) or, w
 ``--backend nccl``, over NCCL on cuda:0.
 
 - host: ``comm.all_reduce(t, SUM, False)`` then ``t + 1``, eager and compiled (inductor,
-  fullgraph), and the compiled ``t + 1`` alone (torch's own cost per compiled call), for a few
-  sizes; rounds of N back-to-back calls, the three interleaved round by round, medians after a
-  warm-up (on CUDA, a synchronize ends each round).
+  fullgraph), the compiled ``t + 1`` alone (torch's own cost per compiled call), that alone
+  followed by the eager step ("beside": what the eager call costs next to compiled code, where
+  the host's caches hold both; a call costs more there than in a loop of its own) and
+  ``torch.add``, for a few sizes; then the same measures for ``aten._cdist_forward``, an op of
+  torch's that inductor leaves as a fallback call. Rounds of N back-to-back calls, the variants
+  interleaved round by round, medians after a warm-up (on CUDA, a synchronize ends each round).
 - overlap: inside one compiled function, ``all_gather_single`` of ``--overlap-mib`` (a copy at
   world 1, on the communicator's own stream or thread) beside a chain of matrix products on the
   caller's stream; "gemm" the chain alone, "comm" the call alone, "async" both with
@@ -44,30 +47,67 @@ def _host(comm, args, dev, sync):
     def alone(t):  # what torch's compiled frame costs without the call
         return t + 1
 
+    compiled_alone = torch.compile(alone, fullgraph=True, backend="inductor")
     fns = {
         "eager": step,
         "compiled": torch.compile(step, fullgraph=True, backend="inductor"),
-        "alone": torch.compile(alone, fullgraph=True, backend="inductor"),
+        "alone": compiled_alone,
+        # the eager step right after a compiled function, as the same step pays it beside
+        # compiled code (the host's caches hold both), the matched eager figure of the call
+        "beside": lambda t: (compiled_alone(t), step(t)),
+        "add": lambda t: torch.add(t, 1),
     }
     print(f"host: us per call, median of {args.rounds} rounds of {args.calls} calls")
-    print("  alone: the compiled t + 1 without the call; call: compiled - alone")
-    print(f"{'elements':>10} {'eager':>10} {'compiled':>10} {'alone':>8} {'call':>8} {'ratio':>7}")
+    print("  alone: the compiled t + 1 without the call; beside: alone, then the eager step;")
+    print("  call: compiled - alone (the compiled call); eager: the eager step - torch.add;")
+    print("  eager': beside - alone - torch.add (the eager call beside a compiled function)")
+    cols = ("step", "compiled", "alone", "beside", "add", "call", "eager", "eager'")
+    print(f"{'elements':>10}" + "".join(f"{c:>9}" for c in cols) + "  call/eager call/eager'")
     for n in (int(v) for v in args.sizes.split(",")):
         t = torch.randn(n, device=dev)
-        for fn in fns.values():  # warm-up (and the compile)
-            for _ in range(20):
-                fn(t)
-        times = {k: [] for k in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    fn(t)
-                sync()
-                times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
-        e, c, a = (statistics.median(times[k]) for k in fns)
-        print(f"{n:>10} {e:>10.2f} {c:>10.2f} {a:>8.2f} {c - a:>8.2f} {c / e:>6.2f}x")
+        e, c, a, b, add = _interleaved(fns, (t,), args, sync)
+        row = (e, c, a, b, add, c - a, e - add, b - a - add)
+        print(
+            f"{n:>10}"
+            + "".join(f"{v:>9.2f}" for v in row)
+            + f"{(c - a) / (e - add):>10.2f}x{(c - a) / (b - a - add):>11.2f}x"
+        )
+    # the same measures for one of torch's own ops that inductor leaves as a fallback call
+    cd = torch.ops.aten._cdist_forward.default
+    x, y = torch.randn(64, 16, device=dev), torch.randn(64, 16, device=dev)
+    r = cd(x, y, 2.0, None)
+    aten_alone = torch.compile(alone, fullgraph=True, backend="inductor")
+    aten = {
+        "eager": lambda t: cd(t, y, 2.0, None) + 1,
+        "compiled": torch.compile(lambda t: cd(t, y, 2.0, None) + 1, fullgraph=True),
+        "alone": lambda t: aten_alone(r),
+        "beside": lambda t: (aten_alone(r), cd(t, y, 2.0, None) + 1),
+        "add": lambda t: torch.add(r, 1),
+    }
+    e, c, a, b, add = _interleaved(aten, (x,), args, sync)
+    print(
+        f"aten._cdist_forward (64, 16) + 1: eager {e:.2f} (torch.add {add:.2f}), compiled {c:.2f}, "
+        f"alone {a:.2f}, beside {b:.2f}; call {c - a:.2f} against eager {e - add:.2f} "
+        f"({(c - a) / (e - add):.2f}x) and eager' {b - a - add:.2f} "
+        f"({(c - a) / (b - a - add):.2f}x)"
+    )
+
+
+def _interleaved(fns, args_, args, sync):
+    """Median µs per call of each of ``fns``, rounds interleaved after a warm-up."""
+    for fn in fns.values():  # warm-up (and the compile)
+        for _ in range(20):
+            fn(*args_)
+    times = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn(*args_)
+            sync()
+            times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
+    return [statistics.median(times[k]) for k in fns]
 
 
 def _overlap(comm, args, dev, sync):

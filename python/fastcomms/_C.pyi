@@ -7,7 +7,8 @@ import collections.abc
 import datetime
 import torch
 import typing
-__all__: list[str] = ['AbortedError', 'BackendError', 'Comm', 'RedOpType', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'build_info', 'built_backends', 'has_transport', 'is_backend_built', 'nvlink_decision', 'nvlink_matrix', 'select_transport', 'ulysses_geometry']
+import typing_extensions
+__all__: list[str] = ['AbortedError', 'BackendError', 'Comm', 'RedOpType', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'build_info', 'built_backends', 'has_transport', 'host_name', 'is_backend_built', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'select_transport', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -174,6 +175,8 @@ class Comm:
         ...
     def __init__(self, arg0: str, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: typing.SupportsInt, arg5: typing.Any, arg6: datetime.timedelta, arg7: bool, arg8: str, arg9: collections.abc.Mapping[str, str]) -> None:
         ...
+    def _native(self) -> typing_extensions.CapsuleType:
+        ...
     def abort(self) -> None:
         ...
     def all_gather(self, arg0: collections.abc.Sequence[torch.Tensor], arg1: torch.Tensor, arg2: bool, arg3: bool, arg4: datetime.timedelta | None, arg5: collections.abc.Mapping[str, str] | None) -> Work:
@@ -258,27 +261,29 @@ def _auth_store_get(arg0: typing.Any, arg1: str, arg2: str) -> bytes:
     ...
 def _auth_store_set(arg0: typing.Any, arg1: str, arg2: str, arg3: bytes) -> None:
     ...
+def _compiled_fast_calls() -> int:
+    """
+    Compiled communicator calls comm_call_'s C++ kernel ran itself
+    """
+def _fast_calls() -> int:
+    """
+    Ops the process group fast path issued
+    """
 def _fp8_dequantize(arg0: torch.Tensor, arg1: torch.Tensor, arg2: torch.Tensor) -> None:
     ...
 def _fp8_has_cuda_kernels() -> bool:
     ...
 def _fp8_quantize(arg0: torch.Tensor, arg1: torch.Tensor, arg2: torch.Tensor) -> None:
     ...
+def _register_comm_call(arg0: typing.Any) -> None:
+    """
+    Registers comm_call_'s kernel (NOTE [compiled calls in C++])
+    """
+def _register_stream_completion(arg0: torch.Tensor, arg1: typing.Any) -> None:
+    ...
 def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
-    ...
-def process_group_transport(arg0: typing.Any, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
-    ...
-def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
-    ...
-def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
-    ...
-def ulysses_shapes(arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typing.SupportsInt], arg2: typing.SupportsInt, arg3: typing.SupportsInt, arg4: collections.abc.Sequence[typing.SupportsInt] | None, arg5: collections.abc.Sequence[typing.SupportsInt] | None, arg6: typing.SupportsInt) -> tuple:
-    """
-    (the exchange's shape, the result's shape) of a call: the plan's rules
-    """
-def _register_stream_completion(arg0: torch.Tensor, arg1: typing.Any) -> None:
     ...
 def build_info() -> dict:
     ...
@@ -286,14 +291,31 @@ def built_backends() -> list[str]:
     ...
 def has_transport(arg0: str) -> bool:
     ...
+def host_name() -> str:
+    """
+    This process's host for the Ulysses transport choice (FASTCOMMS_HOST_ID, tests only, else the host name).
+    """
 def is_backend_built(arg0: str) -> bool:
     ...
 def nvlink_decision(who: collections.abc.Sequence[str], probe: collections.abc.Callable[[collections.abc.Sequence[typing.SupportsInt]], tuple[dict[tuple[int, int], bool] | None, str]]) -> tuple[bool, str]:
     ...
 def nvlink_matrix(arg0: collections.abc.Sequence[typing.SupportsInt]) -> tuple[dict[tuple[int, int], bool] | None, str]:
     ...
-def select_transport(arg0: typing.SupportsInt, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.Any, arg4: str, arg5: datetime.timedelta, arg6: str, arg7: bool, arg8: collections.abc.Sequence[str]) -> tuple:
+def process_group_transport(arg0: typing_extensions.CapsuleType, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
+    ...
+def select_transport(rank: typing.SupportsInt, size: typing.SupportsInt, device_index: typing.SupportsInt, store: typing.Any, name: str, timeout: datetime.timedelta, transport: str, require_nvlink: bool, who: collections.abc.Sequence[str], gather: typing.Any = None, pg: typing.Any = None) -> tuple:
+    ...
+def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
+    ...
+def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
+    ...
+def ulysses_fp8_fused(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, out: torch.Tensor, scales: torch.Tensor | None, wire: typing.SupportsInt) -> bool:
     ...
 def ulysses_geometry(shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, rank: typing.SupportsInt, size: typing.SupportsInt, kv_replicas: typing.SupportsInt = 1) -> tuple:
     ...
+def ulysses_shapes(arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typing.SupportsInt], arg2: typing.SupportsInt, arg3: typing.SupportsInt, arg4: collections.abc.Sequence[typing.SupportsInt] | None, arg5: collections.abc.Sequence[typing.SupportsInt] | None, arg6: typing.SupportsInt) -> tuple:
+    """
+    (the exchange's shape, the result's shape) of a call: the plan's rules
+    """
 __version__: str = '0.1.0'
+_fast_ops: typing.Any

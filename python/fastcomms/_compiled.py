@@ -82,6 +82,7 @@ import hashlib
 import torch
 from torch._library.opaque_object import get_opaque_type_name
 
+from . import _C
 from ._C import RedOpType
 from ._comm import TorchComm
 from ._options import ReduceOp, _op
@@ -202,9 +203,11 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # NOTE [in-place op registration]: ``comm_call_`` is defined through torch.library.Library with
 # one kernel for every backend (CompositeExplicitAutograd), not through ``custom_op``: a custom
 # op runs three Python kernels per call (autograd, ADInplaceOrView, backend), which on the 2-core
-# CPU machine cost about 40 us more per call than this one kernel (measured, docs/benchmarks.md).
-# It has no autograd kernel (a call that needs a gradient is traced as ``comm_call_grad_``,
-# below, down to this op); the version bump that ADInplaceOrView would make is made here.
+# CPU machine cost about 40 us more per call than one kernel (measured, docs/benchmarks.md). That
+# kernel is C++ (NOTE [compiled calls in C++], binding.cpp), which hands what it does not run
+# itself to ``_comm_call_``. It has no autograd kernel (a call that needs a gradient is traced as
+# ``comm_call_grad_``, below, down to this op); the version bump that ADInplaceOrView would make
+# is made by the kernel.
 _lib = torch.library.Library("fastcomms", "FRAGMENT")
 # (comm_call_grad_: NOTE [differentiable in-place calls])
 for _name in ("comm_call_", "comm_call_grad_"):
@@ -219,8 +222,9 @@ for _name in ("comm_call_", "comm_call_grad_"):
 
 
 def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op):
-    """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]): the next
-    order token and the call's done tensor. ``async_op`` (NOTE [compiled async calls]): issued,
+    """``comm_call`` writing ``mutated`` in place (NOTE [compiled calls in place]), the Python
+    kernel behind the C++ one (NOTE [compiled calls in C++]): the next order token and the
+    call's done tensor. ``async_op`` (NOTE [compiled async calls]): issued,
     not waited; its work registered on each written tensor (on done where there are none)."""
     _, work = _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op, True)
     torch.autograd.graph.increment_version(mutated)
@@ -232,7 +236,9 @@ def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeo
     return order.new_empty(0), done
 
 
-_lib.impl("comm_call_", _comm_call_, "CompositeExplicitAutograd")
+# NOTE [compiled calls in C++] (binding.cpp): the op's kernel is C++, which runs a call that
+# needs nothing of Python on the C++ communicator and hands every other call to _comm_call_
+_C._register_comm_call(_comm_call_)
 
 comm_call_ = torch.ops.fastcomms.comm_call_.default
 

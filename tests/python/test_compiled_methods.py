@@ -621,6 +621,56 @@ def eager_autograd(comm, rank, size):
     dist.barrier()
 
 
+def call_paths(comm, rank, size):
+    """NOTE [compiled calls in C++]: a synchronous compiled call on a C++ communicator without
+    Python hooks runs in comm_call_'s C++ kernel (its counter counts it); async, with per-call
+    hints, or with a hook registered (which sees it), the Python kernel runs it and the counter
+    stays; the results are the same either way, and the C++ path is back once the hook is gone."""
+    from fastcomms import _C
+
+    torch._dynamo.reset()
+
+    def step(t, async_op, hints):
+        w = comm.all_reduce(t, ReduceOp.SUM, async_op, hints=hints)
+        if async_op:
+            w.wait()
+        return t + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    want = torch.full((4,), float(size * (size + 1) // 2))
+
+    def run(async_op=False, hints=None):  # -> the calls the C++ kernel ran itself
+        t = torch.full((4,), float(rank + 1))
+        before = _C._compiled_fast_calls()
+        out = compiled(t, async_op, hints)
+        ran = _C._compiled_fast_calls() - before
+        assert torch.equal(t, want) and torch.equal(out, want + 1), (async_op, hints, t, out)
+        return ran
+
+    assert run() == 1
+    assert run(async_op=True) == 0
+    assert run(hints=HINTS) == 0
+    seen = []
+    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
+    try:
+        assert run() == 0 and len(seen) == 1 and "all_reduce" in seen[0], seen
+        # an error in the Python kernel reaches the caller through the C++ one unchanged
+        with pytest.raises(ValueError) as eager:
+            comm.broadcast(torch.ones(3), size + 5, False)
+
+        def bad(t):
+            comm.broadcast(t, size + 5, False)
+            return t
+
+        with pytest.raises(ValueError) as got:
+            torch.compile(bad, fullgraph=True, backend="inductor")(torch.ones(3))
+        assert type(got.value) is type(eager.value), (got.value, eager.value)
+        assert f"rank {rank}" in str(got.value) and str(size + 5) in str(got.value)
+    finally:
+        hook.remove()
+    assert run() == 1
+
+
 # One spawned world per size runs every body in turn: each process pays torch.compile's start-up
 # (inductor's imports and caches, the first compile) once instead of once per body, which was
 # most of this file's time in CI. Every body resets dynamo and removes its hooks itself.
@@ -631,6 +681,7 @@ SUITE = (
     compiled_backward,
     async_overlap,
     eager_autograd,
+    call_paths,
 )
 
 
@@ -641,6 +692,6 @@ def compiled_suite(comm, rank, size):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_compiled_bodies(world, size):
-    """compiled_methods, program_order, batch_and_hooks, compiled_backward, async_overlap and
-    eager_autograd at 2 and 3 processes."""
+    """compiled_methods, program_order, batch_and_hooks, compiled_backward, async_overlap,
+    eager_autograd and call_paths at 2 and 3 processes."""
     world(compiled_suite, size)

@@ -11,7 +11,9 @@ group of one rank; the group over it takes the NVLink transport, whose one-rank 
   fullgraph: a function with the call and ``+ 1`` minus the same function with ``+ 1`` alone),
   through the functional form and through torch.ops, beside the eager typed and boxed calls, the
   same measure for torch's fallback op ``aten._cdist_forward``, and under
-  ``mode="reduce-overhead"`` (``_compiled_split``);
+  ``mode="reduce-overhead"`` (``_compiled_split``); beside each, the matched eager figure: the
+  compiled ``+ 1`` alone followed by the eager call and ``+ 1``, minus that alone and
+  ``torch.add`` (what the eager call costs next to compiled code);
 - graph: 20 zero-copy calls captured in one CUDA graph, replayed, µs per call (device time by
   events), at (1, 64, 40, 128) and at 10 MiB (1, 1024, 40, 128), interleaved with fast-ulysses'
   where its build is importable (tools/gpu/build_anchor.sh).
@@ -56,9 +58,22 @@ def _compiled_split(g, x, rounds):
         ),
         "compiled + 1 alone": torch.compile(lambda t: t + 1, fullgraph=True),
     }
+    alone_fn = variants["compiled + 1 alone"]
     for k, fn in variants.items():
         fn = variants[k] = fn if not k.startswith("compiled") else (lambda f=fn: f(x))
         assert torch.equal(fn(), x + 1 if "+ 1" in k or k == "torch.add" else x), k
+    # beside: the compiled ``+ 1`` alone, then the eager call (+ 1): what the eager call costs
+    # next to compiled code, the matched eager figure of the compiled marginal
+    variants |= {
+        "beside: compiled + 1 alone, then eager functional + 1": lambda: (
+            alone_fn(x),
+            functional(x, g) + 1,
+        ),
+        "beside: compiled + 1 alone, then eager torch.ops + 1": lambda: (
+            alone_fn(x),
+            op(x, gid, 0, None, None, 1) + 1,
+        ),
+    }
     # The same measure for one of torch's own ops that inductor always leaves as a fallback call
     # (aten._cdist_forward, lowering.py's make_fallback): what torch's compiled runtime adds to
     # any such call, ours or aten's.
@@ -68,6 +83,10 @@ def _compiled_split(g, x, rounds):
     with_cd = torch.compile(lambda t: cd(t, b, 2.0, None) + 1, fullgraph=True)
     cd_alone = torch.compile(lambda t: t + 1, fullgraph=True)
     variants |= {
+        "aten beside: compiled + 1 alone, then eager + 1": lambda: (
+            cd_alone(r),
+            cd(a, b, 2.0, None) + 1,
+        ),
         "aten fallback eager": lambda: cd(a, b, 2.0, None),
         "aten fallback eager + 1": lambda: cd(a, b, 2.0, None) + 1,
         "aten torch.add": lambda: torch.add(r, 1),
@@ -112,6 +131,20 @@ def _compiled_split(g, x, rounds):
     m["aten fallback: marginal eager (call + 1 minus torch.add)"] = round(
         m["aten fallback eager + 1"] - m["aten torch.add"], 2
     )
+    # the matched eager figures: (alone, then eager call + 1) minus alone minus torch.add
+    for name, beside, add, alone_k in (
+        ("functional", "beside: compiled + 1 alone, then eager functional + 1", "torch.add", None),
+        ("torch.ops", "beside: compiled + 1 alone, then eager torch.ops + 1", "torch.add", None),
+        (
+            "aten fallback",
+            "aten beside: compiled + 1 alone, then eager + 1",
+            "aten torch.add",
+            "aten compiled + 1 alone",
+        ),
+    ):
+        m[f"marginal eager {name} beside compiled"] = round(
+            m[beside] - m[alone_k or "compiled + 1 alone"] - m[add], 2
+        )
     return m
 
 
