@@ -588,9 +588,11 @@ void comm_call_kernel(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stac
   if (c != nullptr) {
     std::vector<int64_t> n = a[5].toIntVector();
     std::vector<double> f = a[6].toDoubleVector();
-    n.pop_back();  // the pads (NOTE [compiled communicator methods]: "Kept")
-    f.pop_back();
-    issued = compiled_issue(*c, method, mutated, a[4].toTensorVector(), n, f);
+    if (!n.empty() && !f.empty()) {  // (always: each list ends with a pad, dropped here;
+      n.pop_back();                  // NOTE [compiled communicator methods], "Kept")
+      f.pop_back();
+      issued = compiled_issue(*c, method, mutated, a[4].toTensorVector(), n, f);
+    }
   }
   if (!issued) {  // the Python kernel
     py::object res = (*comm_call_python)(order, comm, method, mutated, a[4].toTensorVector(),
