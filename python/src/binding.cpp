@@ -685,12 +685,14 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_fast_ops") = py::capsule(&fast_ops, python::kFastOpsCapsule);
   m.def(
       "_fast_calls", [] { return fast_calls.load(); }, "Ops the process group fast path issued");
-  // NOTE [compiled calls in C++]: called once, by _compiled.py, after it defines the op
+  // NOTE [compiled calls in C++]: called by _compiled.py after it defines the op
   m.def(
       "_register_comm_call",
       [](py::object python_kernel) {
-        FASTCOMMS_CHECK(comm_call_python == nullptr, kInvalidArgument,
-                        "_register_comm_call: the kernel is registered already");
+        if (comm_call_python != nullptr) {  // _compiled run again (after a failed import)
+          *comm_call_python = std::move(python_kernel);
+          return;
+        }
         comm_call_python = new py::object(std::move(python_kernel));  // kept for the process
         static auto* lib =
             new torch::Library(torch::Library::IMPL, "fastcomms",
