@@ -528,16 +528,16 @@ std::optional<PyWork> compiled_issue(PyComm& c, const std::string& method,
                                      const std::vector<int64_t>& n, const std::vector<double>& f) {
   const CallOptions opts = c.opts(false, std::nullopt, std::nullopt);
   const auto red = [&] { return to_op(static_cast<RedOpType>(n.at(0)), f.at(0)); };
-  const auto root = [&](size_t k) { return static_cast<int>(n.at(k)); };
+  const auto peer = [&](size_t k) { return static_cast<int>(n.at(k)); };  // a root or a source
   std::vector<at::Tensor> keep = o;
   keep.insert(keep.end(), i.begin(), i.end());
   const auto run = [&](auto&& fn) -> std::optional<PyWork> { return c.run(keep, fn); };
   Communicator& cm = *c.comm;
   if (method == "all_reduce") return run([&] { return cm.all_reduce(view(o.at(0)), red(), opts); });
-  if (method == "broadcast") return run([&] { return cm.broadcast(view(o.at(0)), root(0), opts); });
+  if (method == "broadcast") return run([&] { return cm.broadcast(view(o.at(0)), peer(0), opts); });
   if (method == "reduce")
-    return run([&] { return cm.reduce(view(o.at(0)), root(1), red(), opts); });
-  if (method == "recv") return run([&] { return cm.recv(view(o.at(0)), root(0), opts); });
+    return run([&] { return cm.reduce(view(o.at(0)), peer(1), red(), opts); });
+  if (method == "recv") return run([&] { return cm.recv(view(o.at(0)), peer(0), opts); });
   if (method == "all_gather_single")
     return run([&] { return cm.all_gather_single(view(o.at(0)), view(i.at(0)), opts); });
   if (method == "reduce_scatter_single")
@@ -576,6 +576,7 @@ void comm_call_kernel(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stac
   const at::Tensor order = a[0].toTensor();
   const std::string method = a[2].toStringRef();
   const std::vector<at::Tensor> mutated = a[3].toTensorVector();
+  const std::vector<at::Tensor> inputs = a[4].toTensorVector();
   const bool plain = a[7].toStringRef().empty() && a[8].toDouble() < 0 && !a[9].toBool();
   py::gil_scoped_acquire gil;
   const py::handle comm(a[1].toPyObject());
@@ -591,11 +592,11 @@ void comm_call_kernel(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stac
     if (!n.empty() && !f.empty()) {  // (always: each list ends with a pad, dropped here;
       n.pop_back();                  // NOTE [compiled communicator methods], "Kept")
       f.pop_back();
-      issued = compiled_issue(*c, method, mutated, a[4].toTensorVector(), n, f);
+      issued = compiled_issue(*c, method, mutated, inputs, n, f);
     }
   }
   if (!issued) {  // the Python kernel
-    py::object res = (*comm_call_python)(order, comm, method, mutated, a[4].toTensorVector(),
+    py::object res = (*comm_call_python)(order, comm, method, mutated, inputs,
                                          a[5].toIntVector(), a[6].toDoubleVector(),
                                          a[7].toStringRef(), a[8].toDouble(), a[9].toBool());
     auto [token, done] = res.cast<std::tuple<at::Tensor, at::Tensor>>();
