@@ -596,9 +596,9 @@ void comm_call_kernel(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stac
     }
   }
   if (!issued) {  // the Python kernel
-    py::object res = (*comm_call_python)(order, comm, method, mutated, inputs,
-                                         a[5].toIntVector(), a[6].toDoubleVector(),
-                                         a[7].toStringRef(), a[8].toDouble(), a[9].toBool());
+    py::object res = (*comm_call_python)(order, comm, method, mutated, inputs, a[5].toIntVector(),
+                                         a[6].toDoubleVector(), a[7].toStringRef(), a[8].toDouble(),
+                                         a[9].toBool());
     auto [token, done] = res.cast<std::tuple<at::Tensor, at::Tensor>>();
     torch::jit::drop(stack, kArgs);
     torch::jit::push(stack, std::move(token), std::move(done));
