@@ -19,7 +19,8 @@ runs the eager method at run time (hooks, the flight recorder and errors as in e
 - ``fastcomms::comm_call``: a functional op that clones the written tensors, runs the method on
   the clones and returns them (with a gradient formula of its own), for the rest: synchronous
   calls that write nothing (barrier, send; an empty written list broke auto_functionalized), a
-  send whose tensor needs a gradient, the backward's collectives, and NOTE [eager autograd].
+  send whose tensor needs a gradient, the backward's collectives, and the eager calls of NOTE
+  [eager autograd] that write a view.
 
 NOTE [compiled async calls]: ``async_op=True`` (with a gradient or without) issues the call
 through ``comm_call_`` with the eager method's ``async_op=True`` and registers its work with
@@ -62,12 +63,17 @@ compiler traces it). Eagerly the methods do not take part in autograd (they writ
 data), as in torchcomms without its compile patch, except under NOTE [eager autograd].
 
 NOTE [eager autograd]: with torchcomms' ``TORCHCOMMS_PATCH_FOR_COMPILE=1``, an eager call one of
-whose tensors needs a gradient (grad mode on) runs as ``comm_call`` too: the functional op and
-its gradient formula, its results copied into the caller's tensors with autograd recording the
-copy, and it returns the tensor it wrote (a list where it writes several) as a ``_Result``,
-which is also its work; as torchcomms does under that patch, sync or async alike. A written
-tensor that is a leaf needing a gradient (a parameter being broadcast) cannot be written in
-place under autograd, so that call, and every call without such a tensor or without the
+whose tensors needs a gradient (grad mode on) runs as a compiled call with a gradient does
+(NOTE [differentiable in-place calls]): ``_InPlaceCall`` runs ``comm_call_`` (its C++ kernel
+where it can) and marks the written tensors dirty, so their history becomes the call and its
+backward the adjoint collective (161-174 us per call on the 2-core CPU machine, 354-408 through
+``comm_call``; docs/benchmarks.md). Where a written tensor is a view or not contiguous (an
+autograd.Function that writes a view in place may return one tensor only), the call runs as
+``comm_call`` on clones, copied back into the caller's tensors with autograd recording the copy.
+Either way it is synchronous and returns the tensor it wrote (a list where it writes several) as
+a ``_Result``, which is also its work; as torchcomms does under that patch, sync or async alike.
+A written tensor that is a leaf needing a gradient (a parameter being broadcast) cannot be
+written in place under autograd, so that call, and every call without such a tensor or without the
 variable, is the plain eager call, which writes the data outside autograd.
 
 The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
@@ -330,9 +336,15 @@ def call(
         return None
     args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
     if eager:
-        res = _issue(torch.empty(0, device=comm.get_device()), comm, method, *args)
-        for dst, src in zip(mutated, res[1:], strict=True):
-            dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
+        order = torch.empty(0, device=comm.get_device())
+        if any(t._is_view() or not t.is_contiguous() for t in mutated):
+            res = _issue(order, comm, method, *args)  # on clones, then copied back
+            for dst, src in zip(mutated, res[1:], strict=True):
+                dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
+        else:  # in place, synchronous: what comm_call_grad_'s autograd kernel does
+            ints, floats = [*ints, 0], [*floats, 0.0]  # (the pads of _issue)
+            call = (order, comm, method, ints, floats, *args[4:], False, len(mutated))
+            _InPlaceCall.apply(*call, *mutated, *inputs)
         out = [t.as_subclass(_Result) for t in mutated]
         return out[0] if len(out) == 1 else out
     key = str(comm.get_device())

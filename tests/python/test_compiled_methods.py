@@ -582,10 +582,13 @@ def eager_autograd(comm, rank, size):
     differentiable where a tensor of the call needs a gradient: x.grad as
     torch.distributed.nn.functional gives it (the cases of compiled_backward, bit for bit); an
     async call returns the tensor it wrote, which is also its work (torchcomms' pattern
-    ``b = comm.all_reduce(b, op, async_op=True); b.sum().backward()``); a parameter (a leaf) is
-    still broadcast in place. The control: the same all_reduce without the variable writes the
+    ``b = comm.all_reduce(b, op, async_op=True); b.sum().backward()``), in place through
+    comm_call_'s C++ kernel (its counter; it stays put on the clones' route, which failed this
+    check), a view written through the clones' route; a parameter (a leaf) is still broadcast in
+    place. The control: the same all_reduce without the variable writes the
     data outside autograd, and its gradient differs (that check fails every run with size > 1)."""
     import torch.distributed as dist
+    from fastcomms import _C
 
     cases, ints_like, loss_of, ours_ar, m = _backward_cases(comm, rank, size, "eager autograd")
     os.environ["TORCHCOMMS_PATCH_FOR_COMPILE"] = "1"
@@ -595,8 +598,15 @@ def eager_autograd(comm, rank, size):
             _check_against_reference(name, n, run, ref, ints_like, loss_of)
 
         x = ints_like(m).requires_grad_()
+        fast = _C._compiled_fast_calls()
         b = comm.all_reduce(x * 1.0, ReduceOp.SUM, True)  # the returned tensor is the work
         assert b.wait() is b and b.is_completed()
+        assert _C._compiled_fast_calls() == fast + 1  # in place, through comm_call_'s C++ kernel
+        b.sum().backward()
+        assert torch.equal(x.grad, torch.full((m,), float(size))), x.grad
+        x.grad = None  # a view written: the call runs on clones, copied back into the view
+        b = x * 1.0
+        comm.all_reduce(b.view(1, m)[0], ReduceOp.SUM, False)
         b.sum().backward()
         assert torch.equal(x.grad, torch.full((m,), float(size))), x.grad
         outs = comm.all_gather([torch.zeros(m) for _ in range(size)], x * 2.0, True)
