@@ -70,11 +70,12 @@ backward the adjoint collective (161-174 us per call on the 2-core CPU machine, 
 ``comm_call``; docs/benchmarks.md). Where a written tensor is a view or not contiguous (an
 autograd.Function that writes a view in place may return one tensor only), the call runs as
 ``comm_call`` on clones, copied back into the caller's tensors with autograd recording the copy.
-Either way it is synchronous and returns the tensor it wrote (a list where it writes several) as
-a ``_Result``, which is also its work; as torchcomms does under that patch, sync or async alike.
-A written tensor that is a leaf needing a gradient (a parameter being broadcast) cannot be
-written in place under autograd, so that call, and every call without such a tensor or without the
-variable, is the plain eager call, which writes the data outside autograd.
+Either way it is synchronous and returns the tensor it wrote as a ``_Result``, which is also its
+work (a list of them where the method writes a list, of one at world 1 too); as torchcomms does
+under that patch, sync or async alike. A written tensor that is a leaf needing a gradient (a
+parameter being broadcast) cannot be written in place under autograd, so that call, and every
+call without such a tensor or without the variable, is the plain eager call, which writes the
+data outside autograd.
 
 The graph cache: pickling a TorchComm gives bytes naming it and ``code_key()`` (the version and
 a digest of this file), so a graph cached by other code is not reused; unpickling raises."""
@@ -123,6 +124,9 @@ def ensure_token(device: torch.device) -> None:
 def _red(n: list[int], f: list[float]) -> ReduceOp:
     return ReduceOp(RedOpType(n[0]), f[0])
 
+
+# the methods that write a list of tensors (NOTE [eager autograd] returns them as a list)
+_LIST_WRITTEN = frozenset(("all_gather", "all_gather_v", "all_to_all", "gather"))
 
 # method -> the eager method's arguments before ``async_op``: fn(outs, ins, ints, floats)
 _ARGS = {
@@ -346,7 +350,7 @@ def call(
             call = (order, comm, method, ints, floats, *args[4:], False, len(mutated))
             _InPlaceCall.apply(*call, *mutated, *inputs)
         out = [t.as_subclass(_Result) for t in mutated]
-        return out[0] if len(out) == 1 else out
+        return out if method in _LIST_WRITTEN else out[0]  # a list of one at world 1 too
     key = str(comm.get_device())
     async_op = async_op and _register_work is not None
     if mutated or (async_op and not grad):  # NOTE [compiled calls in place]
