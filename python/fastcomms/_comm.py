@@ -38,7 +38,9 @@ class _OpaqueBase(_TorchOpaqueBase):
     torch looks up ``__torch_function__`` on every argument that is not a tensor; on an object
     without one, the failed lookup builds and drops an AttributeError each time (9 us of a 46 us
     ``comm_call_`` on the 2-core CPU machine, docs/benchmarks.md). Torch's own marker for "no
-    override" answers the lookup at once and leaves the argument an ordinary object."""
+    override" answers the lookup at once; torch and Dynamo dispatch as for an object without it.
+    (``torch.overrides.is_tensor_like``, which asks only whether the attribute exists, answers
+    True for these objects.)"""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 

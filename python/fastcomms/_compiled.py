@@ -20,7 +20,7 @@ runs the eager method at run time (hooks, the flight recorder and errors as in e
   the clones and returns them (with a gradient formula of its own), for the rest: synchronous
   calls that write nothing (barrier, send; an empty written list broke auto_functionalized), a
   send whose tensor needs a gradient, the backward's collectives, and the eager calls of NOTE
-  [eager autograd] that write a view.
+  [eager autograd] that write a non-contiguous tensor, or several tensors with a view among them.
 
 NOTE [compiled async calls]: ``async_op=True`` (with a gradient or without) issues the call
 through ``comm_call_`` with the eager method's ``async_op=True`` and registers its work with
@@ -67,9 +67,13 @@ whose tensors needs a gradient (grad mode on) runs as a compiled call with a gra
 (NOTE [differentiable in-place calls]): ``_InPlaceCall`` runs ``comm_call_`` (its C++ kernel
 where it can) and marks the written tensors dirty, so their history becomes the call and its
 backward the adjoint collective (161-174 us per call on the 2-core CPU machine, 354-408 through
-``comm_call``; docs/benchmarks.md). Where a written tensor is a view or not contiguous (an
-autograd.Function that writes a view in place may return one tensor only), the call runs as
-``comm_call`` on clones, copied back into the caller's tensors with autograd recording the copy.
+``comm_call``; docs/benchmarks.md). A call that writes one tensor (a view too) runs as
+``_EagerInPlaceCall``, which takes that tensor first; one that writes several, none a view, as
+``_InPlaceCall``. Where a written tensor is not contiguous, or several are written and one is a
+view (an autograd.Function that writes a view in place may return one tensor only), the call
+runs as ``comm_call`` on clones, copied back into the caller's tensors with autograd recording
+the copy. In place, ``comm_call_``'s C++ kernel runs the call where it needs nothing of Python
+(its counter counts these calls too); else its Python kernel (hooks, hints, a timeout).
 Either way it is synchronous and returns the tensor it wrote as a ``_Result``, which is also its
 work (a list of them where the method writes a list, of one at world 1 too); as torchcomms does
 under that patch, sync or async alike. A written tensor that is a leaf needing a gradient (a
@@ -281,6 +285,24 @@ class _InPlaceCall(torch.autograd.Function):
         return (None,) * 9 + (*d_mut, *d_in)
 
 
+class _EagerInPlaceCall(torch.autograd.Function):
+    """NOTE [eager autograd]: ``_InPlaceCall`` for a call that writes one tensor, which comes
+    first and is the only result. Autograd lets a Function that writes a view in place (a
+    slice, or a ``_Result``, which ``as_subclass`` makes as an alias) return one tensor only, and
+    its CopySlices hands the base the gradient of the Function's first input: with the order
+    token first, the base's gradient outside the view was lost (seen: zeros)."""
+
+    @staticmethod
+    def forward(ctx, written, order, comm, method, ints, floats, hints, timeout_s, *inputs):
+        call = (order, comm, method, ints, floats, hints, timeout_s, False, 1, written, *inputs)
+        return _InPlaceCall.forward(ctx, *call)[2]
+
+    @staticmethod
+    def backward(ctx, g_written):
+        d_written, *d_in = _InPlaceCall.backward(ctx, None, None, g_written)[9:]
+        return (d_written, *(None,) * 7, *d_in)
+
+
 def _comm_call_grad_autograd(*call):
     order, comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op = call
     if torch.is_grad_enabled() and any(t.requires_grad for t in [*mutated, *inputs]):
@@ -341,14 +363,18 @@ def call(
     args = (mutated, inputs, ints, floats, _pack_hints(hints), _seconds(timeout))
     if eager:
         order = torch.empty(0, device=comm.get_device())
-        if any(t._is_view() or not t.is_contiguous() for t in mutated):
-            res = _issue(order, comm, method, *args)  # on clones, then copied back
+        ints, floats = [*ints, 0], [*floats, 0.0]  # (the pads of _issue)
+        head = (order, comm, method, ints, floats, *args[4:])
+        if any(not t.is_contiguous() for t in mutated) or (
+            len(mutated) > 1 and any(t._is_view() for t in mutated)
+        ):  # on clones, then copied back (as before 2026-12-04; the clones are contiguous)
+            res = _issue(order, comm, method, *args)
             for dst, src in zip(mutated, res[1:], strict=True):
                 dst.copy_(src)  # differentiable: the caller's tensor takes the call's history
-        else:  # in place, synchronous: what comm_call_grad_'s autograd kernel does
-            ints, floats = [*ints, 0], [*floats, 0.0]  # (the pads of _issue)
-            call = (order, comm, method, ints, floats, *args[4:], False, len(mutated))
-            _InPlaceCall.apply(*call, *mutated, *inputs)
+        elif len(mutated) == 1:  # in place, synchronous: what comm_call_grad_'s kernel does
+            _EagerInPlaceCall.apply(mutated[0], *head, *inputs)
+        else:
+            _InPlaceCall.apply(*head, False, len(mutated), *mutated, *inputs)
         out = [t.as_subclass(_Result) for t in mutated]
         return out if method in _LIST_WRITTEN else out[0]  # a list of one at world 1 too
     key = str(comm.get_device())

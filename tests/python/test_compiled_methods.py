@@ -584,9 +584,11 @@ def eager_autograd(comm, rank, size):
     async call returns the tensor it wrote, which is also its work (torchcomms' pattern
     ``b = comm.all_reduce(b, op, async_op=True); b.sum().backward()``), in place through
     comm_call_'s C++ kernel (its counter; it stays put on the clones' route, which failed this
-    check), a view written through the clones' route; a parameter (a leaf) is still broadcast in
-    place. The control: the same all_reduce without the variable writes the
-    data outside autograd, and its gradient differs (that check fails every run with size > 1)."""
+    check), a view written in place with the gradient of the rest of its base kept (with the
+    order token as the Function's first input that part read zeros), a returned tensor written
+    again, and a list of tensors; a parameter (a leaf) is still broadcast in place. The
+    control: the same all_reduce without the variable writes the data outside autograd, and its
+    gradient differs (that check fails every run with size > 1)."""
     import torch.distributed as dist
     from fastcomms import _C
 
@@ -604,13 +606,21 @@ def eager_autograd(comm, rank, size):
         assert _C._compiled_fast_calls() == fast + 1  # in place, through comm_call_'s C++ kernel
         b.sum().backward()
         assert torch.equal(x.grad, torch.full((m,), float(size))), x.grad
-        x.grad = None  # a view written: the call runs on clones, copied back into the view
-        b = x * 1.0
-        comm.all_reduce(b.view(1, m)[0], ReduceOp.SUM, False)
+        x.grad = None  # a view written (half of b), in place: the other half keeps its gradient
+        b, fast = x * 1.0, _C._compiled_fast_calls()
+        comm.all_reduce(b[: m // 2], ReduceOp.SUM, False)
+        assert _C._compiled_fast_calls() == fast + 1
         b.sum().backward()
-        assert torch.equal(x.grad, torch.full((m,), float(size))), x.grad
+        want = torch.cat([torch.full((m // 2,), float(size)), torch.ones(m - m // 2)])
+        assert torch.equal(x.grad, want), x.grad
+        x.grad = None  # a returned tensor (an alias) written again
+        b = comm.all_reduce(comm.all_reduce(x * 1.0, ReduceOp.SUM, True), ReduceOp.SUM, True)
+        b.sum().backward()
+        assert torch.equal(x.grad, torch.full((m,), float(size * size))), x.grad
+        fast = _C._compiled_fast_calls()  # several written tensors, in place
         outs = comm.all_gather([torch.zeros(m) for _ in range(size)], x * 2.0, True)
         assert isinstance(outs, list) and len(outs) == size
+        assert _C._compiled_fast_calls() == fast + 1
         x.grad = None
         sum(o.sum() for o in outs).backward()
         assert torch.equal(x.grad, torch.full((m,), 2.0 * size)), x.grad
