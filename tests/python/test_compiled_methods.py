@@ -613,8 +613,10 @@ def eager_autograd(comm, rank, size):
         b.sum().backward()
         want = torch.cat([torch.full((m // 2,), float(size)), torch.ones(m - m // 2)])
         assert torch.equal(x.grad, want), x.grad
-        x.grad = None  # a returned tensor (an alias) written again
+        x.grad = None  # a returned tensor (an alias) written again, in place both times
+        fast = _C._compiled_fast_calls()
         b = comm.all_reduce(comm.all_reduce(x * 1.0, ReduceOp.SUM, True), ReduceOp.SUM, True)
+        assert _C._compiled_fast_calls() == fast + 2
         b.sum().backward()
         assert torch.equal(x.grad, torch.full((m,), float(size * size))), x.grad
         fast = _C._compiled_fast_calls()  # several written tensors, in place
