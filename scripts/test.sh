@@ -2,7 +2,9 @@
 # Sets up, builds and runs every test that can run on this machine:
 #   formatting check, the plan fuzzer (clang + libFuzzer, a bounded run), ctest (plan replay,
 #   validation messages, core, gloo, ...; GPU tests say SKIPPED without GPUs), then pytest (the
-#   Python package over gloo against torch.distributed).
+#   Python package over gloo against torch.distributed), all on the oldest supported torch; then
+#   scripts/test_newest_torch.sh: the wheel, its gate and the tests on torch's moving parts on the
+#   newest supported torch.
 # FUZZ_SECONDS (default 20) and FUZZ_CALLS_SECONDS (default 10) bound the fuzzers; FASTCOMMS_SEED replays a random test run.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -53,12 +55,6 @@ step "pytest (the Python package on CPU over gloo, against torch.distributed)"
 PYTHONPATH="$FASTCOMMS_BUILD/python:$FASTCOMMS_ROOT/python" \
   "$FASTCOMMS_VENV/bin/python" -m pytest -q -rs tests/python
 
-step "wheel: build it and run the release gate on it (the package as users get it)"
-# scripts/wheel.sh: the same CMake project through scikit-build-core (CPU-only here to keep CI
-# short; its build folder persists), the gloo backend's system libraries bundled, torch pinned,
-# then tools/wheel_gate.py: metadata, every ELF's needed libraries and exports, an install into a
-# fresh folder, and `fastcomms check` from there. Then the console script's bench from it.
-FASTCOMMS_CUDA=0 bash "$FASTCOMMS_ROOT/scripts/wheel.sh" "$work/dist"
-"$FASTCOMMS_VENV/bin/pip" install -q --no-deps --target "$work/site" "$work"/dist/fastcomms-*.whl
-(cd "$work" && PYTHONPATH="$work/site" "$FASTCOMMS_VENV/bin/python" -m fastcomms bench --nproc 2 \
-  --shape 1,64,8,16 --iters 3 --rounds 2 --warmup 1 --no-progress)
+# The wheel, its gate and the console script are built and run against the newest supported torch,
+# with the tests that touch torch's moving parts (everything above ran on the oldest).
+bash scripts/test_newest_torch.sh

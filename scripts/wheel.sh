@@ -3,7 +3,7 @@
 #   bash scripts/wheel.sh [OUTDIR]          (default: dist/)
 # CUDA is on where nvcc is found (FASTCOMMS_CUDA=0 turns it off); FASTCOMMS_CUDA_ARCH picks the
 # GPU architectures (default "80;90;100"). The wheel pins torch==X.Y.* of the torch it was built
-# against; the system libraries the gloo backend needs are bundled by auditwheel (torch's, CUDA's
+# against (the build writes it: tools/build/torch_requirement.py; the gate checks it); the system libraries the gloo backend needs are bundled by auditwheel (torch's, CUDA's
 # and NCCL's are not: torch brings them). GATE_BACKEND (default: gloo without CUDA, auto with it)
 # is the backend `fastcomms check` runs on from the installed wheel, with GATE_NPROC ranks
 # (default 2; 1 on a machine with one GPU).
@@ -27,7 +27,7 @@ trap 'rm -rf "$work"' EXIT
 archs=$([ $cuda = ON ] && echo " (architectures $FASTCOMMS_CUDA_ARCH)" || true)
 echo "wheel: CUDA $cuda$archs, torch $torch_mm, $("$PY" --version)"
 "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" . \
-  -C build-dir="$FASTCOMMS_BUILD-wheel-cuda$cuda" -C cmake.define.FASTCOMMS_CUDA=$cuda
+  -C build-dir="$FASTCOMMS_BUILD-wheel-cuda$cuda-torch$torch_mm" -C cmake.define.FASTCOMMS_CUDA=$cuda
 # Bundle the gloo backend's system libraries (libgloo and what it needs), nothing of torch's.
 PATH="$(dirname "$PY"):$PATH" "$PY" -m auditwheel repair -w "$work/repaired" \
   --exclude 'libtorch*.so' --exclude 'libc10*.so' --exclude 'libcudart.so.*' \
@@ -37,7 +37,8 @@ PATH="$(dirname "$PY"):$PATH" "$PY" -m auditwheel repair -w "$work/repaired" \
   exit 1
 }
 rm -f "$out"/fastcomms-*.whl
-"$PY" tools/wheel_gate.py pin "$work"/repaired/fastcomms-*.whl "$out" --torch "$torch_mm" >/dev/null
+mkdir -p "$out"
+cp "$work"/repaired/fastcomms-*.whl "$out"/
 wheel=$(ls "$out"/fastcomms-*.whl)
 echo "wheel: $wheel ($(du -h "$wheel" | cut -f1))"
 backend=${GATE_BACKEND:-$([ $cuda = ON ] && echo auto || echo gloo)}

@@ -1,13 +1,12 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """The release gate on a built fastcomms wheel (scripts/wheel.sh runs it; docs/release.md).
 
-  python tools/wheel_gate.py pin WHEEL OUTDIR --torch X.Y   rewrite Requires-Dist torch to
-                                                            torch==X.Y.* (wheel unpack/pack)
   python tools/wheel_gate.py check WHEEL --torch X.Y [--backend B]
 
 check fails (exit 1, every broken rule listed) unless:
   - METADATA: Name fastcomms, Version = the VERSION file, Requires-Python, License-Expression,
-    exactly one torch requirement and it is torch==X.Y.*;
+    exactly one torch requirement and it is torch==X.Y.* (written by the build:
+    tools/build/torch_requirement.py, NOTE [one torch per build]);
   - every ELF's NEEDED libraries are on the allow-list (libc and friends, libstdc++, libgcc,
     torch's, the CUDA runtime, libnccl.so.2 which torch's nvidia-nccl package provides) or are
     shipped in the wheel itself, whose own NEEDED obey the same rule; RPATH/RUNPATH only
@@ -205,24 +204,6 @@ def check_install(wheel, backend, nproc):
     return []
 
 
-def cmd_pin(args):
-    with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "wheel", "unpack", "-d", d, args.wheel], check=True)
-        (root,) = Path(d).iterdir()
-        (meta,) = root.glob("*.dist-info/METADATA")
-        lines = meta.read_text().splitlines(keepends=True)
-        pin = f"Requires-Dist: torch=={args.torch}.*\n"
-        out = [pin if re.match(r"Requires-Dist: torch\b(?![-_])", ln) else ln for ln in lines]
-        if pin not in out:
-            sys.exit(f"wheel_gate pin: no torch requirement in {meta}")
-        meta.write_text("".join(out))
-        os.makedirs(args.outdir, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "wheel", "pack", "-d", args.outdir, str(root)], check=True
-        )
-    return 0
-
-
 def cmd_check(args):
     version = (ROOT / "VERSION").read_text().split()[0]
     wheel = Path(args.wheel)
@@ -249,10 +230,6 @@ def cmd_check(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("pin", help="pin torch==X.Y.* in the wheel's METADATA")
-    p.add_argument("wheel")
-    p.add_argument("outdir")
-    p.add_argument("--torch", required=True, help="X.Y")
     c = sub.add_parser("check", help="run the gate")
     c.add_argument("wheel")
     c.add_argument("--torch", required=True, help="X.Y the wheel must pin")
@@ -260,7 +237,7 @@ def main(argv=None):
     c.add_argument("--nproc", type=int, default=2)
     c.add_argument("--no-install", action="store_true", help="skip the install and check run")
     args = ap.parse_args(argv)
-    return cmd_pin(args) if args.cmd == "pin" else cmd_check(args)
+    return cmd_check(args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from . import _C, _bootstrap, _ops, _reconfigure, _registry, _waits
+from . import _C, _bootstrap, _ops, _reconfigure, _registry, _torch_compat, _waits
 from . import _hook_types as _ht
 from ._C import UnsupportedError
 from ._hook_types import OpName as _OpName
@@ -22,13 +22,9 @@ from ._ops import _hooked
 from ._options import CommOptions, ReduceOp, _ms, _TypeError, _ValueError
 from ._p2p import BatchSendRecv
 from ._registry import get_mem_allocator, is_backend_built
+from ._torch_compat import OpaqueBase as _TorchOpaqueBase  # NOTE [ulysses custom op]
 from ._window import TorchCommWindow
 from ._work import _DoneWork, _same
-
-try:  # torch.compile takes instances of these classes as opaque objects (NOTE [ulysses custom op])
-    from torch._opaque_base import OpaqueBase as _TorchOpaqueBase
-except ImportError:  # pragma: no cover
-    _TorchOpaqueBase = object
 
 
 class _OpaqueBase(_TorchOpaqueBase):
@@ -380,16 +376,12 @@ for _name, _fn in _METHODS.items():
 def _register_opaque() -> None:
     """TorchComm as an opaque reference type of torch.compile; again in ``_load_compiled`` where
     torch imported this package while initializing itself (a ``torchcomms`` alias)."""
-    try:
-        from torch._library.opaque_object import MemberType, is_opaque_type, register_opaque_type
-    except ImportError:  # an older torch, or torch still initializing: not traceable (yet)
+    MemberType = _torch_compat.member_type()
+    if MemberType is None:  # an older torch, or torch still initializing: not traceable (yet)
         return
-    if is_opaque_type(TorchComm):
-        return
-    register_opaque_type(
+    _torch_compat.register_symbolic_class(
         TorchComm,
-        typ="reference",
-        members={
+        {
             "_ulysses_group": MemberType.USE_REAL,
             "_process_group_name": MemberType.USE_REAL,
             # NOTE [compiled communicator methods]: constants while tracing, and the methods

@@ -91,9 +91,8 @@ import functools
 import hashlib
 
 import torch
-from torch._library.opaque_object import get_opaque_type_name
 
-from . import _C
+from . import _C, _torch_compat
 from ._C import RedOpType
 from ._comm import TorchComm
 from ._options import ReduceOp, _op
@@ -226,7 +225,7 @@ _lib = torch.library.Library("fastcomms", "FRAGMENT")
 # (comm_call_grad_: NOTE [differentiable in-place calls])
 for _name in ("comm_call_", "comm_call_grad_"):
     _lib.define(
-        f"{_name}(Tensor order, {get_opaque_type_name(TorchComm)} comm, str method, "
+        f"{_name}(Tensor order, {_torch_compat.opaque_type_name(TorchComm)} comm, str method, "
         "Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] ints, float[] floats, str hints, "
         "float timeout_s, bool async_op) -> (Tensor, Tensor)"
     )

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import ReduceOp, TorchComm
+from . import ReduceOp, TorchComm, _torch_compat
 
 __all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_with_comm
 
@@ -396,9 +396,7 @@ def _flatten_with_comm(mesh, mesh_dim_name: str, comm: TorchComm, global_ranks, 
     _create_torchcomm_process_group(
         comm, mesh_dim_name, global_ranks_mapping={g: i for i, g in enumerate(members)}
     )
-    flat = layout.coalesce() if hasattr(layout, "coalesce") else layout
-    if hasattr(flat, "nest") and len(flat) > 1:
-        flat = flat.nest()  # one dimension, as torch's own flattening makes it
+    flat = _torch_compat.flat_mesh_layout(layout)  # one dimension, as torch's _flatten makes it
     root = mesh._get_root_mesh()
     dm = dist.DeviceMesh(
         root.device_type,

@@ -22,12 +22,11 @@ import uuid
 
 import torch
 from torch._C._distributed_c10d import _register_work  # an AsyncCollectiveTensor's waited work
-from torch._library.opaque_object import MemberType, register_opaque_type
 from torch.distributed import Work as _C10dWork
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
-from . import _C, TorchComm, _fp8_wire, _OpaqueBase
+from . import _C, TorchComm, _fp8_wire, _OpaqueBase, _torch_compat
 from ._options import _DEFAULT_TIMEOUT
 from ._work import _Scoped
 
@@ -553,10 +552,10 @@ def _ulysses_group_of(comm) -> UlyssesGroup:
     return g
 
 
-register_opaque_type(
+MemberType = _torch_compat.member_type()
+_torch_compat.register_symbolic_class(
     UlyssesGroup,
-    typ="reference",
-    members={
+    {
         # read as constants where a compiled function asks (`transport` is "destroyed" after
         # destroy(), which a compiled function only sees if it is compiled again); `_rank` and
         # `_size` for error messages

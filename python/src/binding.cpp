@@ -27,6 +27,7 @@
 #include "python_state.hpp"
 
 #include <ATen/core/stack.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #ifdef FASTCOMMS_WITH_CUDA
 #include <c10/core/DeviceGuard.h>
@@ -568,9 +569,39 @@ std::optional<PyWork> compiled_issue(PyComm& c, const std::string& method,
   return std::nullopt;
 }
 
+// NOTE [errors through torch's dispatcher]: the kernel runs under torch's entry points (torch.ops,
+// compiled code), which turn a C++ exception into a Python one with torch's own translator and
+// pybind11, not ours: a fastcomms::Error became a plain RuntimeError under torch 2.15, and a Python
+// error raised by the Python kernel relies on the two pybind11 builds agreeing. Both leave the
+// kernel as torch's python_error holding the exact Python exception (NOTE [error mapping]), which
+// every torch restores as it is, so a compiled call raises what the eager call raises.
+template <typename Fn>
+void python_errors(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    py::gil_scoped_acquire gil;
+    set_python_error(e);
+    python_error err;
+    err.persist();
+    throw err;
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    e.restore();
+    python_error err;
+    err.persist();
+    throw err;
+  }
+}
+
 // comm_call_(Tensor order, PyObject comm, str method, Tensor(a!)[] mutated, Tensor[] inputs,
 // SymInt[] ints, float[] floats, str hints, float timeout_s, bool async_op) -> (Tensor, Tensor)
+void comm_call_body(torch::jit::Stack* stack);
 void comm_call_kernel(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
+  python_errors([stack] { comm_call_body(stack); });
+}
+
+void comm_call_body(torch::jit::Stack* stack) {
   constexpr size_t kArgs = 10;
   const auto a = torch::jit::last(stack, kArgs);
   const at::Tensor order = a[0].toTensor();

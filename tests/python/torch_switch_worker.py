@@ -39,9 +39,10 @@ assert torch.equal(funcol.all_reduce(x, "sum", world).wait(), t)
 # of opaque types could be imported: the communicator is registered once one exists, so the
 # communicator's methods compile here too (NOTE [compiled communicator methods])
 import fastcomms  # noqa: E402
-from torch._library.opaque_object import is_opaque_type  # noqa: E402
+from torch._library import opaque_object  # noqa: E402
 
-assert is_opaque_type(fastcomms.TorchComm), "TorchComm is not an opaque type of torch.compile"
+_is_registered = getattr(opaque_object, "is_custom_class", None) or opaque_object.is_opaque_type
+assert _is_registered(fastcomms.TorchComm), "TorchComm is not an opaque type of torch.compile"
 
 
 def _step(v):
