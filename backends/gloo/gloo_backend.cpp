@@ -998,7 +998,8 @@ WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx)
     // communicator checked that they pair up); nothing crosses Gloo for them.
     std::vector<const P2POp*> self_sends, self_recvs;
     for (const P2POp& op : ops)
-      if (op.peer == rank_) (op.kind == P2POp::Kind::kSend ? self_sends : self_recvs).push_back(&op);
+      if (op.peer == rank_)
+        (op.kind == P2POp::Kind::kSend ? self_sends : self_recvs).push_back(&op);
     for (size_t k = 0; k < self_sends.size() && k < self_recvs.size(); ++k)
       task.self_copies.emplace_back(self_sends[k]->tensor, self_recvs[k]->tensor);
     for (const P2POp& op : ops) {
@@ -1067,7 +1068,8 @@ void GlooImpl::all_reduce_now(void* data, int64_t count, DType dt, const ReduceO
                               std::chrono::milliseconds timeout, uint32_t tag) {
   // NOTE [device factor]: a factor in memory is read here, when the op runs.
   if (op.type == RedOpType::kPremulSum)
-    scale_in_place(data, count, dt, op.has_factor_tensor() ? read_factor(op.factor_tensor) : op.factor);
+    scale_in_place(data, count, dt,
+                   op.has_factor_tensor() ? read_factor(op.factor_tensor) : op.factor);
   if (size_ > 1 && count > 0) {
     const ReduceFn fn = reduce_fn(op.type, dt);
     ::gloo::AllreduceOptions o(context_);

@@ -96,8 +96,7 @@ from torch._library.opaque_object import get_opaque_type_name
 from . import _C
 from ._C import RedOpType
 from ._comm import TorchComm
-from ._options import ReduceOp, _op
-from ._options import _ValueError
+from ._options import ReduceOp, _op, _ValueError
 from ._work import _DoneWork
 from .ulysses import _register_work, _RegisteredWork
 

@@ -341,8 +341,7 @@ ReduceOp to_op(RedOpType t, const Factor& f, const at::Tensor& like,
   at::Tensor x = std::get<at::Tensor>(f);
   if (t != RedOpType::kPremulSum) return ReduceOp{t};
   if (like.is_cpu() && x.is_cuda()) x = x.cpu();
-  if (x.is_floating_point() && x.scalar_type() != like.scalar_type() &&
-      x.device() == like.device())
+  if (x.is_floating_point() && x.scalar_type() != like.scalar_type() && x.device() == like.device())
     x = x.to(like.scalar_type());
   keep.push_back(x);
   return ReduceOp::premul_sum(view(x));
@@ -1003,15 +1002,13 @@ PYBIND11_MODULE(_C, m) {
            [](PyComm& c, at::Tensor t, RedOpType op, Factor f, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep{t};
              const ReduceOp r = to_op(op, f, t, keep);
-             return c.run(keep,
-                          [&] { return c.comm->all_reduce(view(t), r, c.opts(a, to, h)); });
+             return c.run(keep, [&] { return c.comm->all_reduce(view(t), r, c.opts(a, to, h)); });
            })
       .def("reduce",
            [](PyComm& c, at::Tensor t, int root, RedOpType op, Factor f, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep{t};
              const ReduceOp r = to_op(op, f, t, keep);
-             return c.run(keep,
-                          [&] { return c.comm->reduce(view(t), root, r, c.opts(a, to, h)); });
+             return c.run(keep, [&] { return c.comm->reduce(view(t), root, r, c.opts(a, to, h)); });
            })
       .def("all_gather",
            [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, bool v, bool a, Ms to, H h) {

@@ -52,7 +52,7 @@ struct FakeNccl::Part {
   // kernel reads it, so a test can tell a value read at the call from one read on the device
   const void* factor_ptr = nullptr;
   ncclDataType_t factor_dt = ncclFloat32;
-  int peer = 0;         // the root of rooted collectives, the peer of a send or receive
+  int peer = 0;  // the root of rooted collectives, the peer of a send or receive
   std::shared_ptr<Launch> launch;
 };
 
@@ -63,8 +63,8 @@ struct FakeNccl::Comm {
   uint64_t coll_seq = 0, split_seq = 0;
   int next_op = ncclNumOps;
   struct Premul {
-    double factor = 1.0;             // a host scalar's value
-    const void* device = nullptr;    // or a device scalar's address
+    double factor = 1.0;           // a host scalar's value
+    const void* device = nullptr;  // or a device scalar's address
     ncclDataType_t dt = ncclFloat32;
   };
   std::map<int, Premul> premul;  // PREMUL_SUM ops and their factors
@@ -158,7 +158,9 @@ void reduce_half(const std::vector<const void*>& in, const std::vector<double>& 
                  ncclRedOp_t op, size_t n, char* out) {
   auto* o = reinterpret_cast<uint16_t*>(out);
   const bool premul = op >= ncclNumOps;
-  const auto round = [](double v) { return static_cast<double>(Load(Store(static_cast<float>(v)))); };
+  const auto round = [](double v) {
+    return static_cast<double>(Load(Store(static_cast<float>(v))));
+  };
   for (size_t i = 0; i < n; ++i) {
     double acc = 0;
     for (size_t r = 0; r < in.size(); ++r) {
@@ -212,11 +214,11 @@ bool reduce_all(ncclDataType_t dt, const std::vector<const void*>& in,
       return reduce_typed<double>(in, factors, op, n, out), true;
     case ncclFloat16:
       return reduce_half<fastcomms::half_to_float, fastcomms::float_to_half>(in, factors, op, n,
-                                                                            out),
+                                                                             out),
              true;
     case ncclBfloat16:
       return reduce_half<fastcomms::bf16_to_float, fastcomms::float_to_bf16>(in, factors, op, n,
-                                                                            out),
+                                                                             out),
              true;
     default:
       return false;
@@ -880,38 +882,38 @@ ncclResult_t FakeNccl::group_end() {
   return ncclSuccess;
 }
 
-#define FAKE_NCCL_ISSUE(NAME, KIND, SEND, RECV, COUNT, DT, OP, PEER)                   \
-  std::lock_guard<std::mutex> lock(mu_);                                               \
-  Comm* c = comm_of(comm, NAME);                                                       \
-  record(NAME, c ? c->device : t_device, comm, stream, nullptr);                       \
-  if (c == nullptr) return refuse(ncclInvalidArgument);                                \
-  ncclResult_t r;                                                                      \
-  if (take_failure(NAME, c->device, &r)) return r;                                     \
-  Stream* s = stream_of(stream, NAME);                                                 \
-  if (s == nullptr) return refuse(ncclInvalidArgument);                                \
-  check_nccl_buffer(SEND, NAME, "send buffer");                                        \
-  check_nccl_buffer(RECV, NAME, "receive buffer");                                     \
-  if ((KIND == Kind::kSend || KIND == Kind::kRecv || KIND == Kind::kBroadcast ||       \
-       KIND == Kind::kReduce) &&                                                       \
-      (PEER < 0 || PEER >= c->size)) {                                                 \
-    violation(std::string(NAME) + ": rank " + std::to_string(PEER) + " out of range"); \
-    return refuse(ncclInvalidArgument);                                                \
-  }                                                                                    \
-  double factor = 1.0;                                                                 \
-  const void* factor_ptr = nullptr;                                                    \
-  ncclDataType_t factor_dt = ncclFloat32;                                              \
-  if (OP >= ncclNumOps) {                                                              \
-    const auto f = c->premul.find(OP);                                                 \
-    if (f == c->premul.end()) {                                                        \
-      violation(std::string(NAME) + " with an op the communicator does not have");     \
-      return refuse(ncclInvalidArgument);                                              \
-    }                                                                                  \
-    factor = f->second.factor;                                                         \
-    factor_ptr = f->second.device;                                                     \
-    factor_dt = f->second.dt;                                                          \
-  }                                                                                    \
-  return enqueue(Part{KIND, NAME, c, s, SEND, RECV, COUNT, DT, OP, factor, factor_ptr,  \
-                      factor_dt, PEER, nullptr},                                       \
+#define FAKE_NCCL_ISSUE(NAME, KIND, SEND, RECV, COUNT, DT, OP, PEER)                              \
+  std::lock_guard<std::mutex> lock(mu_);                                                          \
+  Comm* c = comm_of(comm, NAME);                                                                  \
+  record(NAME, c ? c->device : t_device, comm, stream, nullptr);                                  \
+  if (c == nullptr) return refuse(ncclInvalidArgument);                                           \
+  ncclResult_t r;                                                                                 \
+  if (take_failure(NAME, c->device, &r)) return r;                                                \
+  Stream* s = stream_of(stream, NAME);                                                            \
+  if (s == nullptr) return refuse(ncclInvalidArgument);                                           \
+  check_nccl_buffer(SEND, NAME, "send buffer");                                                   \
+  check_nccl_buffer(RECV, NAME, "receive buffer");                                                \
+  if ((KIND == Kind::kSend || KIND == Kind::kRecv || KIND == Kind::kBroadcast ||                  \
+       KIND == Kind::kReduce) &&                                                                  \
+      (PEER < 0 || PEER >= c->size)) {                                                            \
+    violation(std::string(NAME) + ": rank " + std::to_string(PEER) + " out of range");            \
+    return refuse(ncclInvalidArgument);                                                           \
+  }                                                                                               \
+  double factor = 1.0;                                                                            \
+  const void* factor_ptr = nullptr;                                                               \
+  ncclDataType_t factor_dt = ncclFloat32;                                                         \
+  if (OP >= ncclNumOps) {                                                                         \
+    const auto f = c->premul.find(OP);                                                            \
+    if (f == c->premul.end()) {                                                                   \
+      violation(std::string(NAME) + " with an op the communicator does not have");                \
+      return refuse(ncclInvalidArgument);                                                         \
+    }                                                                                             \
+    factor = f->second.factor;                                                                    \
+    factor_ptr = f->second.device;                                                                \
+    factor_dt = f->second.dt;                                                                     \
+  }                                                                                               \
+  return enqueue(Part{KIND, NAME, c, s, SEND, RECV, COUNT, DT, OP, factor, factor_ptr, factor_dt, \
+                      PEER, nullptr},                                                             \
                  s)
 
 ncclResult_t FakeNccl::all_reduce(const void* sendbuff, void* recvbuff, size_t count,
