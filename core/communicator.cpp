@@ -288,7 +288,8 @@ void Communicator::check_same_dtype(OpKind op, const char* arg, const TensorView
                   ", expected ", dtype_name(want));
 }
 
-void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
+void Communicator::check_reduce(OpKind op, const ReduceOp& r, const TensorView& t) const {
+  const DType dt = t.dtype;
   const bool bitwise =
       r.type == RedOpType::kBand || r.type == RedOpType::kBor || r.type == RedOpType::kBxor;
   FASTCOMMS_CHECK(!bitwise || dtype_is_integral(dt), kTypeError, prefix(op), red_op_name(r.type),
@@ -297,13 +298,24 @@ void Communicator::check_reduce(OpKind op, const ReduceOp& r, DType dt) const {
                   "reductions on ", dtype_name(dt), " are not supported");
   FASTCOMMS_CHECK(r.type != RedOpType::kPremulSum || !dtype_is_integral(dt), kTypeError, prefix(op),
                   "PREMUL_SUM needs a floating-point tensor, got ", dtype_name(dt));
-  // An integer average would have to round; torch.distributed refuses it, and so do we (every
-  // backend, instead of one truncating silently).
-  FASTCOMMS_CHECK(r.type != RedOpType::kAvg || !dtype_is_integral(dt), kTypeError, prefix(op),
-                  "AVG needs a floating-point tensor, got ", dtype_name(dt));
+  // AVG on integers is the sum divided by the world size, truncated toward zero, as torchcomms
+  // does (NCCL's ncclAvg on an integer type; its gloo backend's div_(size, "trunc")).
   FASTCOMMS_CHECK(
       dt != DType::kBool || bitwise || r.type == RedOpType::kMin || r.type == RedOpType::kMax,
       kTypeError, prefix(op), red_op_name(r.type), " is not defined on bool tensors");
+  if (!r.has_factor_tensor()) return;
+  // NOTE [device factor]: one element where the op runs, in the tensor's dtype. Refused rather
+  // than read wrongly: NCCL reads the scalar in the reduction's type at the address given, so
+  // another dtype would be reinterpreted bits, and a host address on a CUDA op a fault.
+  const TensorView& f = r.factor_tensor;
+  FASTCOMMS_CHECK(f.numel() == 1, kInvalidArgument, prefix(op),
+                  "PREMUL_SUM's factor tensor must hold one element, got ", f.describe());
+  FASTCOMMS_CHECK(f.device == t.device, kInvalidArgument, prefix(op),
+                  "PREMUL_SUM's factor tensor is on ", f.device.str(), ", expected ",
+                  t.device.str(), " (the reduced tensor's device)");
+  FASTCOMMS_CHECK(f.dtype == dt, kTypeError, prefix(op), "PREMUL_SUM's factor tensor has dtype ",
+                  dtype_name(f.dtype), ", expected ", dtype_name(dt),
+                  " (the reduced tensor's; the Python binding casts a floating-point factor)");
 }
 
 namespace {
@@ -315,7 +327,11 @@ CallFingerprint fingerprint(DType dt, int64_t count, int root = -1, const Reduce
   f.root = root;
   if (r != nullptr) {
     f.reduce = static_cast<int32_t>(r->type);
-    if (r->type == RedOpType::kPremulSum) std::memcpy(&f.factor_bits, &r->factor, 8);
+    // NOTE [device factor]: a factor in memory is "factor unknown" here (0 bits, as 0.0): the
+    // check would have to read it on the host, a sync. Ranks that mix a host factor other than
+    // 0.0 with a factor in memory are reported as a mismatch.
+    if (r->type == RedOpType::kPremulSum && !r->has_factor_tensor())
+      std::memcpy(&f.factor_bits, &r->factor, 8);
   }
   return f;
 }
@@ -480,13 +496,41 @@ WorkPtr Communicator::recv(const TensorView& t, int src, const CallOptions& o) {
   return run(op, o, [&](const OpContext& c) { return backend_->recv(t, src, c); });
 }
 
+// NOTE [self pairs in a batch]: a batch may send to and receive from this rank itself, as in
+// NCCL's group (which torchcomms' nccl batch relies on): the k-th send to self pairs with the
+// k-th receive from self and the backend copies the one into the other, ordered with the batch.
+// A send or receive to self without its partner is refused, as NCCL refuses it ("Trying to send
+// to self without a matching recv"); a lone send or recv call to self stays refused (check_peer).
+void Communicator::check_self_pairs(OpKind op, const std::vector<P2POp>& ops) const {
+  std::vector<size_t> sends, recvs;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].peer == rank_) (ops[i].kind == P2POp::Kind::kSend ? sends : recvs).push_back(i);
+  FASTCOMMS_CHECK(sends.size() == recvs.size(), kInvalidArgument, prefix(op), "the batch holds ",
+                  sends.size(), " send(s) to self (rank ", rank_, ") and ", recvs.size(),
+                  " recv(s) from self: each send to self needs a matching recv from self in the "
+                  "same batch (as NCCL: trying to ",
+                  sends.size() > recvs.size() ? "send to self without a matching recv"
+                                              : "recv from self without a matching send",
+                  ")");
+  for (size_t k = 0; k < sends.size(); ++k) {
+    const TensorView& s = ops[sends[k]].tensor;
+    const TensorView& r = ops[recvs[k]].tensor;
+    FASTCOMMS_CHECK(s.dtype == r.dtype && s.numel() == r.numel(), kInvalidArgument, prefix(op),
+                    "send to self #", k, " (op ", sends[k], ") is ", s.describe(),
+                    " but the matching recv from self (op ", recvs[k], ") is ", r.describe(),
+                    ": a self pair copies one into the other, so dtype and element count must "
+                    "match");
+  }
+}
+
 WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops, const CallOptions& o) {
   const OpKind op = OpKind::kBatchP2P;
   FASTCOMMS_CHECK(!ops.empty(), kInvalidArgument, prefix(op), "the batch is empty");
   for (const P2POp& p : ops) {
-    check_peer(op, p.kind == P2POp::Kind::kSend ? "send dst" : "recv src", p.peer, false);
+    check_peer(op, p.kind == P2POp::Kind::kSend ? "send dst" : "recv src", p.peer, true);
     check_tensor(op, "tensor", p.tensor);
   }
+  check_self_pairs(op, ops);
   return run(op, o, [&](const OpContext& c) { return backend_->batch_p2p(ops, c); });
 }
 
@@ -502,7 +546,7 @@ WorkPtr Communicator::broadcast(const TensorView& t, int root, const CallOptions
 WorkPtr Communicator::all_reduce(const TensorView& t, const ReduceOp& r, const CallOptions& o) {
   const OpKind op = OpKind::kAllReduce;
   check_tensor(op, "tensor", t);
-  check_reduce(op, r, t.dtype);
+  check_reduce(op, r, t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_reduce(t, r, c); },
       fingerprint(t.dtype, t.numel(), -1, &r));
@@ -513,7 +557,7 @@ WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
   const OpKind op = OpKind::kReduce;
   check_peer(op, "root", root, true);
   check_tensor(op, "tensor", t);
-  check_reduce(op, r, t.dtype);
+  check_reduce(op, r, t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->reduce(t, root, r, c); },
       fingerprint(t.dtype, t.numel(), root, &r));
@@ -584,7 +628,7 @@ WorkPtr Communicator::reduce_scatter(const TensorView& output,
                                      const CallOptions& o) {
   const OpKind op = OpKind::kReduceScatter;
   check_tensor(op, "output", output);
-  check_reduce(op, r, output.dtype);
+  check_reduce(op, r, output);
   check_list(prefix(op), "input_list", inputs, size_, [&](int i, const TensorView& t) {
     check_tensor(op, "input_list[i]", t);
     check_same_dtype(op, "input_list[i]", t, output.dtype);
@@ -602,7 +646,7 @@ WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
                                        const CallOptions& o) {
   const OpKind op = OpKind::kReduceScatterV;
   check_tensor(op, "output", output);
-  check_reduce(op, r, output.dtype);
+  check_reduce(op, r, output);
   check_list(prefix(op), "input_list", inputs, size_, [&](int i, const TensorView& t) {
     check_tensor(op, "input_list[i]", t);
     check_same_dtype(op, "input_list[i]", t, output.dtype);
@@ -625,7 +669,7 @@ WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const Tens
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
   check_same_dtype(op, "output", output, input.dtype);
-  check_reduce(op, r, input.dtype);
+  check_reduce(op, r, input);
   FASTCOMMS_CHECK(input.numel() == output.numel() * size_, kInvalidArgument, prefix(op),
                   "input has ", input.numel(),
                   " elements, expected output.numel() * size = ", output.numel(), " * ", size_);

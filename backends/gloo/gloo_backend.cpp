@@ -396,6 +396,8 @@ class GlooImpl : public std::enable_shared_from_this<GlooImpl> {
   };
   struct P2PTask {
     std::vector<P2PItem> bufs;
+    // NOTE [self pairs in a batch]: (send, recv) views copied on the p2p thread when it runs
+    std::vector<std::pair<TensorView, TensorView>> self_copies;
     std::shared_ptr<AsyncWork> work;
     Clock::time_point deadline;
     std::string prefix;
@@ -773,6 +775,8 @@ void GlooImpl::p2p_loop() {
         const bool ok = send ? b.waitSend(t) : b.waitRecv(t);
         FASTCOMMS_CHECK(ok && !aborted_, kAborted, task.prefix, "the communicator was aborted");
       };
+      for (const auto& [from, to] : task.self_copies)  // memmove: the two may overlap
+        if (from.data != to.data) std::memmove(to.data, from.data, nbytes(to));
       for (auto& item : task.bufs) {
         if (item.send) {
           if (item.header_buf) wait_left(*item.header_buf, true);
@@ -990,7 +994,16 @@ WorkPtr GlooImpl::batch_p2p(const std::vector<P2POp>& ops, const OpContext& ctx)
   FASTCOMMS_CHECK(!aborted_, kAborted, ctx.prefix, "the communicator was aborted");
   check_not_broken(ctx.prefix);
   try {
+    // NOTE [self pairs in a batch]: the k-th send to self goes into the k-th recv from self (the
+    // communicator checked that they pair up); nothing crosses Gloo for them.
+    std::vector<const P2POp*> self_sends, self_recvs;
+    for (const P2POp& op : ops)
+      if (op.peer == rank_)
+        (op.kind == P2POp::Kind::kSend ? self_sends : self_recvs).push_back(&op);
+    for (size_t k = 0; k < self_sends.size() && k < self_recvs.size(); ++k)
+      task.self_copies.emplace_back(self_sends[k]->tensor, self_recvs[k]->tensor);
     for (const P2POp& op : ops) {
+      if (op.peer == rank_) continue;
       P2PItem item;
       item.send = op.kind == P2POp::Kind::kSend;
       item.peer = op.peer;
@@ -1053,7 +1066,10 @@ WorkPtr GlooImpl::broadcast(const TensorView& t, int root, const OpContext& ctx)
 
 void GlooImpl::all_reduce_now(void* data, int64_t count, DType dt, const ReduceOp& op,
                               std::chrono::milliseconds timeout, uint32_t tag) {
-  if (op.type == RedOpType::kPremulSum) scale_in_place(data, count, dt, op.factor);
+  // NOTE [device factor]: a factor in memory is read here, when the op runs.
+  if (op.type == RedOpType::kPremulSum)
+    scale_in_place(data, count, dt,
+                   op.has_factor_tensor() ? read_factor(op.factor_tensor) : op.factor);
   if (size_ > 1 && count > 0) {
     const ReduceFn fn = reduce_fn(op.type, dt);
     ::gloo::AllreduceOptions o(context_);
@@ -1096,7 +1112,9 @@ WorkPtr GlooImpl::reduce(const TensorView& t, int root, const ReduceOp& op, cons
   (void)reduce_fn(op.type, t.dtype);
   return enqueue(ctx, [=, this](std::chrono::milliseconds timeout, uint32_t tag) {
     const int64_t n = t.numel();
-    if (op.type == RedOpType::kPremulSum) scale_in_place(t.data, n, t.dtype, op.factor);
+    if (op.type == RedOpType::kPremulSum)
+      scale_in_place(t.data, n, t.dtype,
+                     op.has_factor_tensor() ? read_factor(op.factor_tensor) : op.factor);
     if (size_ > 1 && n > 0) {
       ::gloo::ReduceOptions o(context_);
       const size_t es = t.element_size();

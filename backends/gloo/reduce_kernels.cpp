@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "fastcomms/error.hpp"
 
@@ -125,17 +126,56 @@ void map_any(void* data, int64_t n, DType dt, F f) {
 }
 }  // namespace
 
+double factor_in(DType dt, double factor) {
+  switch (dt) {
+    case DType::kFloat16:
+      return half_to_float(float_to_half(static_cast<float>(factor)));
+    case DType::kBFloat16:
+      return bf16_to_float(float_to_bf16(static_cast<float>(factor)));
+    case DType::kFloat32:
+      return static_cast<float>(factor);
+    default:
+      return factor;
+  }
+}
+
+double read_factor(const TensorView& f) {
+  switch (f.dtype) {
+    case DType::kFloat16:
+      return half_to_float(*static_cast<const uint16_t*>(f.data));
+    case DType::kBFloat16:
+      return bf16_to_float(*static_cast<const uint16_t*>(f.data));
+    case DType::kFloat32:
+      return *static_cast<const float*>(f.data);
+    case DType::kFloat64:
+      return *static_cast<const double*>(f.data);
+    default:
+      throw Error(ErrorCode::kTypeError, detail::cat("gloo: a PREMUL_SUM factor of dtype ",
+                                                     dtype_name(f.dtype), " is not supported"));
+  }
+}
+
 void scale_in_place(void* data, int64_t n, DType dt, double factor) {
-  map_any(data, n, dt, [factor](auto v) {
+  // NOTE [premul arithmetic]: as NCCL's FuncPreMulSum, the factor is first rounded to the
+  // reduction's type and each element is multiplied in that type (for half types the product of
+  // two half values is exact in float, so one rounding to the type gives NCCL's __hmul2 result).
+  const double f = factor_in(dt, factor);
+  map_any(data, n, dt, [f](auto v) {
     using T = decltype(v);
-    return static_cast<T>(v * static_cast<T>(factor));
+    return static_cast<T>(v * static_cast<T>(f));
   });
 }
 
 void divide_in_place(void* data, int64_t count, DType dt, int64_t n) {
   map_any(data, count, dt, [n](auto v) {
     using T = decltype(v);
-    return static_cast<T>(v / static_cast<T>(n));
+    if constexpr (std::is_integral_v<T>) {
+      // Truncated toward zero, as NCCL's ncclAvg on integers and torchcomms' gloo (div "trunc");
+      // divided in int64 so that a world larger than the type's range divides correctly.
+      return static_cast<T>(static_cast<int64_t>(v) / n);
+    } else {
+      return static_cast<T>(v / static_cast<T>(n));
+    }
   });
 }
 

@@ -27,6 +27,7 @@
 #include "backends/nccl/nccl_backend.hpp"
 #include "backends/nccl/nccl_util.hpp"
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/half.hpp"
 #include "fastcomms/core/log.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/error.hpp"
@@ -795,23 +796,47 @@ void NcclBackend::with_op(const ReduceOp& op, DType t, ncclDataType_t dt, const 
     case RedOpType::kMax:
       return fn(ncclMax);
     case RedOpType::kAvg:
-      FASTCOMMS_CHECK(!dtype_is_integral(t), kUnsupported, c.prefix, "AVG on ", dtype_name(t),
-                      " is not supported by NCCL");
+      // Integers too: NCCL divides the sum by the world size, truncating toward zero (torchcomms
+      // passes ncclAvg for every type).
       return fn(ncclAvg);
     case RedOpType::kPremulSum: {
       ncclRedOp_t r;
-      if (t == DType::kFloat64) {
-        double f = op.factor;
+      if (op.has_factor_tensor()) {
+        // NOTE [device factor]: NCCL reads the scalar on the device when the op runs (no host
+        // sync); the communicator checked its device and dtype (the reduction's).
         check(c, "ncclRedOpCreatePreMulSum",
-              api_->red_op_create_pre_mul_sum(&r, &f, dt, ncclScalarHostImmediate, comm_));
+              api_->red_op_create_pre_mul_sum(&r, op.factor_tensor.data, dt, ncclScalarDevice,
+                                              comm_));
       } else {
-        // NCCL reads the host scalar in the reduction's type; half types take a float here only
-        // through the float32 path.
-        FASTCOMMS_CHECK(t == DType::kFloat32, kUnsupported, c.prefix, "PREMUL_SUM on ",
-                        dtype_name(t), " is not supported yet");
-        float f = static_cast<float>(op.factor);
+        // NCCL copies a host scalar of the reduction's type at this call: the factor in that
+        // type's bits (torchcomms passes a float for bfloat16, whose first two bytes NCCL would
+        // read, and so refuses a number factor on bfloat16; this backend takes it).
+        union {
+          double f64;
+          float f32;
+          uint16_t f16;
+        } scalar{};
+        switch (t) {
+          case DType::kFloat64:
+            scalar.f64 = op.factor;
+            break;
+          case DType::kFloat32:
+            scalar.f32 = static_cast<float>(op.factor);
+            break;
+          case DType::kFloat16:
+            scalar.f16 = float_to_half(static_cast<float>(op.factor));
+            break;
+          case DType::kBFloat16:
+            scalar.f16 = float_to_bf16(static_cast<float>(op.factor));
+            break;
+          default:
+            throw Error(ErrorCode::kUnsupported,
+                        detail::cat(c.prefix, "PREMUL_SUM on ", dtype_name(t),
+                                    " is not supported by NCCL (float16, bfloat16, float32, "
+                                    "float64)"));
+        }
         check(c, "ncclRedOpCreatePreMulSum",
-              api_->red_op_create_pre_mul_sum(&r, &f, dt, ncclScalarHostImmediate, comm_));
+              api_->red_op_create_pre_mul_sum(&r, &scalar, dt, ncclScalarHostImmediate, comm_));
       }
       try {
         fn(r);

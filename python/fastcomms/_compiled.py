@@ -95,7 +95,7 @@ import torch
 from . import _C, _torch_compat
 from ._C import RedOpType
 from ._comm import TorchComm
-from ._options import ReduceOp, _op
+from ._options import ReduceOp, _op, _ValueError
 from ._work import _DoneWork
 from .ulysses import _register_work, _RegisteredWork
 
@@ -438,6 +438,11 @@ def batch(comm, ops, hints=None, timeout=None, async_op=False):
 def reduction(op) -> tuple[list[int], list[float]]:
     """Traced: a ReduceOp (or RedOpType) as the op's ints and floats."""
     t, f = _op(op)
+    if isinstance(f, torch.Tensor):  # the traced call carries numbers only
+        raise _ValueError(
+            "PREMUL_SUM with a tensor factor runs on the plain eager path only (not under "
+            "torch.compile, nor with tensors that require grad); pass a float factor there"
+        )
     return [t.value], [f]
 
 

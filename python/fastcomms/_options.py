@@ -9,6 +9,8 @@ import datetime
 import os
 import typing
 
+import torch
+
 from ._C import RedOpType
 
 # Argument and type errors raised here are the extension's: ValueError / TypeError and RuntimeError
@@ -27,10 +29,13 @@ class ReduceOp:
     # one per RedOpType but PREMUL_SUM, set below the class (typed here for type checkers)
     SUM = PRODUCT = MIN = MAX = BAND = BOR = BXOR = AVG = typing.cast("ReduceOp", None)
     type: RedOpType
-    factor: float = 1.0
+    # PREMUL_SUM's: a number, or a one-element tensor read where the op runs (NOTE [device
+    # factor] in include/fastcomms/core/reduce_op.hpp: on a CUDA op, no host sync)
+    factor: float | torch.Tensor = 1.0
 
     def __post_init__(self) -> None:
-        self.factor = float(self.factor)
+        if not isinstance(self.factor, torch.Tensor):
+            self.factor = float(self.factor)
 
     def __repr__(self) -> str:
         if self.type == RedOpType.PREMUL_SUM:
@@ -38,7 +43,9 @@ class ReduceOp:
         return f"ReduceOp.{self.type.name}"
 
     @staticmethod
-    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
+    def PREMUL_SUM(factor: float | torch.Tensor) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
+        """Sum of ``factor * input``: ``factor`` a number or a one-element floating-point tensor
+        on the op's device (cast to the reduced tensor's dtype on the caller's stream)."""
         return ReduceOp(RedOpType.PREMUL_SUM, factor)
 
 
@@ -111,7 +118,7 @@ def _ms(td, where: str = "") -> datetime.timedelta | None:
     return max(td, datetime.timedelta(milliseconds=1))
 
 
-def _op(op) -> tuple[RedOpType, float]:
+def _op(op) -> tuple[RedOpType, float | torch.Tensor]:
     if isinstance(op, ReduceOp):
         return op.type, op.factor
     if isinstance(op, RedOpType):

@@ -33,9 +33,8 @@ def _reduce_op(c10d_op, where):
         return op
     if kind == dist.ReduceOp.PREMUL_SUM:  # its factor travels in the op's state
         _, factor = c10d_op.__getstate__()
-        if isinstance(factor, torch.Tensor):
-            factor = factor.item()
-        return ReduceOp.PREMUL_SUM(float(factor))
+        # a tensor factor goes as it is: read where the op runs (no host sync on CUDA)
+        return ReduceOp.PREMUL_SUM(factor if isinstance(factor, torch.Tensor) else float(factor))
     raise ValueError(
         f"{where()}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
         f"(supported: {', '.join(_REDUCE_OPS)}, PREMUL_SUM)"

@@ -3,6 +3,7 @@
 // TensorViews; every Work returned to Python keeps its tensors alive until it completes; C++
 // errors map to Python exceptions here, in one place.
 #include <atomic>
+#include <variant>
 
 #include <pybind11/chrono.h>
 #include <pybind11/functional.h>
@@ -327,6 +328,25 @@ struct PyComm {
 };
 
 ReduceOp to_op(RedOpType t, double factor) { return ReduceOp{t, factor}; }
+
+// NOTE [device factor]: PREMUL_SUM's factor as Python passes it, a number or a one-element tensor.
+using Factor = std::variant<double, at::Tensor>;
+
+// The op for reducing `like`; a tensor factor is read where the op runs. A floating factor of
+// another dtype is cast to `like`'s on the caller's stream (a kernel, no host sync; the op's
+// stream waits on the caller's), and a CUDA factor for a CPU op is copied to the host, as
+// torchcomms' gloo does. The tensor the op reads goes into `keep`, held for the op.
+ReduceOp to_op(RedOpType t, const Factor& f, const at::Tensor& like,
+               std::vector<at::Tensor>& keep) {
+  if (const double* d = std::get_if<double>(&f)) return ReduceOp{t, *d};
+  at::Tensor x = std::get<at::Tensor>(f);
+  if (t != RedOpType::kPremulSum) return ReduceOp{t};
+  if (like.is_cpu() && x.is_cuda()) x = x.cpu();
+  if (x.is_floating_point() && x.scalar_type() != like.scalar_type() && x.device() == like.device())
+    x = x.to(like.scalar_type());
+  keep.push_back(x);
+  return ReduceOp::premul_sum(view(x));
+}
 
 UlyssesArgs ulysses_args(int mode, std::optional<std::vector<int64_t>> seq,
                          std::optional<std::vector<int64_t>> heads, int64_t kv_replicas,
@@ -1010,15 +1030,16 @@ PYBIND11_MODULE(_C, m) {
              return c.run({t}, [&] { return c.comm->broadcast(view(t), root, c.opts(a, to, h)); });
            })
       .def("all_reduce",
-           [](PyComm& c, at::Tensor t, RedOpType op, double f, bool a, Ms to, H h) {
-             return c.run(
-                 {t}, [&] { return c.comm->all_reduce(view(t), to_op(op, f), c.opts(a, to, h)); });
+           [](PyComm& c, at::Tensor t, RedOpType op, Factor f, bool a, Ms to, H h) {
+             std::vector<at::Tensor> keep{t};
+             const ReduceOp r = to_op(op, f, t, keep);
+             return c.run(keep, [&] { return c.comm->all_reduce(view(t), r, c.opts(a, to, h)); });
            })
       .def("reduce",
-           [](PyComm& c, at::Tensor t, int root, RedOpType op, double f, bool a, Ms to, H h) {
-             return c.run({t}, [&] {
-               return c.comm->reduce(view(t), root, to_op(op, f), c.opts(a, to, h));
-             });
+           [](PyComm& c, at::Tensor t, int root, RedOpType op, Factor f, bool a, Ms to, H h) {
+             std::vector<at::Tensor> keep{t};
+             const ReduceOp r = to_op(op, f, t, keep);
+             return c.run(keep, [&] { return c.comm->reduce(view(t), root, r, c.opts(a, to, h)); });
            })
       .def("all_gather",
            [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, bool v, bool a, Ms to, H h) {
@@ -1036,23 +1057,23 @@ PYBIND11_MODULE(_C, m) {
              });
            })
       .def("reduce_scatter",
-           [](PyComm& c, at::Tensor out, std::vector<at::Tensor> ins, RedOpType op, double f,
+           [](PyComm& c, at::Tensor out, std::vector<at::Tensor> ins, RedOpType op, Factor f,
               bool v, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep = ins;
              keep.push_back(out);
+             const ReduceOp r = to_op(op, f, out, keep);
              return c.run(keep, [&] {
-               return v ? c.comm->reduce_scatter_v(view(out), views(ins), to_op(op, f),
-                                                   c.opts(a, to, h))
-                        : c.comm->reduce_scatter(view(out), views(ins), to_op(op, f),
-                                                 c.opts(a, to, h));
+               return v ? c.comm->reduce_scatter_v(view(out), views(ins), r, c.opts(a, to, h))
+                        : c.comm->reduce_scatter(view(out), views(ins), r, c.opts(a, to, h));
              });
            })
       .def(
           "reduce_scatter_single",
-          [](PyComm& c, at::Tensor out, at::Tensor in, RedOpType op, double f, bool a, Ms to, H h) {
-            return c.run({out, in}, [&] {
-              return c.comm->reduce_scatter_single(view(out), view(in), to_op(op, f),
-                                                   c.opts(a, to, h));
+          [](PyComm& c, at::Tensor out, at::Tensor in, RedOpType op, Factor f, bool a, Ms to, H h) {
+            std::vector<at::Tensor> keep{out, in};
+            const ReduceOp r = to_op(op, f, out, keep);
+            return c.run(keep, [&] {
+              return c.comm->reduce_scatter_single(view(out), view(in), r, c.opts(a, to, h));
             });
           })
       .def("all_to_all_single",

@@ -1,6 +1,8 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 #include "fake_nccl.hpp"
 
+#include "fastcomms/core/half.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -46,7 +48,11 @@ struct FakeNccl::Part {
   ncclDataType_t dt = ncclUint8;
   ncclRedOp_t op = ncclSum;
   double factor = 1.0;  // a PREMUL_SUM op's, read at the call (the op may be destroyed after it)
-  int peer = 0;         // the root of rooted collectives, the peer of a send or receive
+  // a PREMUL_SUM op's device scalar (ncclScalarDevice): read when the collective runs, as NCCL's
+  // kernel reads it, so a test can tell a value read at the call from one read on the device
+  const void* factor_ptr = nullptr;
+  ncclDataType_t factor_dt = ncclFloat32;
+  int peer = 0;  // the root of rooted collectives, the peer of a send or receive
   std::shared_ptr<Launch> launch;
 };
 
@@ -56,7 +62,12 @@ struct FakeNccl::Comm {
   bool aborted = false, destroyed = false;
   uint64_t coll_seq = 0, split_seq = 0;
   int next_op = ncclNumOps;
-  std::map<int, double> premul;  // PREMUL_SUM ops and their factors
+  struct Premul {
+    double factor = 1.0;           // a host scalar's value
+    const void* device = nullptr;  // or a device scalar's address
+    ncclDataType_t dt = ncclFloat32;
+  };
+  std::map<int, Premul> premul;  // PREMUL_SUM ops and their factors
   std::set<void*> registrations;
 };
 
@@ -139,6 +150,52 @@ void reduce_typed(const std::vector<const void*>& in, const std::vector<double>&
   }
 }
 
+// Half types as NCCL's kernels compute them: each input times the factor (both in the type) and
+// each step of the reduction rounded to the type (a product or sum of two half values, computed in
+// double, is rounded once). AVG: the sum, divided.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void reduce_half(const std::vector<const void*>& in, const std::vector<double>& factors,
+                 ncclRedOp_t op, size_t n, char* out) {
+  auto* o = reinterpret_cast<uint16_t*>(out);
+  const bool premul = op >= ncclNumOps;
+  const auto round = [](double v) {
+    return static_cast<double>(Load(Store(static_cast<float>(v))));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    double acc = 0;
+    for (size_t r = 0; r < in.size(); ++r) {
+      double x = Load(static_cast<const uint16_t*>(in[r])[i]);
+      if (premul) x = round(x * round(factors[r]));
+      if (r == 0)
+        acc = x;
+      else if (op == ncclProd)
+        acc = round(acc * x);
+      else if (op == ncclMin)
+        acc = std::min(acc, x);
+      else if (op == ncclMax)
+        acc = std::max(acc, x);
+      else
+        acc = round(acc + x);
+    }
+    if (op == ncclAvg) acc = round(acc / static_cast<double>(in.size()));
+    o[i] = Store(static_cast<float>(acc));
+  }
+}
+
+// One scalar of a PREMUL_SUM type (the bytes NCCL reads for it), as a double.
+double read_scalar(const void* p, ncclDataType_t dt) {
+  switch (dt) {
+    case ncclFloat16:
+      return fastcomms::half_to_float(*static_cast<const uint16_t*>(p));
+    case ncclBfloat16:
+      return fastcomms::bf16_to_float(*static_cast<const uint16_t*>(p));
+    case ncclFloat32:
+      return *static_cast<const float*>(p);
+    default:
+      return *static_cast<const double*>(p);
+  }
+}
+
 // Reduces n elements of every input into out; false for a type the fake does not reduce.
 bool reduce_all(ncclDataType_t dt, const std::vector<const void*>& in,
                 const std::vector<double>& factors, ncclRedOp_t op, size_t n, char* out) {
@@ -155,6 +212,14 @@ bool reduce_all(ncclDataType_t dt, const std::vector<const void*>& in,
       return reduce_typed<float>(in, factors, op, n, out), true;
     case ncclFloat64:
       return reduce_typed<double>(in, factors, op, n, out), true;
+    case ncclFloat16:
+      return reduce_half<fastcomms::half_to_float, fastcomms::float_to_half>(in, factors, op, n,
+                                                                             out),
+             true;
+    case ncclBfloat16:
+      return reduce_half<fastcomms::bf16_to_float, fastcomms::float_to_bf16>(in, factors, op, n,
+                                                                             out),
+             true;
     default:
       return false;
   }
@@ -490,7 +555,8 @@ void FakeNccl::run_collective(World& w, uint64_t seq) {
     std::vector<double> factors;
     for (const Part& p : parts) {
       in.push_back(p.send);
-      factors.push_back(p.factor);
+      factors.push_back(p.factor_ptr != nullptr ? read_scalar(p.factor_ptr, p.factor_dt)
+                                                : p.factor);
     }
     std::vector<std::vector<char>> outs(P);
     std::vector<bool> writes(P, true);
@@ -746,17 +812,21 @@ ncclResult_t FakeNccl::red_op_create_pre_mul_sum(ncclRedOp_t* op, void* scalar,
   if (c == nullptr) return ncclInvalidArgument;
   ncclResult_t r;
   if (take_failure("ncclRedOpCreatePreMulSum", c->device, &r)) return r;
-  if (residence != ncclScalarHostImmediate)
-    violation("ncclRedOpCreatePreMulSum: the fake reads host scalars only");
-  double factor = 1.0;
-  if (datatype == ncclFloat32)
-    factor = *static_cast<const float*>(scalar);
-  else if (datatype == ncclFloat64)
-    factor = *static_cast<const double*>(scalar);
-  else
-    violation("ncclRedOpCreatePreMulSum: the fake reads float32 and float64 scalars only");
+  Comm::Premul pm;
+  pm.dt = datatype;
+  if (datatype != ncclFloat16 && datatype != ncclBfloat16 && datatype != ncclFloat32 &&
+      datatype != ncclFloat64) {
+    violation("ncclRedOpCreatePreMulSum: a scalar of a type NCCL has no PREMUL_SUM for");
+    return ncclInvalidArgument;
+  }
+  if (residence == ncclScalarDevice) {
+    check_nccl_buffer(scalar, "ncclRedOpCreatePreMulSum", "device scalar");
+    pm.device = scalar;  // read when the collective runs
+  } else {
+    pm.factor = read_scalar(scalar, datatype);  // NCCL copies a host scalar at this call
+  }
   *op = static_cast<ncclRedOp_t>(c->next_op++);
-  c->premul[*op] = factor;
+  c->premul[*op] = pm;
   return ncclSuccess;
 }
 
@@ -812,33 +882,39 @@ ncclResult_t FakeNccl::group_end() {
   return ncclSuccess;
 }
 
-#define FAKE_NCCL_ISSUE(NAME, KIND, SEND, RECV, COUNT, DT, OP, PEER)                   \
-  std::lock_guard<std::mutex> lock(mu_);                                               \
-  Comm* c = comm_of(comm, NAME);                                                       \
-  record(NAME, c ? c->device : t_device, comm, stream, nullptr);                       \
-  if (c == nullptr) return refuse(ncclInvalidArgument);                                \
-  ncclResult_t r;                                                                      \
-  if (take_failure(NAME, c->device, &r)) return r;                                     \
-  Stream* s = stream_of(stream, NAME);                                                 \
-  if (s == nullptr) return refuse(ncclInvalidArgument);                                \
-  check_nccl_buffer(SEND, NAME, "send buffer");                                        \
-  check_nccl_buffer(RECV, NAME, "receive buffer");                                     \
-  if ((KIND == Kind::kSend || KIND == Kind::kRecv || KIND == Kind::kBroadcast ||       \
-       KIND == Kind::kReduce) &&                                                       \
-      (PEER < 0 || PEER >= c->size)) {                                                 \
-    violation(std::string(NAME) + ": rank " + std::to_string(PEER) + " out of range"); \
-    return refuse(ncclInvalidArgument);                                                \
-  }                                                                                    \
-  double factor = 1.0;                                                                 \
-  if (OP >= ncclNumOps) {                                                              \
-    const auto f = c->premul.find(OP);                                                 \
-    if (f == c->premul.end()) {                                                        \
-      violation(std::string(NAME) + " with an op the communicator does not have");     \
-      return refuse(ncclInvalidArgument);                                              \
-    }                                                                                  \
-    factor = f->second;                                                                \
-  }                                                                                    \
-  return enqueue(Part{KIND, NAME, c, s, SEND, RECV, COUNT, DT, OP, factor, PEER, nullptr}, s)
+#define FAKE_NCCL_ISSUE(NAME, KIND, SEND, RECV, COUNT, DT, OP, PEER)                              \
+  std::lock_guard<std::mutex> lock(mu_);                                                          \
+  Comm* c = comm_of(comm, NAME);                                                                  \
+  record(NAME, c ? c->device : t_device, comm, stream, nullptr);                                  \
+  if (c == nullptr) return refuse(ncclInvalidArgument);                                           \
+  ncclResult_t r;                                                                                 \
+  if (take_failure(NAME, c->device, &r)) return r;                                                \
+  Stream* s = stream_of(stream, NAME);                                                            \
+  if (s == nullptr) return refuse(ncclInvalidArgument);                                           \
+  check_nccl_buffer(SEND, NAME, "send buffer");                                                   \
+  check_nccl_buffer(RECV, NAME, "receive buffer");                                                \
+  if ((KIND == Kind::kSend || KIND == Kind::kRecv || KIND == Kind::kBroadcast ||                  \
+       KIND == Kind::kReduce) &&                                                                  \
+      (PEER < 0 || PEER >= c->size)) {                                                            \
+    violation(std::string(NAME) + ": rank " + std::to_string(PEER) + " out of range");            \
+    return refuse(ncclInvalidArgument);                                                           \
+  }                                                                                               \
+  double factor = 1.0;                                                                            \
+  const void* factor_ptr = nullptr;                                                               \
+  ncclDataType_t factor_dt = ncclFloat32;                                                         \
+  if (OP >= ncclNumOps) {                                                                         \
+    const auto f = c->premul.find(OP);                                                            \
+    if (f == c->premul.end()) {                                                                   \
+      violation(std::string(NAME) + " with an op the communicator does not have");                \
+      return refuse(ncclInvalidArgument);                                                         \
+    }                                                                                             \
+    factor = f->second.factor;                                                                    \
+    factor_ptr = f->second.device;                                                                \
+    factor_dt = f->second.dt;                                                                     \
+  }                                                                                               \
+  return enqueue(Part{KIND, NAME, c, s, SEND, RECV, COUNT, DT, OP, factor, factor_ptr, factor_dt, \
+                      PEER, nullptr},                                                             \
+                 s)
 
 ncclResult_t FakeNccl::all_reduce(const void* sendbuff, void* recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,

@@ -18,6 +18,7 @@
 #include "backends/nccl/nccl_backend.hpp"
 #include "fake_nccl.hpp"
 #include "fastcomms/core/factory.hpp"
+#include "fastcomms/core/half.hpp"
 #include "fastcomms/core/reduce_op.hpp"
 #include "fastcomms/core/wire_fingerprint.hpp"
 #include "harness.hpp"
@@ -1135,6 +1136,109 @@ TEST(NcclFake, CallCheckSettingsMustAgree) {
       << errors[1];
   EXPECT_EQ(w.fake->count("ncclCommInitRank"), 0) << "refused before NCCL is set up";
   w.expect_clean();
+}
+
+// ---- PREMUL_SUM's factor, integer AVG, a batch's pair to self ---------------------------------
+
+// NOTE [device factor]: every float type takes a number factor (in the type's bits: a bfloat16
+// scalar read as a float's first two bytes would be wrong) and a device scalar, read when the
+// collective runs (rank 0 changes its scalar after its call, before rank 1 calls).
+TEST(NcclFake, PremulSumEveryFloatTypeAndDeviceFactor) {
+  FakeWorld w;
+  auto& fake = *w.fake;
+  const int P = 2;
+  std::atomic<int> stage{0};
+  expect_ok(run_ranks(w, P, [&](Communicator& comm, int r) {
+    for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+      // a number: 1/3 rounded to the type, each product rounded to the type, then the sum
+      Buf x(dt, 3, r);
+      for (int i = 0; i < 3; ++i) x.t.set(i, r + 1 + i);
+      EXPECT_EQ(settle(comm.all_reduce(x.view(), ReduceOp::premul_sum(1.0 / 3))),
+                WorkStatus::kCompleted);
+      // the arithmetic, rounded to the type with the core's codecs (round to nearest even)
+      const auto rnd = [dt](double v) {
+        if (dt == DType::kFloat16) return double{half_to_float(float_to_half(float(v)))};
+        if (dt == DType::kBFloat16) return double{bf16_to_float(float_to_bf16(float(v)))};
+        return dt == DType::kFloat32 ? double{float(v)} : v;
+      };
+      const double f = rnd(rnd(1.0 / 3));
+      for (int i = 0; i < 3; ++i) {
+        double acc = 0;
+        for (int q = 0; q < P; ++q) acc = rnd(acc + rnd((q + 1 + i) * f));
+        EXPECT_EQ(x.t.get(i), acc) << dtype_name(dt) << " element " << i;
+      }
+      // a device scalar of the type
+      Buf scalar(dt, 1, r), y(dt, 2, r);
+      scalar.t.set(0, 1.0);
+      for (int i = 0; i < 2; ++i) y.t.set(i, r + 1);
+      if (r == 1)
+        while (stage.load() == 0) std::this_thread::sleep_for(1ms);
+      auto work = comm.all_reduce(y.view(), ReduceOp::premul_sum(scalar.view()));
+      if (r == 0) {
+        scalar.t.set(0, 4.0);  // not run yet: rank 1 has not called
+        stage.store(1);
+      }
+      EXPECT_EQ(settle(work), WorkStatus::kCompleted);
+      if (r == 1) stage.store(0);
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(y.t.get(i), 4.0 * 1 + 1.0 * 2) << dtype_name(dt);
+      // settle both ranks before the next type reuses the stage flag
+      EXPECT_EQ(settle(comm.barrier()), WorkStatus::kCompleted);
+    }
+    // refused before NCCL sees it: a scalar of another dtype, on another device, of two elements
+    Buf h(DType::kFloat16, 2, r), f32(DType::kFloat32, 1, r), two(DType::kFloat16, 2, r);
+    EXPECT_EQ(thrown([&] { comm.all_reduce(h.view(), ReduceOp::premul_sum(f32.view())); }).code(),
+              ErrorCode::kTypeError);
+    EXPECT_EQ(thrown([&] { comm.all_reduce(h.view(), ReduceOp::premul_sum(two.view())); }).code(),
+              ErrorCode::kInvalidArgument);
+    HostTensor cpu_scalar(DType::kFloat16, 1);
+    EXPECT_EQ(
+        thrown([&] { comm.all_reduce(h.view(), ReduceOp::premul_sum(cpu_scalar.view())); }).code(),
+        ErrorCode::kInvalidArgument);
+  }));
+  EXPECT_TRUE(fake.violations().empty()) << fake.violations().front();
+}
+
+// AVG on integers: NCCL's ncclAvg, the sum divided by the world size, truncated toward zero.
+TEST(NcclFake, IntegerAvgTruncates) {
+  FakeWorld w;
+  const int P = 3;
+  expect_ok(run_ranks(w, P, [](Communicator& comm, int r) {
+    Buf x(DType::kInt32, 2, r);
+    x.t.set(0, r == 0 ? 2 : 0);   // 2 / 3 -> 0
+    x.t.set(1, r == 0 ? -5 : 0);  // -5 / 3 -> -1
+    EXPECT_EQ(settle(comm.all_reduce(x.view(), ReduceOp::avg())), WorkStatus::kCompleted);
+    EXPECT_EQ(x.t.get(0), 0);
+    EXPECT_EQ(x.t.get(1), -1);
+  }));
+}
+
+// NOTE [self pairs in a batch]: a send and a recv to self in one batch are NCCL's local copy.
+TEST(NcclFake, BatchPairToSelfIsACopy) {
+  FakeWorld w;
+  auto& fake = *w.fake;
+  const int P = 2;
+  expect_ok(run_ranks(w, P, [&](Communicator& comm, int r) {
+    Buf s(DType::kFloat32, 4, r), d(DType::kFloat32, 4, r);
+    for (int i = 0; i < 4; ++i) {
+      s.t.set(i, 10 * r + i);
+      d.t.set(i, -1);
+    }
+    EXPECT_EQ(settle(comm.batch_p2p(
+                  {{P2POp::Kind::kRecv, d.view(), r}, {P2POp::Kind::kSend, s.view(), r}})),
+              WorkStatus::kCompleted);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(d.t.get(i), 10 * r + i);
+    const Error lone = thrown([&] { comm.batch_p2p({{P2POp::Kind::kSend, s.view(), r}}); });
+    EXPECT_NE(std::string(lone.what()).find("send to self without a matching recv"),
+              std::string::npos)
+        << lone.what();
+    Buf small(DType::kFloat32, 3, r);
+    const Error sizes = thrown([&] {
+      comm.batch_p2p({{P2POp::Kind::kSend, s.view(), r}, {P2POp::Kind::kRecv, small.view(), r}});
+    });
+    EXPECT_NE(std::string(sizes.what()).find("float32[4]"), std::string::npos) << sizes.what();
+    EXPECT_NE(std::string(sizes.what()).find("float32[3]"), std::string::npos) << sizes.what();
+  }));
+  EXPECT_TRUE(fake.violations().empty()) << fake.violations().front();
 }
 
 }  // namespace

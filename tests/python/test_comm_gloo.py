@@ -160,8 +160,8 @@ def hooks_split_and_errors(comm, rank, size):
         comm.send(torch.zeros(2), 99, False)
     with pytest.raises(TypeError, match="BAND needs an integer or bool tensor, got float32"):
         comm.all_reduce(torch.zeros(2), ReduceOp.BAND, False)
-    with pytest.raises(TypeError, match="AVG needs a floating-point tensor, got int32"):
-        comm.all_reduce(torch.zeros(2, dtype=torch.int32), ReduceOp.AVG, False)
+    with pytest.raises(TypeError, match="PREMUL_SUM needs a floating-point tensor, got int32"):
+        comm.all_reduce(torch.zeros(2, dtype=torch.int32), ReduceOp.PREMUL_SUM(2.0), False)
     with pytest.raises(ValueError, match="must be contiguous"):
         comm.all_reduce(torch.zeros(4, 4).t(), ReduceOp.SUM, False)
     with pytest.raises(fastcomms.UnsupportedError, match="backend .gloo. has no windows"):

@@ -203,8 +203,8 @@ def process_group_fast_path(comm, rank, size):
     assert seen == ["all_reduce"], seen
     assert fast(lambda: dist.all_reduce(x.clone(), group=pg)) == 1
     # an error is fastcomms' exception, on every rank, and the group works after it
-    with pytest.raises(TypeError, match="AVG needs a floating-point tensor"):
-        dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev), dist.ReduceOp.AVG, group=pg)
+    with pytest.raises(TypeError, match="BAND needs an integer or bool tensor"):
+        dist.all_reduce(torch.ones(3, device=dev), dist.ReduceOp.BAND, group=pg)
     # a dropped unfinished work keeps its tensors until the op is done: rank 0 drops both while
     # the others are late, then reuses the memory
     big = 1 << 18

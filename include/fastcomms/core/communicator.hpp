@@ -192,7 +192,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void check_peer(OpKind op, const char* arg, int peer, bool allow_self) const;
   void check_tensor(OpKind op, const char* arg, const TensorView& t) const;
   void check_same_dtype(OpKind op, const char* arg, const TensorView& t, DType want) const;
-  void check_reduce(OpKind op, const ReduceOp& r, DType dt) const;
+  void check_reduce(OpKind op, const ReduceOp& r, const TensorView& t) const;
+  void check_self_pairs(OpKind op, const std::vector<P2POp>& ops) const;
 
   std::unique_ptr<Backend> backend_;
   int rank_;
