@@ -11,8 +11,9 @@ class RealNcclApi final : public NcclApi {
   const char* get_error_string(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* get_last_error(ncclComm_t comm) override { return ncclGetLastError(comm); }
   ncclResult_t get_unique_id(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
-  ncclResult_t comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) override {
-    return ncclCommInitRank(comm, nranks, id, rank);
+  ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                     ncclConfig_t* config) override {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, config);
   }
   ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                           ncclConfig_t* config) override {

@@ -32,7 +32,8 @@ class NcclApi {
   virtual const char* get_error_string(ncclResult_t result) = 0;
   virtual const char* get_last_error(ncclComm_t comm) = 0;
   virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
-  virtual ncclResult_t comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) = 0;
+  virtual ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                             int rank, ncclConfig_t* config) = 0;
   virtual ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                   ncclConfig_t* config) = 0;
   virtual ncclResult_t comm_abort(ncclComm_t comm) = 0;

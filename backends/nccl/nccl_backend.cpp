@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "backends/nccl/call_checker.hpp"
 #include "backends/nccl/nccl_api.hpp"
 #include "backends/nccl/nccl_backend.hpp"
+#include "backends/nccl/nccl_config.hpp"
 #include "backends/nccl/nccl_util.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/half.hpp"
@@ -47,12 +49,6 @@ NcclApi& on_device(NcclApi& api, const BackendInit& init, const std::string& pre
                   prefix, "the nccl backend serves CUDA devices, got ", init.device.str());
   cuda_check(api, prefix, "cudaSetDevice", api.cuda_set_device(init.device.index));
   return api;
-}
-
-// The hint nccl.high_priority=1 puts the internal stream at the device's highest priority.
-bool high_priority(const BackendInit& init) {
-  const auto it = init.options.hints.find("nccl.high_priority");
-  return it != init.options.hints.end() && it->second == "1";
 }
 
 ncclDataType_t nccl_type(DType dt, const std::string& prefix) {
@@ -183,8 +179,10 @@ class NcclWork : public CheckedWork {
 
 class NcclBackend : public Backend {
  public:
-  // `comm` null: a new communicator by unique id through the store; else a split's, now owned.
-  NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, ncclComm_t comm);
+  // `comm` null: a new communicator by unique id through the store, made with `config`; else a
+  // split's, now owned (made with `config`).
+  NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, ncclComm_t comm,
+              NcclConfig config);
   ~NcclBackend() override;
 
   std::string name() const override { return "nccl"; }
@@ -235,6 +233,14 @@ class NcclBackend : public Backend {
     DeviceGuard guard(*api_, device_, where);
     nccl_check(*api_, comm_, where + "nccl: ", "ncclCommDeregister",
                api_->comm_deregister(comm_, handle));
+  }
+  // get_nccl_comm_ptr (torchcomms' TorchCommNCCL::getCommPtr): the ncclComm_t, not owned; none
+  // once the communicator is aborted (the watchdog's abort included).
+  std::shared_ptr<void> lend(const std::string& what) override {
+    if (what != kLentNcclComm) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_ || comm_ == nullptr) return nullptr;
+    return std::shared_ptr<void>(std::shared_ptr<void>(), static_cast<void*>(comm_));
   }
   std::shared_ptr<Window> new_window(const OpContext&) override {
     FASTCOMMS_CHECK(options_.store != nullptr, kUnsupported, "[rank ", rank_, "/", size_, " ",
@@ -417,12 +423,19 @@ class NcclBackend : public Backend {
       color = static_cast<int>(h & 0x3fffffff);
       key = init->rank;
     }
+    // NOTE [nccl config hints]: a member's new communicator gets the config its hints ask for
+    // (commName its name), as torchcomms' split passes one; a rank joining none passes none.
+    std::optional<NcclConfig> config;
+    if (init)
+      config.emplace(
+          init->options.hints, init->options.name,
+          detail::cat("[rank ", rank_, "/", size_, " ", options_.name, " split] nccl: "));
     DeviceGuard guard(*api_, device_, prefix_);
     ncclComm_t sub = nullptr;
     nccl_check(*api_, comm_, prefix_, "ncclCommSplit",
-               api_->comm_split(comm_, color, key, &sub, nullptr));
+               api_->comm_split(comm_, color, key, &sub, config ? config->get() : nullptr));
     if (!init) return nullptr;
-    return std::make_unique<NcclBackend>(*init, api_, sub);
+    return std::make_unique<NcclBackend>(*init, api_, sub, std::move(*config));
   }
   void abort() override;
   void finalize() override;
@@ -516,6 +529,7 @@ class NcclBackend : public Backend {
   std::string prefix_;
   CommOptions options_;
   std::shared_ptr<ProcessAbort> process_abort_;  // NOTE [process abort]
+  NcclConfig config_;                            // NOTE [nccl config hints]
   ncclComm_t comm_ = nullptr;
   Stream stream_;
   Event ready_;
@@ -539,7 +553,8 @@ class NcclBackend : public Backend {
   bool mismatch_raised_ = false;  // a call raised it (else finalize() does); under mu_
 };
 
-NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, ncclComm_t comm)
+NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, ncclComm_t comm,
+                         NcclConfig config)
     : api_(std::move(api)),
       rank_(init.rank),
       size_(init.size),
@@ -548,8 +563,9 @@ NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, 
                           " new_comm] nccl: ")),
       options_(init.options),
       process_abort_(init.process_abort),
+      config_(std::move(config)),
       comm_(comm),
-      stream_(on_device(*api_, init, prefix_), high_priority(init), prefix_),
+      stream_(on_device(*api_, init, prefix_), config_.high_priority_stream(), prefix_),
       ready_(*api_, prefix_),
       barrier_buf_(*api_, sizeof(int), prefix_) {
   // NOTE [nccl call check]: the setting, the same on every rank (checked below), since a checked
@@ -606,8 +622,9 @@ NcclBackend::NcclBackend(const BackendInit& init, std::shared_ptr<NcclApi> api, 
                       " bytes in the store, expected ", sizeof id);
       std::memcpy(&id, v.data(), sizeof id);
     }
-    nccl_check(*api_, nullptr, prefix_, "ncclCommInitRank",
-               api_->comm_init_rank(&comm_, size_, id, rank_));
+    // NOTE [nccl config hints]
+    nccl_check(*api_, nullptr, prefix_, "ncclCommInitRankConfig",
+               api_->comm_init_rank_config(&comm_, size_, id, rank_, config_.get()));
   }
   {
     // Landed before the first barrier, which runs on a non-blocking stream that a plain
@@ -964,9 +981,18 @@ void NcclBackend::finalize() {
 }  // namespace
 
 std::unique_ptr<Backend> make_nccl_backend(const BackendInit& init, std::shared_ptr<NcclApi> api) {
+  // NOTE [nccl config hints]: read before anything is made, so a bad hint frees nothing.
+  NcclConfig config(init.options.hints, init.options.name,
+                    detail::cat("[rank ", init.rank, "/", init.size, " ", init.options.name,
+                                " new_comm] nccl: "));
+  return make_nccl_backend(init, std::move(api), std::move(config));
+}
+
+std::unique_ptr<Backend> make_nccl_backend(const BackendInit& init, std::shared_ptr<NcclApi> api,
+                                           NcclConfig config) {
   FASTCOMMS_CHECK(api != nullptr, kInvalidArgument, "[rank ", init.rank, "/", init.size, " ",
                   init.options.name, " new_comm] nccl: ", "the NCCL API must not be null");
-  return std::make_unique<NcclBackend>(init, std::move(api), nullptr);
+  return std::make_unique<NcclBackend>(init, std::move(api), nullptr, std::move(config));
 }
 
 namespace {

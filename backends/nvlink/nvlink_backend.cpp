@@ -63,9 +63,12 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
 
   // NOTE [the nvlink backend lends its engine]: Ulysses groups over this communicator use the
   // engine all_to_all_single uses (and its async lane), so no second set of windows exists.
+  // get_nccl_comm_ptr: the inner nccl communicator's ncclComm_t, which every op but the
+  // peer-to-peer all-to-all runs on (made with the same NCCL config, NOTE [nccl config hints]).
   std::shared_ptr<void> lend(const std::string& what) override {
-    return what == kLentUlyssesTransport ? std::static_pointer_cast<UlyssesTransport>(p2p_)
-                                         : nullptr;
+    if (what == kLentUlyssesTransport) return std::static_pointer_cast<UlyssesTransport>(p2p_);
+    if (what == kLentNcclComm) return inner_->lend(what);
+    return nullptr;
   }
   bool supports_window() const override { return true; }
   // NOTE [nccl memory registration]: with the inner NCCL communicator, which every op but the

@@ -182,6 +182,13 @@ class TorchComm(_OpaqueBase):
 
         return self._c._b if isinstance(self._c, Shim) else self._c
 
+    def get_nccl_comm_ptr(self) -> int:
+        """The NCCL communicator (``ncclComm_t``) as an int, for torch's symmetric memory and other
+        NCCL users: ``get_backend_impl().get_nccl_comm_ptr()``, where torchcomms has it (its nccl
+        backend's object; fastcomms' nvlink gives its inner nccl communicator's). 0 once aborted
+        or finalized; ``AttributeError`` on the other backends, nccl-lazy included, as there."""
+        return self.get_backend_impl().get_nccl_comm_ptr()
+
     def unsafe_get_backend(self):
         """Deprecated name of ``get_backend_impl``."""
         warnings.warn(

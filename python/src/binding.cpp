@@ -1169,6 +1169,20 @@ PYBIND11_MODULE(_C, m) {
              }));
              return py::cpp_function([h] { h->remove(); });
            })
+      // torchcomms' TorchCommNCCL.get_nccl_comm_ptr(): the ncclComm_t as an int (0 once aborted
+      // or finalized); nvlink gives its inner nccl communicator's. Other backends' objects have
+      // no such attribute in torchcomms: AttributeError.
+      .def("get_nccl_comm_ptr",
+           [](PyComm& c) -> int64_t {
+             const std::string b = c.comm->backend_name();
+             if (b != "nccl" && b != "nvlink")
+               throw py::attribute_error(fastcomms::detail::cat(
+                   "[rank ", c.comm->rank(), "/", c.comm->size(), " ", c.comm->name(),
+                   " get_nccl_comm_ptr] the '", b,
+                   "' backend has no NCCL communicator: get_nccl_comm_ptr is an attribute of "
+                   "the nccl backend's object (and nvlink's) only"));
+             return reinterpret_cast<int64_t>(c.comm->lend(kLentNcclComm).get());
+           })
       .def("tensor_register",
            [](PyComm& c, at::Tensor t) {
              const TensorView v = view(t);

@@ -322,6 +322,31 @@ std::vector<FakeNccl::Split> FakeNccl::splits() const {
   return splits_;
 }
 
+std::vector<FakeNccl::ConfigSeen> FakeNccl::configs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return configs_;
+}
+
+void FakeNccl::record_config(const char* call, int device, const ncclConfig_t* config) {
+  ConfigSeen seen;
+  seen.call = call;
+  seen.device = device;
+  seen.given = config != nullptr;
+  if (config != nullptr) {
+    // NCCL reads a config's strings during the call only: copied now, as NCCL would use them.
+    seen.config = *config;
+    seen.has_comm_name = config->commName != nullptr;
+    seen.has_net_name = config->netName != nullptr;
+    if (seen.has_comm_name) seen.comm_name = config->commName;
+    if (seen.has_net_name) seen.net_name = config->netName;
+    seen.config.commName = nullptr;
+    seen.config.netName = nullptr;
+    if (config->size != sizeof(ncclConfig_t) || config->magic != 0xcafebeef)
+      violation(std::string(call) + ": a config not made from NCCL_CONFIG_INITIALIZER");
+  }
+  configs_.push_back(std::move(seen));
+}
+
 std::vector<std::string> FakeNccl::violations() const {
   std::lock_guard<std::mutex> lock(mu_);
   return violations_;
@@ -651,11 +676,13 @@ ncclResult_t FakeNccl::get_unique_id(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t FakeNccl::comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+ncclResult_t FakeNccl::comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                             int rank, ncclConfig_t* config) {
   std::unique_lock<std::mutex> lock(mu_);
-  record("ncclCommInitRank", t_device, nullptr, nullptr, nullptr);
+  record("ncclCommInitRankConfig", t_device, nullptr, nullptr, nullptr);
+  record_config("ncclCommInitRankConfig", t_device, config);
   ncclResult_t r;
-  if (take_failure("ncclCommInitRank", t_device, &r)) return r;
+  if (take_failure("ncclCommInitRankConfig", t_device, &r)) return r;
   std::shared_ptr<World>& slot = by_id_[std::string(id.internal, sizeof id.internal)];
   if (!slot) {
     slot = std::make_shared<World>();
@@ -664,8 +691,8 @@ ncclResult_t FakeNccl::comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId
   }
   const std::shared_ptr<World> w = slot;
   if (w->size != nranks || rank < 0 || rank >= nranks || w->ranks[static_cast<size_t>(rank)]) {
-    violation("ncclCommInitRank: rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
-              " does not fit the id's communicator");
+    violation("ncclCommInitRankConfig: rank " + std::to_string(rank) + " of " +
+              std::to_string(nranks) + " does not fit the id's communicator");
     return ncclInvalidArgument;
   }
   auto owned = std::make_unique<Comm>();
@@ -679,17 +706,18 @@ ncclResult_t FakeNccl::comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId
   ++w->joined;
   cv_.notify_all();
   if (!wait_for(
-          lock, [&] { return w->joined == w->size; }, "ncclCommInitRank"))
+          lock, [&] { return w->joined == w->size; }, "ncclCommInitRankConfig"))
     return ncclSystemError;
   *comm = reinterpret_cast<ncclComm_t>(c);
   return ncclSuccess;
 }
 
 ncclResult_t FakeNccl::comm_split(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                                  ncclConfig_t*) {
+                                  ncclConfig_t* config) {
   std::unique_lock<std::mutex> lock(mu_);
   Comm* c = comm_of(comm, "ncclCommSplit");
   record("ncclCommSplit", c ? c->device : t_device, comm, nullptr, nullptr);
+  record_config("ncclCommSplit", c ? c->device : t_device, config);
   if (c == nullptr) return ncclInvalidArgument;
   ncclResult_t r;
   if (take_failure("ncclCommSplit", c->device, &r)) return r;

@@ -57,6 +57,16 @@ class FakeNccl final : public nccl_backend::NcclApi {
     int device, parent_rank, parent_size, color, key;
     int new_rank, new_size;  ///< -1 where the rank joined no communicator (NCCL_SPLIT_NOCOLOR)
   };
+  /// The ncclConfig_t one ncclCommInitRankConfig or ncclCommSplit received (NOTE [nccl config
+  /// hints]), its strings copied; `given` false where the call passed no config.
+  struct ConfigSeen {
+    std::string call;  ///< "ncclCommInitRankConfig" or "ncclCommSplit"
+    int device = -1;
+    bool given = false;
+    ncclConfig_t config{};  ///< its string pointers cleared: see comm_name, net_name
+    std::string comm_name, net_name;
+    bool has_comm_name = false, has_net_name = false;
+  };
   /// Objects alive now.
   struct Live {
     int comms = 0, streams = 0, events = 0, buffers = 0, host_buffers = 0;
@@ -88,6 +98,7 @@ class FakeNccl final : public nccl_backend::NcclApi {
   /// How many calls named `name` were made on `device` (-1: any).
   int count(const std::string& name, int device = -1) const;
   std::vector<Split> splits() const;
+  std::vector<ConfigSeen> configs() const;
   /// Breaks of NCCL's or CUDA's rules, in words; empty when the backend kept them all.
   std::vector<std::string> violations() const;
   Live live() const;
@@ -99,7 +110,8 @@ class FakeNccl final : public nccl_backend::NcclApi {
   const char* get_error_string(ncclResult_t result) override;
   const char* get_last_error(ncclComm_t comm) override;
   ncclResult_t get_unique_id(ncclUniqueId* id) override;
-  ncclResult_t comm_init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) override;
+  ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                     ncclConfig_t* config) override;
   ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                           ncclConfig_t* config) override;
   ncclResult_t comm_abort(ncclComm_t comm) override;
@@ -215,6 +227,8 @@ class FakeNccl final : public nccl_backend::NcclApi {
   std::chrono::milliseconds wait_limit_{20000};
   std::vector<Call> calls_;
   std::vector<Split> splits_;
+  std::vector<ConfigSeen> configs_;
+  void record_config(const char* call, int device, const ncclConfig_t* config);
   std::vector<std::string> violations_;
   std::vector<NcclFailure> nccl_failures_;
   std::vector<CudaFailure> cuda_failures_;

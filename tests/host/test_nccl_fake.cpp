@@ -13,9 +13,11 @@
 #include <cstring>
 #include <functional>
 #include <latch>
+#include <set>
 #include <thread>
 
 #include "backends/nccl/nccl_backend.hpp"
+#include "backends/nccl/nccl_config.hpp"
 #include "fake_nccl.hpp"
 #include "fastcomms/core/factory.hpp"
 #include "fastcomms/core/half.hpp"
@@ -39,9 +41,11 @@ using Clock = std::chrono::steady_clock;
 struct FakeWorld {
   std::shared_ptr<FakeNccl> fake = std::make_shared<FakeNccl>();
   std::string backend = unique_name("nccl_fake");
-  FakeWorld() {
-    register_backend(backend, [f = fake](const BackendInit& init) {
-      return nccl_backend::make_nccl_backend(init, f);
+  // `lazy`: the backend is nccl-lazy over the fake (NOTE [nccl-lazy]).
+  explicit FakeWorld(bool lazy = false) {
+    register_backend(backend, [f = fake, lazy](const BackendInit& init) {
+      return lazy ? nccl_backend::make_nccl_lazy_backend(init, f)
+                  : nccl_backend::make_nccl_backend(init, f);
     });
   }
   // Every communicator is gone: nothing left alive, no rule broken (but the mismatched
@@ -315,9 +319,9 @@ TEST(NcclFake, ErrorInsideAGroup) {
 // A communicator that cannot be made says which rank and which call; what it had made is freed.
 TEST(NcclFake, InitFailure) {
   FakeWorld w;
-  w.fake->fail("ncclCommInitRank", ncclSystemError, 0);
+  w.fake->fail("ncclCommInitRankConfig", ncclSystemError, 0);
   const auto errors = run_ranks(w, 1, [](Communicator&, int) {});
-  EXPECT_NE(errors[0].find("new_comm] nccl: ncclCommInitRank failed: ncclSystemError"),
+  EXPECT_NE(errors[0].find("new_comm] nccl: ncclCommInitRankConfig failed: ncclSystemError"),
             std::string::npos)
       << errors[0];
   EXPECT_EQ(errors[0].rfind("[rank 0/1 ", 0), 0u) << errors[0];
@@ -632,7 +636,7 @@ TEST(NcclFake, FinalizeOrder) {
     std::vector<std::string> order;
     const void* comm = nullptr;
     for (const auto& c : fake.calls(dev)) {
-      if (c.name == "ncclCommInitRank") continue;
+      if (c.name == "ncclCommInitRankConfig") continue;
       if (c.name == "ncclCommRegister") comm = c.comm;
       if (c.name == "cudaStreamSynchronize" || c.name == "ncclCommDeregister" ||
           c.name == "ncclCommDestroy" || c.name == "ncclCommAbort")
@@ -1134,7 +1138,364 @@ TEST(NcclFake, CallCheckSettingsMustAgree) {
                            "as '1 fuse=0 memory=device'"),
             std::string::npos)
       << errors[1];
-  EXPECT_EQ(w.fake->count("ncclCommInitRank"), 0) << "refused before NCCL is set up";
+  EXPECT_EQ(w.fake->count("ncclCommInitRankConfig"), 0) << "refused before NCCL is set up";
+  w.expect_clean();
+}
+
+// ---- NOTE [nccl config hints] -------------------------------------------------------------------
+
+// The configs ncclCommInitRankConfig got (one per rank).
+std::vector<FakeNccl::ConfigSeen> init_configs(const FakeNccl& fake) {
+  std::vector<FakeNccl::ConfigSeen> out;
+  for (const auto& c : fake.configs())
+    if (c.call == "ncclCommInitRankConfig") out.push_back(c);
+  return out;
+}
+
+// Every key torchcomms reads, in both its spellings, reaches the config NCCL is given; commName
+// is the communicator's name unless the hint names another.
+TEST(NcclConfigHints, EveryKeyReachesNccl) {
+  const std::vector<Hints> spellings = {
+      {{"blocking", "1"},
+       {"cgaClusterSize", "2"},
+       {"minCTAs", "4"},
+       {"maxCTAs", "16"},
+       {"netName", "IB"},
+       {"splitShare", "1"},
+       {"trafficClass", "3"},
+       {"commName", "mine"},
+       {"collnetEnable", "0"},
+       {"CTAPolicy", "1"},
+       {"shrinkShare", "1"},
+       {"nvlsCTAs", "0"},
+       {"nChannelsPerNetPeer", "5"},
+       {"nvlinkCentricSched", "1"}},
+      {{"blocking", " 1 "},
+       {"cga_cluster_size", "2"},
+       {"min_ctas", "+4"},
+       {"max_ctas", "16"},
+       {"netName", "IB"},
+       {"split_share", "1"},
+       {"traffic_class", "3"},
+       {"commName", "mine"},
+       {"collnet_enable", "0"},
+       {"cta_policy", "1"},
+       {"shrinkShare", "1"},
+       {"nvls_ctas", "0"},
+       {"n_channels_per_net_peer", "5"},
+       {"nvlink_centric_sched", "1"}},
+  };
+  for (const Hints& hints : spellings) {
+    FakeWorld w;
+    testing::internal::CaptureStderr();
+    expect_ok(run_ranks(
+        w, 2, [](Communicator&, int) {}, 10s, [&](int) { return hints; }));
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(log.find("hint"), std::string::npos) << "no hint is ignored: " << log;
+    const auto configs = init_configs(*w.fake);
+    ASSERT_EQ(configs.size(), 2u);
+    for (const auto& seen : configs) {
+      ASSERT_TRUE(seen.given);
+      const ncclConfig_t& c = seen.config;
+      EXPECT_EQ(c.blocking, 1);
+      EXPECT_EQ(c.cgaClusterSize, 2);
+      EXPECT_EQ(c.minCTAs, 4);
+      EXPECT_EQ(c.maxCTAs, 16);
+      EXPECT_EQ(seen.net_name, "IB");
+      EXPECT_EQ(c.splitShare, 1);
+      EXPECT_EQ(c.trafficClass, 3);
+      EXPECT_EQ(seen.comm_name, "mine");
+      EXPECT_EQ(c.collnetEnable, 0);
+      EXPECT_EQ(c.CTAPolicy, 1);
+      EXPECT_EQ(c.shrinkShare, 1);
+      EXPECT_EQ(c.nvlsCTAs, 0);
+      EXPECT_EQ(c.nChannelsPerNetPeer, 5);
+      EXPECT_EQ(c.nvlinkCentricSched, 1);
+    }
+    w.expect_clean();
+  }
+}
+
+// Without hints the config is NCCL's defaults, named after the communicator (as torchcomms names
+// it).
+TEST(NcclConfigHints, DefaultsNameTheCommunicator) {
+  FakeWorld w;
+  std::string name;
+  expect_ok(run_ranks(w, 1, [&](Communicator& comm, int) { name = comm.name(); }));
+  const auto configs = init_configs(*w.fake);
+  ASSERT_EQ(configs.size(), 1u);
+  const ncclConfig_t& c = configs[0].config;
+  EXPECT_TRUE(configs[0].given);
+  EXPECT_EQ(configs[0].comm_name, name);
+  EXPECT_FALSE(configs[0].has_net_name);
+  for (int v : {c.blocking, c.cgaClusterSize, c.minCTAs, c.maxCTAs, c.splitShare, c.trafficClass,
+                c.collnetEnable, c.CTAPolicy, c.shrinkShare, c.nvlsCTAs, c.nChannelsPerNetPeer,
+                c.nvlinkCentricSched})
+    EXPECT_EQ(v, NCCL_CONFIG_UNDEF_INT);
+  w.expect_clean();
+}
+
+// A value of the wrong type raises ValueError naming the key and the value, before NCCL or CUDA
+// is touched; blocking=0 is refused as unsupported.
+TEST(NcclConfigHints, WrongTypesRaise) {
+  const struct {
+    Hints hints;
+    ErrorCode code;
+    std::string says;
+  } cases[] = {
+      {{{"minCTAs", "four"}},
+       ErrorCode::kInvalidArgument,
+       "hint minCTAs must be an integer, got 'four'"},
+      {{{"max_ctas", "12abc"}},
+       ErrorCode::kInvalidArgument,
+       "hint max_ctas must be an integer, got '12abc'"},
+      {{{"trafficClass", "99999999999"}},
+       ErrorCode::kInvalidArgument,
+       "hint trafficClass must be an integer, got '99999999999'"},
+      {{{"is_high_priority_stream", "maybe"}},
+       ErrorCode::kInvalidArgument,
+       "hint is_high_priority_stream must be a bool (1/true/yes/y or 0/false/no/n), got 'maybe'"},
+      {{{"max_event_pool_size", "-1"}},
+       ErrorCode::kInvalidArgument,
+       "hint max_event_pool_size must be an unsigned integer (an event count), got '-1'"},
+      {{{"blocking", "0"}}, ErrorCode::kUnsupported, "hint blocking=0 (a non-blocking NCCL"},
+  };
+  for (const auto& k : cases) {
+    FakeWorld w;
+    const auto errors = run_ranks(
+        w, 1, [](Communicator&, int) {}, 10s, [&](int) { return k.hints; });
+    EXPECT_NE(errors[0].find(k.says), std::string::npos) << errors[0];
+    EXPECT_EQ(errors[0].rfind("[rank 0/1 ", 0), 0u) << errors[0];
+    EXPECT_EQ(w.fake->count("ncclCommInitRankConfig"), 0);
+    EXPECT_EQ(w.fake->count("cudaStreamCreateWithPriority"), 0);
+    w.expect_clean();
+  }
+  // The code, through the factory as Python sees it.
+  auto store = std::make_shared<MemoryStore>();
+  FakeWorld w;
+  CommOptions o;
+  o.store = store;
+  o.hints = {{"blocking", "0"}};
+  EXPECT_EQ(thrown([&] { Communicator::create(w.backend, 0, 1, cuda(0), o); }).code(),
+            ErrorCode::kUnsupported);
+  o.hints = {{"cgaClusterSize", "x"}};
+  EXPECT_EQ(thrown([&] { Communicator::create(w.backend, 0, 1, cuda(0), o); }).code(),
+            ErrorCode::kInvalidArgument);
+  w.expect_clean();
+}
+
+// A key neither torchcomms nor fastcomms reads is logged and ignored, in torchcomms' words;
+// fastcomms' own hints and other layers' namespaced ones are not; nvlsCTAs > 0 (NVLink SHARP,
+// multicast) is not passed to NCCL and the log says why.
+TEST(NcclConfigHints, UnknownKeysAndNvlsWarn) {
+  FakeWorld w;
+  std::string name;
+  testing::internal::CaptureStderr();
+  expect_ok(run_ranks(
+      w, 1, [&](Communicator& comm, int) { name = comm.name(); }, 10s,
+      [](int) {
+        return Hints{{"fooBar", "1"},
+                     {"nvlsCTAs", "4"},
+                     {"check_calls", "0"},
+                     {"nccl.high_priority", "1"},
+                     {"gloo.interface", "lo"},
+                     {"max_event_pool_size", "64"},
+                     {"is_high_priority_stream", "no"}};
+      }));
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      log.find("NCCL hint 'fooBar' is not supported in this NCCL version, ignoring for comm '" +
+               name + "'"),
+      std::string::npos)
+      << log;
+  EXPECT_NE(log.find("hint nvlsCTAs=4 asks NCCL for NVLink SHARP (NVLS, multicast objects), "
+                     "which fastcomms keeps off (NCCL_NVLS_ENABLE=0): not passed to NCCL"),
+            std::string::npos)
+      << log;
+  for (const char* quiet : {"check_calls", "nccl.high_priority", "gloo.interface",
+                            "max_event_pool_size", "is_high_priority_stream"})
+    EXPECT_EQ(log.find(std::string("'") + quiet + "'"), std::string::npos) << quiet << ": " << log;
+  const auto configs = init_configs(*w.fake);
+  ASSERT_EQ(configs.size(), 1u);
+  EXPECT_EQ(configs[0].config.nvlsCTAs, NCCL_CONFIG_UNDEF_INT) << "multicast stays off";
+  w.expect_clean();
+}
+
+// The stream hints: is_high_priority_stream as torchcomms parses a bool, or fastcomms'
+// nccl.high_priority=1 (new_comm's is_high_priority_stream argument).
+TEST(NcclConfigHints, StreamHints) {
+  using nccl_backend::NcclConfig;
+  const auto high = [](Hints h) { return NcclConfig(h, "c", "").high_priority_stream(); };
+  EXPECT_FALSE(high({}));
+  for (const char* yes : {"1", "true", "TRUE", " yes ", "y"})
+    EXPECT_TRUE(high({{"is_high_priority_stream", yes}})) << yes;
+  for (const char* no : {"0", "false", "No", "n"})
+    EXPECT_FALSE(high({{"is_high_priority_stream", no}})) << no;
+  EXPECT_TRUE(high({{"nccl.high_priority", "1"}}));
+  EXPECT_EQ(NcclConfig({}, "c", "").max_event_pool_size(), 1000u);
+  EXPECT_EQ(NcclConfig({{"max_event_pool_size", "64"}}, "c", "").max_event_pool_size(), 64u);
+  // A copy points at its own strings.
+  NcclConfig a({{"netName", "IB"}}, "first", "");
+  NcclConfig b = a;
+  b.set_comm_name("second");
+  EXPECT_STREQ(a.get()->commName, "first");
+  EXPECT_STREQ(b.get()->commName, "second");
+  EXPECT_STREQ(b.get()->netName, "IB");
+  EXPECT_NE(a.get()->netName, b.get()->netName);
+}
+
+// A split's members pass ncclCommSplit the config their split's hints ask for, named after the
+// new communicator; a rank that joins none passes none.
+TEST(NcclConfigHints, SplitPassesTheConfig) {
+  FakeWorld w;
+  expect_ok(run_ranks(w, 3, [](Communicator& comm, int r) {
+    CommOptions o = comm.options();
+    o.hints = {{"maxCTAs", "8"}, {"trafficClass", "2"}};
+    auto sub = comm.split(r == 2 ? std::vector<int>{} : std::vector<int>{0, 1}, "sub", &o);
+    if (sub) sub->finalize();
+  }));
+  int members = 0;
+  for (const auto& seen : w.fake->configs()) {
+    if (seen.call != "ncclCommSplit") continue;
+    if (!seen.given) {
+      EXPECT_EQ(seen.device, 2) << "only the rank in no group passes no config";
+      continue;
+    }
+    ++members;
+    EXPECT_EQ(seen.config.maxCTAs, 8);
+    EXPECT_EQ(seen.config.trafficClass, 2);
+    EXPECT_EQ(seen.comm_name, "sub");
+  }
+  EXPECT_EQ(members, 2);
+  w.expect_clean();
+}
+
+// get_nccl_comm_ptr: the backend lends its ncclComm_t, none once aborted.
+TEST(NcclFake, LendsItsCommunicator) {
+  FakeWorld w;
+  expect_ok(run_ranks(w, 1, [](Communicator& comm, int) {
+    const auto lent = comm.lend(kLentNcclComm);
+    ASSERT_NE(lent, nullptr);
+    EXPECT_EQ(comm.lend("something else"), nullptr);
+    comm.abort();
+    EXPECT_EQ(comm.lend(kLentNcclComm), nullptr);
+  }));
+  bool seen = false;
+  for (const auto& c : w.fake->calls())
+    if (c.name == "ncclCommAbort") seen = c.comm != nullptr;
+  EXPECT_TRUE(seen);
+  w.expect_clean();
+}
+
+// ---- NOTE [nccl-lazy] ---------------------------------------------------------------------------
+
+// Sends and receives run on a two-rank communicator per pair of ranks, made on the first of them
+// (only by the two ranks); collectives on the one over every rank; bytes move on both.
+TEST(NcclLazy, PairsOnFirstUse) {
+  FakeWorld w(/*lazy=*/true);
+  auto& fake = *w.fake;
+  std::string name;
+  expect_ok(run_ranks(w, 3, [&](Communicator& comm, int r) {
+    EXPECT_EQ(comm.backend_name(), "nccl-lazy");
+    if (r == 0) name = comm.name();
+    EXPECT_EQ(comm.lend(kLentNcclComm), nullptr) << "torchcomms' lazy object has no comm ptr";
+    Buf a(DType::kInt32, 1, r);
+    a.t.set(0, r + 1);
+    EXPECT_EQ(settle(comm.all_reduce(a.view(), ReduceOp::sum())), WorkStatus::kCompleted);
+    EXPECT_EQ(a.t.get(0), 6);
+    if (r == 2) return;  // rank 2 takes no part in any pair
+    const int peer = 1 - r;
+    for (int round = 0; round < 3; ++round) {
+      Buf out(DType::kFloat32, 8, r), in(DType::kFloat32, 8, r);
+      for (int i = 0; i < 8; ++i) {
+        out.t.set(i, 100 * r + 10 * round + i);
+        in.t.set(i, -1);  // poison
+      }
+      // The lower rank sends first, the higher receives first (as torchcomms' LazyP2PTest).
+      WorkPtr s, v;
+      if (r == 0) {
+        s = comm.send(out.view(), peer, async_with_timeout(10s));
+        v = comm.recv(in.view(), peer, async_with_timeout(10s));
+      } else {
+        v = comm.recv(in.view(), peer, async_with_timeout(10s));
+        s = comm.send(out.view(), peer, async_with_timeout(10s));
+      }
+      EXPECT_EQ(settle(s), WorkStatus::kCompleted);
+      EXPECT_EQ(settle(v), WorkStatus::kCompleted);
+      for (int i = 0; i < 8; ++i) EXPECT_EQ(in.t.get(i), 100 * peer + 10 * round + i);
+    }
+  }));
+  // Three primaries and one pair (made once, by ranks 0 and 1).
+  const auto configs = init_configs(fake);
+  int pairs = 0;
+  for (const auto& c : configs)
+    if (c.comm_name == name + "/p2p-0-1") ++pairs;
+  EXPECT_EQ(configs.size(), 5u);
+  EXPECT_EQ(pairs, 2);
+  // The sends and receives on the pair's communicator, the collectives not.
+  std::set<const void*> p2p_comms, coll_comms;
+  for (const auto& c : fake.calls()) {
+    if (c.name == "ncclSend" || c.name == "ncclRecv") p2p_comms.insert(c.comm);
+    if (c.name == "ncclAllReduce") coll_comms.insert(c.comm);
+  }
+  EXPECT_EQ(p2p_comms.size(), 2u) << "one pair communicator per rank of the pair";
+  for (const void* c : p2p_comms) EXPECT_EQ(coll_comms.count(c), 0u);
+  w.expect_clean();
+}
+
+// The pairs get the communicator's NCCL config, under their own name; a batch stays on the
+// primary (one group may name several peers); a split is a plain nccl communicator.
+TEST(NcclLazy, ConfigBatchAndSplit) {
+  FakeWorld w(/*lazy=*/true);
+  std::string name;
+  expect_ok(run_ranks(
+      w, 2,
+      [&](Communicator& comm, int r) {
+        if (r == 0) name = comm.name();
+        Buf out(DType::kInt64, 2, r), in(DType::kInt64, 2, r);
+        out.t.set(0, r);
+        out.t.set(1, r + 10);
+        std::vector<P2POp> batch = {{P2POp::Kind::kSend, out.view(), 1 - r},
+                                    {P2POp::Kind::kRecv, in.view(), 1 - r}};
+        EXPECT_EQ(settle(comm.batch_p2p(batch)), WorkStatus::kCompleted);
+        EXPECT_EQ(in.t.get(1), 1 - r + 10);
+        EXPECT_EQ(w.fake->count("ncclCommInitRankConfig"), 2) << "no pair for a batch";
+        Buf x(DType::kInt64, 1, r);
+        x.t.set(0, 7 + r);
+        const WorkPtr p2p = r == 0 ? comm.send(x.view(), 1, async_with_timeout(10s))
+                                   : comm.recv(x.view(), 0, async_with_timeout(10s));
+        EXPECT_EQ(settle(p2p), WorkStatus::kCompleted);
+        EXPECT_EQ(x.t.get(0), 7);
+        auto sub = comm.split({0, 1}, "half");
+        ASSERT_NE(sub, nullptr);
+        EXPECT_EQ(sub->backend_name(), "nccl");
+        sub->finalize();
+      },
+      10s,
+      [](int) {
+        return Hints{{"minCTAs", "3"}};
+      }));
+  int pairs = 0;
+  for (const auto& c : init_configs(*w.fake)) {
+    EXPECT_EQ(c.config.minCTAs, 3) << c.comm_name;
+    if (c.comm_name == name + "/p2p-0-1") ++pairs;
+  }
+  EXPECT_EQ(pairs, 2);
+  w.expect_clean();
+}
+
+// abort() reaches the pairs; a send after it raises; what was made is freed.
+TEST(NcclLazy, AbortReachesThePairs) {
+  FakeWorld w(/*lazy=*/true);
+  expect_ok(run_ranks(w, 2, [&](Communicator& comm, int r) {
+    Buf x(DType::kInt32, 4, r);
+    const WorkPtr p2p = r == 0 ? comm.send(x.view(), 1, async_with_timeout(10s))
+                               : comm.recv(x.view(), 0, async_with_timeout(10s));
+    EXPECT_EQ(settle(p2p), WorkStatus::kCompleted);
+    comm.abort();
+    EXPECT_EQ(thrown([&] { comm.send(x.view(), 1 - r); }).code(), ErrorCode::kAborted);
+  }));
+  EXPECT_EQ(w.fake->count("ncclCommAbort"), 4) << "the primaries and the pairs";
   w.expect_clean();
 }
 

@@ -172,6 +172,11 @@ class ProcessAbort {
   std::function<void()> run_hooks_;
 };
 
+/// The name under which a backend on NCCL lends its ncclComm_t (Backend::lend; the pointer the
+/// shared_ptr holds is the communicator, not owned: valid until the backend is finalized, aborted
+/// or destroyed). torchcomms' TorchCommNCCL.get_nccl_comm_ptr() reads it.
+inline constexpr const char* kLentNcclComm = "nccl_comm";
+
 /// What a backend is created from.
 struct BackendInit {
   int rank = 0;         ///< This rank.
