@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <type_traits>
 
 #include "fastcomms/core/auth_store.hpp"
@@ -250,6 +251,76 @@ std::shared_ptr<Window> Communicator::new_window() {
   ctx.prefix = where;
   return hooked(OpInfo{ctx.op, ctx.op_id, false, nullptr},
                 [&] { return backend_->new_window(ctx); });
+}
+
+// NOTE [persistent all-gather]
+std::shared_ptr<AllGatherP> Communicator::all_gather_p_init(const TensorView& output,
+                                                            const CallOptions& o) {
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", name(), " all_gather_p_init] ");
+  const OpKind op = OpKind::kAllGatherSingle;
+  FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
+  FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
+  FASTCOMMS_CHECK(o.options.timeout.count() >= 0, kInvalidArgument, where,
+                  "timeout must be positive, got ", o.options.timeout.count(), " ms");
+  FASTCOMMS_CHECK(output.data != nullptr || output.numel() == 0, kInvalidArgument, where,
+                  "output has no data");
+  FASTCOMMS_CHECK(output.is_contiguous(), kInvalidArgument, where,
+                  "output must be contiguous, got ", output.describe(), " with non-dense strides");
+  FASTCOMMS_CHECK(output.device == device_, kInvalidArgument, where, "output must be on ",
+                  device_.str(), " (the communicator's device), got ", output.device.str());
+  FASTCOMMS_CHECK(output.numel() % size_ == 0, kInvalidArgument, where, "output has ",
+                  output.numel(), " elements, expected a multiple of the size ", size_,
+                  " (size * the input's elements)");
+  check_usable(op);
+  check_tensor(op, "output", output);
+  auto h = std::make_shared<AllGatherP>();
+  h->output_ = output;
+  h->owner_ = this;
+  if (output.nbytes() > 0) {
+    // Registered once here, so exec registers nothing; a backend without registration (gloo)
+    // gathers into the buffer as it is, and memory the caller registered stays the caller's.
+    try {
+      backend_->register_memory(output.data, output.nbytes(), where);
+      h->registered_ = true;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnsupported && e.code() != ErrorCode::kInvalidArgument) throw;
+      if (e.code() == ErrorCode::kInvalidArgument &&
+          std::string_view(e.what()).find("registered already") == std::string_view::npos)
+        throw;
+    }
+  }
+  return h;
+}
+
+WorkPtr Communicator::all_gather_p_exec(AllGatherP& h, const TensorView& input,
+                                        const CallOptions& o) {
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", name(), " all_gather_p_exec] ");
+  FASTCOMMS_CHECK(h.owner_ == this, kInvalidArgument, where,
+                  "the handle was made by another communicator's all_gather_p_init");
+  FASTCOMMS_CHECK(!h.freed(), kInvalidArgument, where,
+                  "the handle was freed by all_gather_p_free; call all_gather_p_init again");
+  const TensorView& output = h.output_;
+  FASTCOMMS_CHECK(input.device == device_, kInvalidArgument, where, "input must be on ",
+                  device_.str(), " (the communicator's device), got ", input.device.str());
+  FASTCOMMS_CHECK(input.dtype == output.dtype, kTypeError, where, "input has dtype ",
+                  dtype_name(input.dtype), ", expected the handle's output dtype ",
+                  dtype_name(output.dtype));
+  FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, where, "input has ",
+                  input.numel(), " elements, expected the handle's output ", output.numel(),
+                  " / size ", size_, " = ", output.numel() / size_);
+  return all_gather_single(output, input, o);
+}
+
+void Communicator::all_gather_p_free(AllGatherP& h) {
+  const std::string where =
+      detail::cat("[rank ", rank_, "/", size_, " ", name(), " all_gather_p_free] ");
+  FASTCOMMS_CHECK(h.owner_ == this, kInvalidArgument, where,
+                  "the handle was made by another communicator's all_gather_p_init");
+  if (h.freed_.exchange(true)) return;
+  if (h.registered_ && !aborted_ && !finalized_) backend_->deregister_memory(h.output_.data, where);
+  h.registered_ = false;
 }
 
 std::shared_ptr<void> Communicator::lend(const std::string& what) {

@@ -15,14 +15,20 @@ __path__ = extend_path(__path__, __name__)  # the built extension may live in a 
 from . import _native  # noqa: E402
 
 _native.load()  # NOTE [gloo symbols]: before the extension
-from . import _C, _bootstrap  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    _C,
+    _bootstrap,
+    _op_options,  # noqa: E402
+)
 from . import _hook_types as _ht  # noqa: E402
 from ._alias import register_nvlink_name as _register_nvlink_name  # noqa: E402,F401
 from ._alias import register_with_torch as _register_with_torch  # noqa: E402
+from ._allgather_p import AllGatherPHandle  # noqa: E402
 from ._bootstrap import rank_size_override as _rank_size_override  # noqa: E402,F401
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
 from ._comm import TorchComm, _OpaqueBase, new_comm  # noqa: E402,F401
 from ._hook_types import *  # noqa: E402,F401,F403  (OpName, RemovableHandle, the hook arguments)
+from ._op_options import *  # noqa: E402,F401,F403  (SendOptions ... AllGatherPExecOptions)
 from ._options import CommOptions, ReduceOp, Timeout  # noqa: E402
 from ._p2p import BatchP2POptions, BatchSendRecv, P2POp, P2POpType  # noqa: E402
 from ._reconfigure import ReconfigureOptions  # noqa: E402
@@ -64,7 +70,9 @@ __all__ = [
     "AbortedError",
     "BackendError",
     "UnsupportedError",
+    "AllGatherPHandle",
     *_ht.__all__,
+    *_op_options.__all__,
 ]
 
 # torchcomms' "fake" backend (registered by _fake); as after `import torchcomms`, its hooks and

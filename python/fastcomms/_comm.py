@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from . import _C, _bootstrap, _ops, _reconfigure, _registry, _torch_compat, _waits
+from . import _C, _allgather_p, _bootstrap, _ops, _reconfigure, _registry, _torch_compat, _waits
 from . import _hook_types as _ht
 from ._C import UnsupportedError
 from ._hook_types import OpName as _OpName
@@ -353,6 +353,11 @@ class TorchComm(_OpaqueBase):
     def new_window(self, tensor=None) -> TorchCommWindow:
         issue = functools.partial(TorchCommWindow, self, tensor)
         return _hooked(self, _OpName.new_window, _ht.NewWindowPreHookArgs, issue)
+
+    # NOTE [persistent all-gather]
+    all_gather_p_init = _allgather_p.all_gather_p_init
+    all_gather_p_exec = _allgather_p.all_gather_p_exec
+    all_gather_p_free = _allgather_p.all_gather_p_free
 
     def ulysses_transport(self, transport="auto", *, require_nvlink=False):
         """Collective: the ``(transport, kind, reason)`` this communicator gives a UlyssesGroup

@@ -21,6 +21,7 @@ from . import *  # noqa: F403
 from . import _rank_size_override
 from . import new_comm as _new_comm
 from ._hook_types import *  # noqa: F403
+from ._registry import _is_backend_registered  # noqa: F401  (torch's switch imports it)
 
 
 def new_comm(backend, device, name=None, *args, **kwargs):

@@ -8,6 +8,8 @@ A pre-hook is called as ``fn(name: OpName, op_id: int, args)``, a post-hook as
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 
 __all__ = ["OpName", "RemovableHandle"]
 
@@ -37,6 +39,9 @@ class OpName(enum.Enum):
     new_window = "new_window"
     batch_op_issue = "batch_op_issue"
     finalize = "finalize"
+    # fastcomms: torchcomms calls no hooks for its persistent all-gather (NOTE [persistent
+    # all-gather]); fastcomms' hooks and flight recorder see its exec under torchcomms' name
+    all_gather_p_exec = "all_gather_p_exec"
 
 
 class RemovableHandle:
@@ -115,6 +120,7 @@ _PRE = {
     "new_window": (),
     "batch_op_issue": ("num_ops", "async_op"),
     "finalize": (),
+    "all_gather_p_exec": ("input", "output", "async_op"),
 }
 _POST = {
     "CollectivePostHookArgs": (),
@@ -140,3 +146,9 @@ for _op in _PRE:
         globals()[_post] = _args_class(_post, (), base=globals()["CollectivePostHookArgs"])
         __all__.append(_post)
     POST_OF[OpName(_op)] = globals()[_post]
+
+# torchcomms' unions of the argument classes (for annotations)
+_post_classes = dict.fromkeys([*POST_OF.values(), *(globals()[c] for c in _POST)])
+PreHookArgs = functools.reduce(operator.or_, (globals()[c] for c in _PRE_CLASSES))
+PostHookArgs = functools.reduce(operator.or_, _post_classes)
+__all__ += ["PreHookArgs", "PostHookArgs"]

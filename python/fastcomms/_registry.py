@@ -9,7 +9,7 @@ import torch
 
 from . import _C, _native
 from ._C import UnsupportedError
-from ._options import _ValueError
+from ._options import _TypeError, _ValueError
 
 
 class TorchCommBackend:
@@ -83,6 +83,15 @@ def native_comm(
 
 
 def is_backend_built(name: str) -> bool:
+    return _C.is_backend_built(name) or name in _python_backends
+
+
+def _is_backend_registered(name: str) -> bool:
+    """torchcomms' ``_comms._is_backend_registered(name)``: whether ``new_comm(name, ...)`` finds a
+    backend of that name now (built in, or registered with ``register_backend``); entry points
+    not yet loaded are not asked, as torchcomms' factory does not load libraries to answer."""
+    if not isinstance(name, str):
+        raise _TypeError(f"_is_backend_registered: name must be a str, got {type(name).__name__}")
     return _C.is_backend_built(name) or name in _python_backends
 
 

@@ -44,7 +44,21 @@ class TorchCommWindow:
     once). Not for CUDA graph capture. ``hints`` are accepted and unused; ``timeout`` bounds
     ``wait_signal`` (a wait that gives up leaves a TimeoutError for ``check_errors``)."""
 
-    __copy__ = __deepcopy__ = _same  # a handle, as the communicator
+    __copy__ = _same  # a copy is the window itself (torchcomms')
+
+    def __deepcopy__(self, memo):
+        """torchcomms' deep copy: a new window on the same communicator, holding a clone of the
+        registered tensor (the memo maps the tensor to its clone). Collective, as new_window and
+        tensor_register are: every rank deep-copies its window together."""
+        if id(self) in memo:
+            return memo[id(self)]
+        new = TorchCommWindow(self._comm)
+        if self._tensor is not None:
+            clone = self._tensor.clone()
+            new.tensor_register(clone)
+            memo[id(self._tensor)] = clone
+        memo[id(self)] = new
+        return new
 
     def __init__(self, comm: TorchComm, tensor: torch.Tensor | None = None) -> None:
         self._comm = comm

@@ -57,6 +57,17 @@ class TorchWork:
     def status(self) -> WorkStatus:
         return self._work.status()
 
+    def _set_status(self, status: WorkStatus) -> None:
+        """Sets the status of a work a Python backend returned (torchcomms': for backends whose
+        works finish out of band); other works raise RuntimeError."""
+        from ._pybackend import _Work
+
+        if not isinstance(self._work, _Work):
+            raise RuntimeError("_set_status is only supported on Python-created work objects")
+        if not isinstance(status, WorkStatus):
+            raise TypeError(f"_set_status: status must be a WorkStatus, got {status!r}")
+        self._work._set = status
+
     def wait_blocking(self) -> None:
         """Blocks this thread until the op has finished (``wait()`` on a CUDA backend only
         orders the caller's stream); raises the op's error like ``wait()``."""

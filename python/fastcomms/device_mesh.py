@@ -307,6 +307,55 @@ def comm_of(group) -> TorchComm | None:
     return None if ops is None else ops.comm
 
 
+# NOTE [process-group windows]: torchcomms #3492 makes ``pg.new_window(tensor=None)`` and
+# ``pg.supports_window`` of a ProcessGroup over its c10d wrapper reach the communicator's window
+# (torch >= 2.14 routes them to the c10d backend). fastcomms' c10d backend forwards to Python, so
+# here ProcessGroup's two members are wrapped once: a group over a fastcomms communicator answers
+# with ``comm.new_window(tensor)`` (a TorchCommWindow; collective; gloo raises UnsupportedError as
+# ``comm.new_window`` does) and with whether its backend has windows; any other group gets
+# torch's own answer (where torch has none: no windows, and new_window raises).
+_WINDOW_BACKENDS = ("nccl", "nvlink")
+
+
+def _comm_has_windows(comm: TorchComm) -> bool:
+    return comm.get_backend() in _WINDOW_BACKENDS
+
+
+def _install_process_group_windows() -> None:
+    pg_cls = dist.ProcessGroup
+    if getattr(pg_cls, "_fastcomms_windows", False):
+        return
+    torch_new_window = getattr(pg_cls, "new_window", None)
+    torch_supports = getattr(pg_cls, "supports_window", None)
+
+    def new_window(self, tensor=None, *args, **kwargs):
+        comm = comm_of(self)
+        if comm is not None:
+            return comm.new_window(tensor)
+        if torch_new_window is None:
+            raise RuntimeError(
+                f"ProcessGroup.new_window: this torch ({torch.__version__}) has no c10d window "
+                "API; windows of process groups are those over a fastcomms communicator"
+            )
+        return torch_new_window(self, tensor, *args, **kwargs)
+
+    def supports_window(self) -> bool:
+        comm = comm_of(self)
+        if comm is not None:
+            return _comm_has_windows(comm)
+        if isinstance(torch_supports, property):
+            return bool(torch_supports.fget(self))
+        return False
+
+    new_window.__doc__ = "A window of this group's communicator (NOTE [process-group windows])."
+    pg_cls.new_window = new_window
+    pg_cls.supports_window = property(supports_window)
+    pg_cls._fastcomms_windows = True
+
+
+_install_process_group_windows()
+
+
 def resolve_group(group, who: str, dim: str):
     """What a group-taking constructor (``who``) runs over: a 1-D DeviceMesh's process group
     (``dim`` names the dimension in the error's slicing hint), the TorchComm behind a process group

@@ -95,9 +95,18 @@ class FlightRecorderHook(_Registered):
 
     def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
         super().__init__()
-        if max_entries <= 0:
-            raise ValueError(f"FlightRecorderHook: max_entries must be positive, got {max_entries}")
+        if max_entries < 0:
+            raise ValueError(
+                f"FlightRecorderHook: max_entries must be 0 or more, got {max_entries}"
+            )
+        # NOTE [flight recorder size 0]: torchcomms' shared recorder is sized by
+        # TORCHCOMM_FR_BUFFER_SIZE (2000 unset) and an isolated one by max_entries, and a recorder
+        # of 0 entries records nothing (torch's torchcomms switch makes FlightRecorderHook(0)): 0
+        # here is that size, and 0 records nothing
+        if max_entries == 0 and not isolated:
+            max_entries = max(0, int(os.environ.get("TORCHCOMM_FR_BUFFER_SIZE", "2000")))
         self._max, self._isolated = int(max_entries), bool(isolated)
+        self._recorded = 0  # entries recorded since the last reset (torchcomms' size())
         self._rings: dict[str, collections.deque] = {}
         self._open: dict[int, dict] = {}  # op_id -> entry, until the op is issued
         # op_id -> (its work, weakly; its entry), for async ops not yet known to be complete
@@ -129,7 +138,7 @@ class FlightRecorderHook(_Registered):
 
         def pre(op, op_id, args):
             opname = getattr(op, "value", str(op))
-            if opname in _NOT_RECORDED:
+            if opname in _NOT_RECORDED or self._max == 0:
                 return
             ins, outs = _io(args)
             in_sizes, in_dtypes = _sizes_and_dtypes(ins)
@@ -159,6 +168,7 @@ class FlightRecorderHook(_Registered):
                 }
                 self._ring(name).append(entry)
                 self._open[op_id] = entry
+                self._recorded += 1
 
         def post(op_id, args):
             child = getattr(args, "new_comm", None)
@@ -279,39 +289,77 @@ class FlightRecorderHook(_Registered):
         return path
 
     def reset(self) -> None:
-        """Drops every entry (the counters go on)."""
+        """Drops every entry and restarts ``size()`` (the sequence ids go on)."""
         with self._lock:
             self._rings.clear()
             self._open.clear()
             self._works.clear()
+            self._recorded = 0
 
     def is_enabled(self) -> bool:
+        """Whether a communicator is registered."""
         return bool(self._handles)
 
     def size(self) -> int:
+        """The entries recorded since the last ``reset()`` (torchcomms' count: it goes on past
+        ``max_entries``, while the dump holds the last ``max_entries``)."""
         with self._lock:
-            return sum(len(r) for r in self._rings.values())
+            return self._recorded
+
+    __len__ = size
 
 
 class NanCheckHook(_Registered):
-    """Raises ``RuntimeError`` naming the communicator, operation and argument before an
-    operation whose input (or in-place tensor) holds a NaN. Costs one reduction per floating
-    input."""
+    """torchcomms' NaN check: before every operation, raises ``RuntimeError("NaN detected in
+    <input|output> tensor for '<op>' on comm '<name>': ...")`` where a floating tensor it reads
+    (``check_inputs``, default on; an in-place tensor counts as input) or, with
+    ``check_outputs=True``, a floating tensor it writes (a ``recv`` buffer, the outputs; also the
+    in-place tensor) holds a NaN. Costs one reduction per checked tensor."""
+
+    def __init__(self, check_inputs: bool = True, check_outputs: bool = False) -> None:
+        super().__init__()
+        self._check_inputs, self._check_outputs = bool(check_inputs), bool(check_outputs)
+        self._registered_count = 0
 
     def register_with_comm(self, comm: Any) -> None:
         name = comm.get_name()
+        check_in, check_out = self._check_inputs, self._check_outputs
+
+        def check(t, label: str, op: str) -> None:
+            if isinstance(t, list | tuple):
+                for x in t:
+                    check(x, label, op)
+            elif (
+                isinstance(t, torch.Tensor)
+                and t.is_floating_point()
+                and t.numel()
+                and bool(torch.isnan(t).any())
+            ):
+                raise RuntimeError(
+                    f"NaN detected in {label} tensor for '{op}' on comm '{name}': "
+                    f"{tuple(t.shape)} {str(t.dtype).split('.')[-1]}"
+                )
 
         def pre(op, op_id, args):
-            for label, t in _tensors(args):
-                if label.startswith("output") and not label.startswith("output_"):
-                    continue  # outputs are written by the op, not read
-                if t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()):
-                    raise RuntimeError(
-                        f"[{name} {getattr(op, 'value', op)}] NaN in {label} "
-                        f"({tuple(t.shape)} {str(t.dtype).split('.')[-1]}) before the operation"
-                    )
+            opname = getattr(op, "value", str(op))
+            fields = getattr(args, "_fields", ())
+            if "tensor" in fields:  # send reads it, recv writes it, the rest do both (in place)
+                reads = opname != "recv"
+                writes = opname != "send"
+                if (check_in and reads) or (check_out and writes):
+                    check(args.tensor, "output" if not reads else "input", opname)
+                return
+            if check_in and "input" in fields:
+                check(args.input, "input", opname)
+            if check_out and "output" in fields:
+                check(args.output, "output", opname)
 
         self._handles.append(comm.register_pre_hook(pre))
+        self._registered_count += 1
+
+    def is_enabled(self) -> bool:
+        """Whether it was registered with a communicator (torchcomms')."""
+        return self._registered_count > 0
 
 
 # NOTE [clog]: torchcomms' clog log format, version 1 (its documented format: a header

@@ -968,6 +968,16 @@ PYBIND11_MODULE(_C, m) {
             at::TensorOptions().dtype(like.scalar_type()).device(like.device()));
       });
 
+  // NOTE [persistent all-gather]: the handle keeps its output tensor alive until freed.
+  struct PyAllGatherP {
+    std::shared_ptr<AllGatherP> h;
+    at::Tensor output;
+  };
+  py::class_<PyAllGatherP>(m, "AllGatherP")
+      .def("output", [](const PyAllGatherP& p) { return p.output; })
+      .def("freed", [](const PyAllGatherP& p) { return p.h->freed(); })
+      .def("registered", [](const PyAllGatherP& p) { return p.h->registered(); });
+
   using Ms = std::optional<std::chrono::milliseconds>;
   using H = std::optional<Hints>;
   py::class_<PyComm>(m, "Comm")
@@ -1194,6 +1204,32 @@ PYBIND11_MODULE(_C, m) {
              const TensorView v = view(t);
              py::gil_scoped_release release;
              c.comm->tensor_deregister(v);
+           })
+      // NOTE [persistent all-gather]
+      .def("all_gather_p_init",
+           [](PyComm& c, at::Tensor out, Ms to, H h) {
+             const TensorView v = view(out);
+             const CallOptions o = c.opts(false, to, h);
+             std::shared_ptr<AllGatherP> p;
+             {
+               py::gil_scoped_release release;
+               p = c.comm->all_gather_p_init(v, o);
+             }
+             return PyAllGatherP{std::move(p), std::move(out)};
+           })
+      .def("all_gather_p_exec",
+           [](PyComm& c, PyAllGatherP& p, at::Tensor in, bool a, Ms to, H h) {
+             return c.run({p.output, in}, [&] {
+               return c.comm->all_gather_p_exec(*p.h, view(in), c.opts(a, to, h));
+             });
+           })
+      .def("all_gather_p_free",
+           [](PyComm& c, PyAllGatherP& p) {
+             {
+               py::gil_scoped_release release;
+               c.comm->all_gather_p_free(*p.h);
+             }
+             p.output = at::Tensor();
            })
       .def("new_window",
            [](PyComm& c) {

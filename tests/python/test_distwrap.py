@@ -9,7 +9,11 @@ from fastcomms import distwrap as fd
 
 def distwrap_matches(comm, rank, size):
     fd.init_process_group(
-        "gloo", store=dist.PrefixStore("dw", _STORE[0]), rank=rank, world_size=size
+        "gloo",
+        store=dist.PrefixStore("dw", _STORE[0]),
+        rank=rank,
+        world_size=size,
+        use_torchcomms=True,
     )
     assert fd.is_initialized() and fd.get_rank() == rank and fd.get_world_size() == size
     g = torch.Generator().manual_seed(rank)
@@ -95,7 +99,9 @@ def _alone(rank, size, path, errq):
     import traceback
 
     try:
-        fd.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=size)
+        fd.init_process_group(
+            "gloo", init_method=f"file://{path}", rank=rank, world_size=size, use_torchcomms=True
+        )
         assert dist.is_initialized() and dist.get_rank() == rank and dist.get_world_size() == size
         t = torch.full((2,), float(rank + 1))
         dist.all_reduce(t)  # torch's function on fastcomms' default group

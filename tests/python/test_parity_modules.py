@@ -80,7 +80,8 @@ def hooks_module(comm, rank, size):
         trace["pg_config"][comm.get_name()]["ranks"]
         == "[" + ",".join(str(r) for r in range(size)) + "]"
     )
-    assert fr.size() == 4 and len(entries) == 4  # the ring keeps the last max_entries
+    assert fr.size() == 7 and len(fr) == 7  # recorded since reset (torchcomms count)
+    assert len(entries) == 4  # the ring keeps the last max_entries
     assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"] * 3 + ["gloo:barrier"]
     assert [e["collective_seq_id"] for e in entries] == [4, 5, 6, 7]
     assert entries[-2]["input_sizes"] == [[8]] and entries[-2]["output_sizes"] == [[8]]
@@ -114,7 +115,7 @@ def hooks_module(comm, rank, size):
     nan.register_with_comm(comm)
     bad = torch.ones(4)
     bad[2] = float("nan")
-    with pytest.raises(RuntimeError, match="NaN in tensor"):
+    with pytest.raises(RuntimeError, match="NaN detected in input tensor for .all_reduce."):
         comm.all_reduce(bad, ReduceOp.SUM, False)  # raised on every rank before anything moved
     ok = torch.ones(4)
     comm.all_reduce(ok, ReduceOp.SUM, False)

@@ -62,6 +62,29 @@ struct CallOptions {
   uint64_t call_key = 0;
 };
 
+class Communicator;
+
+/// NOTE [persistent all-gather]: torchcomms' AllGatherPHandle. all_gather_p_init keeps the output
+/// buffer (and registers it with a backend that registers memory: nccl, nvlink), every
+/// all_gather_p_exec gathers into it without registering anything, all_gather_p_free releases
+/// it; an exec after the free, or on another communicator, raises.
+class AllGatherP {
+ public:
+  /// The output buffer given to all_gather_p_init.
+  const TensorView& output() const { return output_; }
+  /// Whether all_gather_p_init registered the buffer with the backend (freed: deregistered).
+  bool registered() const { return registered_; }
+  /// Whether all_gather_p_free has run.
+  bool freed() const { return freed_.load(); }
+
+ private:
+  friend class Communicator;
+  TensorView output_;
+  bool registered_ = false;
+  std::atomic<bool> freed_{false};
+  const Communicator* owner_ = nullptr;
+};
+
 /// A communicator over one backend.
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
@@ -111,6 +134,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void tensor_register(const TensorView& t);
   /// Drops a registration made by tensor_register.
   void tensor_deregister(const TensorView& t);
+  /// NOTE [persistent all-gather]: local; keeps `output` (a view: the caller keeps the memory
+  /// alive until all_gather_p_free) and registers it with a backend that registers memory.
+  std::shared_ptr<AllGatherP> all_gather_p_init(const TensorView& output,
+                                                const CallOptions& o = {});
+  /// Collective: gathers every rank's `input` into the handle's output (its numel must be
+  /// size() * input's, same dtype and device).
+  WorkPtr all_gather_p_exec(AllGatherP& handle, const TensorView& input, const CallOptions& o = {});
+  /// Releases the handle (deregisters what init registered); a second free does nothing.
+  void all_gather_p_free(AllGatherP& handle);
   /// Collective: a window of the backend (kUnsupported when it has none).
   std::shared_ptr<Window> new_window();
   /// What the backend lends under `what`, or null (see Backend::lend); null once aborted or

@@ -147,12 +147,18 @@ def init_process_group(
     group_name="",
     pg_options=None,
     device_id=None,
-    use_torchcomms=True,
+    use_torchcomms=False,
 ):
-    """Creates the default group. ``backend``: "gloo", "nccl", or torch's "cpu:gloo,cuda:nccl"
-    form (fastcomms picks one per default device: CUDA when ``device_id`` is a CUDA device).
-    ``use_torchcomms=False``: torch.distributed's own group, and torch runs every call."""
+    """Creates the default group, with torchcomms' defaults: ``backend`` must be given ("gloo",
+    "nccl", or torch's "cpu:gloo,cuda:nccl" form: fastcomms picks one per default device, CUDA when
+    ``device_id`` is a CUDA device); ``use_torchcomms=False`` (the default): torch.distributed's
+    own group, and torch runs every call; ``use_torchcomms=True``: a fastcomms communicator runs
+    them. ``pg_options`` goes to torch's group as given; over fastcomms its
+    ``is_high_priority_stream`` (torch's NCCL options) becomes new_comm's (the timeout is
+    ``timeout``'s, as torch sets the options' own from it)."""
     global _default, _torch_mode
+    if backend is None:
+        raise ValueError("backend must be specified")
     if _default is not None or _torch_mode:
         raise RuntimeError("fastcomms.distwrap: the default group is already initialized")
     if not use_torchcomms:
@@ -173,6 +179,7 @@ def init_process_group(
     world_size = world_size if world_size >= 0 else int(os.environ.get("WORLD_SIZE", "-1"))
     if rank < 0 or world_size < 1:
         raise ValueError("init_process_group: rank and world_size are needed (arguments or env)")
+    high_priority = bool(getattr(pg_options, "is_high_priority_stream", False))
     timeout = timeout or datetime.timedelta(seconds=600)
     method = init_method or "env://"
     if store is None and method.startswith("file://"):
@@ -188,7 +195,12 @@ def init_process_group(
     chosen = "nccl" if device.type == "cuda" and "nccl" in str(backend or "gloo") else "gloo"
     os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(world_size)
     comm = fastcomms.new_comm(
-        chosen, device, timeout=timeout, store=store, name=group_name or "default"
+        chosen,
+        device,
+        timeout=timeout,
+        store=store,
+        name=group_name or "default",
+        is_high_priority_stream=high_priority or None,
     )
     _default = _new_group(comm, list(range(world_size)))
     if not _td.is_initialized():  # torch's functions then see it as the default group
@@ -432,9 +444,14 @@ def get_mem_allocator(group=None, device=None):
     return _group(group).comm.get_mem_allocator()
 
 
-def register_mem_pool(group=None, device=None, pool=None):
-    """torchcomms' NCCLX memory-pool registration: not in fastcomms."""
-    raise UnsupportedError("fastcomms.distwrap register_mem_pool: an NCCLX feature (memory pools)")
+def register_mem_pool(group, device, pool) -> None:
+    """torchcomms': over fastcomms (``use_torchcomms=True``) nothing to do, the communicators
+    manage their memory; in torch mode the group's backend for ``device`` registers ``pool``
+    (torch's ``register_mem_pool``; group None: the default group)."""
+    if not _torch_mode:
+        return
+    pg = _td.group.WORLD if group is None else group
+    pg._get_backend(torch.device(device)).register_mem_pool(pool)
 
 
 def _or_torch(fn):
