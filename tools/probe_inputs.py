@@ -143,8 +143,9 @@ def _cases(check_calls="1"):
 
     # -- reductions -------------------------------------------------------------------------------
     reds = {
-        "AVG on int32": lambda c, r, n: c.all_reduce(
-            torch.ones(4, dtype=torch.int32), ReduceOp.AVG, False
+        # AVG on integers is accepted (a truncating average, as torchcomms)
+        "PREMUL_SUM with a 2-element factor": lambda c, r, n: c.all_reduce(
+            torch.ones(4), ReduceOp.PREMUL_SUM(torch.ones(2)), False
         ),
         "PREMUL_SUM on int32": lambda c, r, n: c.all_reduce(
             torch.ones(4, dtype=torch.int32), ReduceOp.PREMUL_SUM(2.0), False
