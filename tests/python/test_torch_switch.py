@@ -16,7 +16,9 @@ ALIAS = """\
 import sys
 import fastcomms
 import fastcomms._comms
+import fastcomms.hooks
 sys.modules["torchcomms._comms"] = fastcomms._comms
+sys.modules["torchcomms.hooks"] = fastcomms.hooks
 from fastcomms import *  # noqa: F401,F403
 """
 
