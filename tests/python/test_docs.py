@@ -23,7 +23,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = ["README.md", *sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))]
+DOCS = [
+    "README.md",
+    *sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")),
+]
 PYTHON = {"python", "py", "python3"}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<lang>[\w+-]*)[^`]*$")
@@ -59,9 +62,13 @@ def parse(doc: str, text: str) -> tuple[list[Block], list[str]]:
             continue
         indent, fence, lang = m["indent"], m["fence"], m["lang"].lower()
         j = i + 1
-        while j < len(lines) and not re.match(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]):
+        while j < len(lines) and not re.match(
+            rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]
+        ):
             j += 1
-        body = [ln[len(indent) :] if ln.startswith(indent) else ln.lstrip() for ln in lines[i + 1 : j]]
+        body = [
+            ln[len(indent) :] if ln.startswith(indent) else ln.lstrip() for ln in lines[i + 1 : j]
+        ]
         skip, k = None, i - 1
         while k >= 0 and lines[k].strip().startswith("<!--"):  # the comment lines right above
             mark = _MARK.search(lines[k])
@@ -78,8 +85,8 @@ def parse(doc: str, text: str) -> tuple[list[Block], list[str]]:
         mark = _MARK.search(ln)
         if mark and k not in marked and k not in inside:  # (one shown in a block is an example)
             problems.append(
-                f"{doc}:{k + 1}: {ln.strip()!r} is not `<!-- docs-test: skip (reason) -->` right above a "
-                "```python fence"
+                f"{doc}:{k + 1}: {ln.strip()!r} is not `<!-- docs-test: skip (reason) -->` "
+                "right above a ```python fence"
             )
     return blocks, problems
 
@@ -171,14 +178,26 @@ for b in json.load(sys.stdin):
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+    ):
         env.pop(k, None)
     return env
 
 
 def _run_import(stmt: str):
     return subprocess.run(
-        [sys.executable, "-c", stmt], capture_output=True, text=True, timeout=180, env=_env(), cwd=ROOT
+        [sys.executable, "-c", stmt],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_env(),
+        cwd=ROOT,
     )
 
 
@@ -234,7 +253,9 @@ def test_python_block_runs(runs, block):
     if f"[docs-test] ok {block.where}" in r.stdout:
         return
     if f"[docs-test] start {block.where}" not in r.stdout:
-        pytest.fail(f"{block.where} did not run: an earlier block of {block.doc} failed\n{out[-4000:]}")
+        pytest.fail(
+            f"{block.where} did not run: an earlier block of {block.doc} failed\n{out[-4000:]}"
+        )
     pytest.fail(
         f"{block.where} fails when run on CPU at world 1 (gloo; RANK=0, WORLD_SIZE=1, MASTER_ADDR/"
         "MASTER_PORT set). Fix the doc or the code; a block that needs a launch of several "
@@ -248,13 +269,19 @@ def test_parser_on_sample():
     fragments read line by line, inline imports, and a stray marker reported."""
     text = (
         "Prose `import a.b as c` and `from d import e`, not `import` alone.\n\n"
-        "<!-- docs-test: skip (a fragment) -->\n<!-- quickstart: x -->\n```python\nimport f\ny = (\n```\n\n"
+        "<!-- docs-test: skip (a fragment) -->\n<!-- quickstart: x -->\n"
+        "```python\nimport f\ny = (\n```\n\n"
         "- item:\n\n  ```python\n  from g import h\n  print(h)\n  ```\n\n"
         "```bash\nimport nothing\n```\n<!-- docs-test: skip (stray) -->\n\n"
         "```markdown\n<!-- docs-test: skip (an example) -->\n```\n"
     )
     blocks, problems = parse("t.md", text)
-    assert [(b.line, b.lang, b.skip) for b in blocks] == [(5, "python", "a fragment"), (12, "python", None), (17, "bash", None), (22, "markdown", None)]
+    assert [(b.line, b.lang, b.skip) for b in blocks] == [
+        (5, "python", "a fragment"),
+        (12, "python", None),
+        (17, "bash", None),
+        (22, "markdown", None),
+    ]
     assert blocks[1].code == "from g import h\nprint(h)\n"
     assert _imports_of(blocks[0].code) == ["import f"]
     assert _inline_imports(text) == ["import a.b as c", "from d import e"]
@@ -264,7 +291,10 @@ def test_parser_on_sample():
 def test_runner_reports_the_failing_block():
     """The armed control of the runner: a block that raises fails with its place named, and the
     blocks after it are not reported as run."""
-    blocks = [Block("t.md", n, "python", code, None) for n, code in ((1, "x = 1\n"), (5, "raise ValueError('armed')\n"), (9, "pass\n"))]
+    blocks = [
+        Block("t.md", n, "python", code, None)
+        for n, code in ((1, "x = 1\n"), (5, "raise ValueError('armed')\n"), (9, "pass\n"))
+    ]
     r = _run_doc(blocks)
     assert r.returncode != 0, r.stdout + r.stderr
     assert "[docs-test] ok t.md:1" in r.stdout and "[docs-test] failed t.md:5" in r.stdout, r.stdout

@@ -108,7 +108,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles():
     graph = import_graph(_modules())
-    assert graph["fastcomms.sequence_parallel"] >= {"fastcomms.ulysses", "fastcomms.ring"}  # it sees
+    assert graph["fastcomms.sequence_parallel"] >= {
+        "fastcomms.ulysses",
+        "fastcomms.ring",
+    }  # it sees
     found = cycles(graph)
     assert not found, "import circles (module -> what it imports of the circle):\n" + "\n".join(
         f"  {m} -> {sorted(graph[m] & set(c))}" for c in found for m in c
@@ -137,11 +140,18 @@ def _env():
 @pytest.fixture(scope="module")
 def first_imports():
     """Each public module as the first import of a fresh process, two at a time."""
-    code = "import importlib, sys; m = importlib.import_module(sys.argv[1]); [getattr(m, n) for n in getattr(m, '__all__', ())]"
+    code = (
+        "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
+        "[getattr(m, n) for n in getattr(m, '__all__', ())]"
+    )
 
     def run(mod):
         return subprocess.run(
-            [sys.executable, "-c", code, mod], capture_output=True, text=True, timeout=180, env=_env()
+            [sys.executable, "-c", code, mod],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=_env(),
         )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -183,5 +193,7 @@ assert api is not None and api[1](u.UlyssesGroup), "the retried class is not reg
 assert tc.opaque_type_name(u.UlyssesGroup) == "fastcomms.ulysses.UlyssesGroup"
 print("retry ok")
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=_env())
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=_env()
+    )
     assert r.returncode == 0 and "retry ok" in r.stdout, (r.stdout + r.stderr)[-4000:]
