@@ -49,8 +49,25 @@ def register_symbolic_class(cls: type, members: dict[str, Any]) -> bool:
     if api is None:
         return False
     register, is_registered, typ, _ = api
-    if not is_registered(cls):
+    if is_registered(cls):
+        return True
+    # NOTE [opaque registration on a retried import]: torch registers the name (module.qualname)
+    # with the dispatcher once per process and refuses it a second time. A module whose import
+    # failed after registering its class leaves that name behind; importing it again makes a new
+    # class object of the same name, which gets torch's Python-side registration (the tables
+    # keyed by class) while the dispatcher keeps the name it already has.
+    import torch
+
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if not torch._C._is_opaque_type_registered(name):
         register(cls, typ=typ, members=members)
+        return True
+    c_register = torch._C._register_opaque_type
+    torch._C._register_opaque_type = lambda _name: None
+    try:
+        register(cls, typ=typ, members=members)
+    finally:
+        torch._C._register_opaque_type = c_register
     return True
 
 
