@@ -31,7 +31,7 @@ PYTHON="$venv/bin/python" FASTCOMMS_CUDA=0 bash scripts/wheel.sh "$work/dist"
 
 tests=${FASTCOMMS_NEWEST_TESTS:-"test_torch_compat.py test_version.py test_parity_modules.py
   test_comm_gloo.py test_launch.py test_torch_switch.py test_device_mesh.py test_ulysses_gloo.py
-  test_compiled_methods.py test_distwrap.py"}
+  test_compiled_methods.py test_distwrap.py test_imports.py"}
 step "pytest on torch $want: $(echo $tests)"
 files=()
 for t in $tests; do files+=("tests/python/$t"); done
