@@ -54,7 +54,10 @@ def premul_and_avg(comm, rank, size):
     # reduce_scatter_single and reduce take it too
     out = torch.empty(2, dtype=torch.bfloat16)
     comm.reduce_scatter_single(
-        out, torch.ones(2 * size, dtype=torch.bfloat16), ReduceOp.PREMUL_SUM(torch.tensor(0.25)), False
+        out,
+        torch.ones(2 * size, dtype=torch.bfloat16),
+        ReduceOp.PREMUL_SUM(torch.tensor(0.25)),
+        False,
     )
     assert torch.equal(out, torch.full((2,), 0.25 * size, dtype=torch.bfloat16))
     x = torch.ones(3, dtype=torch.float16)

@@ -39,7 +39,10 @@ def _world_one(rank, size, path, errq, backend):
         dev = torch.device("cuda", 0)
         torch.cuda.set_device(dev)
         comm = fastcomms.new_comm(
-            backend, dev, "ops", store=dist.FileStore(path, 1),
+            backend,
+            dev,
+            "ops",
+            store=dist.FileStore(path, 1),
             timeout=datetime.timedelta(seconds=60),
         )
         for dtype in FLOATS:
@@ -74,8 +77,9 @@ def _world_one(rank, size, path, errq, backend):
         with pytest.raises(ValueError, match="must hold one element"):
             comm.all_reduce(x, ReduceOp.PREMUL_SUM(torch.ones(2, device=dev)), False)
         with pytest.raises(TypeError, match="PREMUL_SUM needs a floating-point tensor"):
-            comm.all_reduce(torch.ones(2, dtype=torch.int32, device=dev),
-                            ReduceOp.PREMUL_SUM(2.0), False)
+            comm.all_reduce(
+                torch.ones(2, dtype=torch.int32, device=dev), ReduceOp.PREMUL_SUM(2.0), False
+            )
         # AVG on integers: NCCL's ncclAvg (sum / 1 here)
         for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
             x = torch.randint(0, 100, (64,), device=dev).to(dtype)

@@ -12,10 +12,9 @@ import os
 import subprocess
 import sys
 
+import fastcomms
 import pytest
 import torch
-
-import fastcomms
 from fastcomms import _native, _torch_compat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -123,9 +122,8 @@ def test_import_logs_no_deprecation():
 
 
 def test_communicator_and_group_are_opaque_types_of_the_compiler():
-    from torch._library import opaque_object as oo
-
     from fastcomms.ulysses import UlyssesGroup
+    from torch._library import opaque_object as oo
 
     registered = getattr(oo, "is_custom_class", None) or oo.is_opaque_type
     assert registered(fastcomms.TorchComm) and registered(UlyssesGroup)
