@@ -32,9 +32,9 @@ is safer written with the communicator's methods. No autograd formulas (torchcom
 
 Defined where the torchcomms package is not installed, and never over an op that exists (the
 guard of NOTE [torchcomms wait ops]): the schemas and the eager and Meta kernels at ``import
-fastcomms`` (about 5 ms, the module and its definitions, on the 2-core CPU machine), what torch.compile needs besides with the
-first communicator (``finish``; then also ``register`` where torch imported this package before
-``torch.library`` existed).
+fastcomms`` (about 5 ms, module and definitions, on the 2-core CPU machine), what torch.compile
+needs besides with the first communicator (``finish``; then also ``register`` where torch
+imported this package before ``torch.library`` existed).
 """
 
 from __future__ import annotations
