@@ -77,7 +77,8 @@ __all__ = [
 
 # torchcomms' "fake" backend (registered by _fake); as after `import torchcomms`, its hooks and
 # objcol modules are attributes of the package
-from . import _fake, _waits, hooks, objcol  # noqa: E402,F401
+from . import _fake, _torchcomms_ops, _waits, hooks, objcol  # noqa: E402,F401
 
 _waits.register()  # NOTE [torchcomms wait ops] (again when the first communicator is made)
+_torchcomms_ops.register()  # NOTE [torchcomms method ops] (again with the first communicator)
 _register_with_torch()  # NOTE [nvlink as a torch.distributed backend]

@@ -71,6 +71,9 @@ def _load_compiled():
     global _compiled, _compiling
     _register_opaque()  # (its op takes a TorchComm)
     _waits.register()  # NOTE [torchcomms wait ops]
+    ops = importlib.import_module(f"{__package__}._torchcomms_ops")  # NOTE [torchcomms method ops]
+    if ops.register():
+        ops.finish()
     _compiled = importlib.import_module(f"{__package__}._compiled")
     _compiling = torch.compiler.is_compiling
     return _compiled

@@ -14,6 +14,7 @@ of a communicator's graph-cache key (``code_key``).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 import torch
@@ -21,6 +22,7 @@ import torch
 _lib = None
 
 
+@functools.cache  # (asked again by _torchcomms_ops)
 def _torchcomms_installed() -> bool:
     try:
         importlib.metadata.distribution("torchcomms")
