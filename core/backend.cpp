@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "fastcomms/core/log.hpp"
+#include "fastcomms/core/store_window.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
@@ -274,6 +275,45 @@ std::shared_ptr<Window> Backend::new_window(const OpContext& c) {
 std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const BackendInit*) {
   throw Error(ErrorCode::kUnsupported,
               detail::cat("backend '", name(), "' does not implement split"));
+}
+
+}  // namespace fastcomms
+
+namespace fastcomms {
+
+// The device API where a window's backend has none (NOTE [device window ordering] in
+// fastcomms/device/window.hpp says what a backend that has it provides).
+namespace {
+[[noreturn]] void no_device_api(const char* op) {
+  throw Error(ErrorCode::kUnsupported,
+              detail::cat(op,
+                          ": this window's backend has no device API (device windows map "
+                          "every peer's memory into the kernel through CUDA IPC: the nvlink "
+                          "backend, and nccl with every rank on one host)"));
+}
+}  // namespace
+
+void* Window::device_window(int, int, int) { no_device_api("get_device_window"); }
+void* Window::register_local_buffer(void*, int64_t) { no_device_api("register_local_buffer"); }
+void Window::deregister_local_buffer(void*) { no_device_api("deregister_local_buffer"); }
+void Window::arm_device_faults(uint32_t) { no_device_api("arm_device_faults"); }
+
+namespace {
+std::shared_ptr<Window> (*&store_window_maker())(const StoreWindowInit&) {
+  static std::shared_ptr<Window> (*maker)(const StoreWindowInit&) = nullptr;
+  return maker;
+}
+}  // namespace
+
+void set_store_window_maker(std::shared_ptr<Window> (*maker)(const StoreWindowInit&)) {
+  store_window_maker() = maker;
+}
+
+std::shared_ptr<Window> make_store_window(const StoreWindowInit& init) {
+  auto maker = store_window_maker();
+  FASTCOMMS_CHECK(maker != nullptr, kUnsupported, "[rank ", init.rank, "/", init.size, " ",
+                  init.name, " store_window] this build has no CUDA, so no CUDA IPC windows");
+  return maker(init);
 }
 
 }  // namespace fastcomms

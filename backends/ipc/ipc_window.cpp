@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "backends/ipc/records.hpp"
+#include "fastcomms/core/store_window.hpp"
 #include "fastcomms/cuda/barrier.hpp"
 #include "fastcomms/cuda/check.hpp"
 #include "fastcomms/cuda/signal.hpp"
@@ -19,11 +21,10 @@
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
-namespace {
 
-// One mapping per peer allocation per process: several windows may register tensors of one
-// allocation (a caching allocator's segment), and an allocation is opened once.
-std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle) {
+// NOTE [one mapping per allocation]: several windows may register tensors of one allocation (a
+// caching allocator's segment), and an allocation is opened once per process.
+std::shared_ptr<cuda::IpcMapping> ipc_detail::open_shared(const cudaIpcMemHandle_t& handle) {
   static std::mutex mu;
   static std::map<std::string, std::weak_ptr<cuda::IpcMapping>> open;
   const std::string key(reinterpret_cast<const char*>(&handle), sizeof handle);
@@ -33,6 +34,24 @@ std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle) 
   open[key] = m;
   return m;
 }
+
+namespace {
+using ipc_detail::open_shared;
+
+// NOTE [store windows]: make_store_window (fastcomms/core/window.hpp) builds these.
+std::shared_ptr<Window> make_ipc_store_window(const StoreWindowInit& init) {
+  IpcWindowOptions o;
+  o.rank = init.rank;
+  o.size = init.size;
+  o.device = init.device;
+  o.store = init.store;
+  o.name = init.name;
+  o.timeout = init.timeout;
+  o.backend = "store window";
+  return std::make_shared<IpcWindow>(std::move(o));
+}
+[[maybe_unused]] const bool kStoreWindowMaker =
+    (set_store_window_maker(&make_ipc_store_window), true);
 
 static_assert(sizeof(cudaIpcMemHandle_t) == ipc_records::kHandleBytes);
 
@@ -189,6 +208,7 @@ void IpcWindow::deregister() {
   const std::string key = detail::cat(opt_.name, "/dereg/", generation_, "/");
   opt_.store->set_string(key + std::to_string(opt_.rank), "1");
   for (int q = 0; q < opt_.size; ++q) opt_.store->wait({key + std::to_string(q)}, opt_.timeout);
+  drop_device_window();  // its peer bases and pads go with the registration
   ++generation_;
   maps_.assign(opt_.size, nullptr);
   ptrs_.assign(opt_.size, nullptr);
@@ -244,8 +264,12 @@ void IpcWindow::check_errors() {
   if (e == cuda::kBarrierOk) return;
   *static_cast<volatile int*>(error_.get()) = 0;
   throw Error(ErrorCode::kTimeout,
-              detail::cat(prefix("wait_signal"), "a wait for a signal timed out after ",
-                          last_wait_timeout_.count(), " ms (the peer never signalled)"));
+              detail::cat(prefix("wait_signal"),
+                          "a device-side wait (wait_signal, or a device window's wait or barrier) "
+                          "timed out after ",
+                          dev_ ? std::max(last_wait_timeout_, opt_.timeout).count()
+                               : last_wait_timeout_.count(),
+                          " ms (a peer never signalled)"));
 }
 
 }  // namespace fastcomms

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,7 +73,15 @@ class IpcWindow final : public Window {
   /// Throws if a device-side wait timed out (reads pinned memory; no sync).
   void check_errors() override;
 
+  // The device API (backends/ipc/ipc_device_window.cpp, NOTE [device window resources]).
+  void* device_window(int signal_count, int counter_count, int barrier_count) override;
+  void* register_local_buffer(void* ptr, int64_t bytes) override;
+  void deregister_local_buffer(void* handle) override;
+  void arm_device_faults(uint32_t flags) override;
+
  private:
+  struct DeviceState;  // the device window's memory and mappings (ipc_device_window.cpp)
+  void drop_device_window();
   std::string prefix(const char* op) const;
   void check_peer(const char* op, const char* what, int q) const;
 
@@ -89,6 +98,13 @@ class IpcWindow final : public Window {
   std::vector<std::shared_ptr<cuda::IpcMapping>> maps_;  // [q]: q's allocation, mapped here
   std::vector<void*> ptrs_;                              // [q]: q's buffer, mapped here
   uint64_t generation_ = 0;
+  std::shared_ptr<DeviceState> dev_;            // the device window, once asked for
+  std::map<void*, cuda::DeviceBuffer> locals_;  // register_local_buffer's handles
 };
+
+namespace ipc_detail {
+/// One mapping per peer allocation per process (NOTE [one mapping per allocation]).
+std::shared_ptr<cuda::IpcMapping> open_shared(const cudaIpcMemHandle_t& handle);
+}  // namespace ipc_detail
 
 }  // namespace fastcomms

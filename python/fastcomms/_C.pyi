@@ -8,7 +8,7 @@ import datetime
 import torch
 import typing
 import typing_extensions
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'RedOpType', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'build_info', 'built_backends', 'has_transport', 'host_name', 'is_backend_built', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'select_transport', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -270,6 +270,23 @@ class ValueError(builtins.ValueError, builtins.RuntimeError):
     pass
 class TypeError(builtins.TypeError, builtins.RuntimeError):
     pass
+class StoreWindow:
+    def bytes(self) -> int:
+        ...
+    def check_errors(self) -> None:
+        ...
+    def deregister(self) -> None:
+        ...
+    def put(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: typing.SupportsInt) -> None:
+        ...
+    def register_buffer(self, arg0: torch.Tensor) -> None:
+        ...
+    def remote(self, arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typing.SupportsInt], arg2: torch.Tensor) -> torch.Tensor:
+        ...
+    def signal(self, arg0: typing.SupportsInt) -> None:
+        ...
+    def wait_signal(self, arg0: typing.SupportsInt, arg1: typing.SupportsInt) -> None:
+        ...
 class TimeoutError(builtins.TimeoutError, builtins.RuntimeError):
     pass
 def _auth_store_get(arg0: typing.Any, arg1: str, arg2: str) -> bytes:
@@ -300,9 +317,23 @@ def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
     ...
+def arm_device_faults(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
+    """
+    Tests only: sets the device window's fault bits.
+    """
 def build_info() -> dict:
     ...
 def built_backends() -> list[str]:
+    ...
+def deregister_local_buffer(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
+    """
+    Frees a handle from register_local_buffer.
+    """
+def device_window(arg0: typing.Any, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> int:
+    """
+    A device pointer to the window's fastcomms::device::DeviceWindow (collective at first).
+    """
+def device_window_layout() -> dict[str, int]:
     ...
 def has_transport(arg0: str) -> bool:
     ...
@@ -318,8 +349,16 @@ def nvlink_matrix(arg0: collections.abc.Sequence[typing.SupportsInt]) -> tuple[d
     ...
 def process_group_transport(arg0: typing_extensions.CapsuleType, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
     ...
+def register_local_buffer(arg0: typing.Any, arg1: torch.Tensor) -> int:
+    """
+    A device pointer to a fastcomms::device::RegisteredBuffer over the tensor's bytes.
+    """
 def select_transport(rank: typing.SupportsInt, size: typing.SupportsInt, device_index: typing.SupportsInt, store: typing.Any, name: str, timeout: datetime.timedelta, transport: str, require_nvlink: bool, who: collections.abc.Sequence[str], gather: typing.Any = None, pg: typing.Any = None) -> tuple:
     ...
+def store_window(arg0: typing.SupportsInt, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: str, arg5: typing.SupportsInt) -> StoreWindow:
+    """
+    Collective: a CUDA IPC window over a FileStore folder, with no communicator.
+    """
 def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
     ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:

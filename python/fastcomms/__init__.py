@@ -27,6 +27,7 @@ from ._allgather_p import AllGatherPHandle  # noqa: E402
 from ._bootstrap import rank_size_override as _rank_size_override  # noqa: E402,F401
 from ._C import AbortedError, BackendError, RedOpType, UnsupportedError, WorkStatus  # noqa: E402
 from ._comm import TorchComm, _OpaqueBase, new_comm  # noqa: E402,F401
+from ._device_api import get_include  # noqa: E402
 from ._hook_types import *  # noqa: E402,F401,F403  (OpName, RemovableHandle, the hook arguments)
 from ._op_options import *  # noqa: E402,F401,F403  (SendOptions ... AllGatherPExecOptions)
 from ._options import CommOptions, ReduceOp, Timeout  # noqa: E402
@@ -40,7 +41,12 @@ from ._registry import (  # noqa: E402
     nvlink_matrix,
     register_backend,
 )
-from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr  # noqa: E402
+from ._window import (  # noqa: E402
+    TorchCommWinAccessType,
+    TorchCommWindow,
+    TorchCommWindowAttr,
+    store_window,  # noqa: E402
+)
 from ._work import TorchWork  # noqa: E402
 
 __version__ = _C.__version__  # the VERSION file (one literal for CMake, pyproject and Python)
@@ -71,6 +77,8 @@ __all__ = [
     "BackendError",
     "UnsupportedError",
     "AllGatherPHandle",
+    "get_include",
+    "store_window",
     *_ht.__all__,
     *_op_options.__all__,
 ]

@@ -353,6 +353,30 @@ class TorchComm(_OpaqueBase):
         """Alias of ``get_mem_allocator()`` (torchcomms keeps it for older code)."""
         return self.get_mem_allocator()
 
+    def get_device_transport(self) -> int:
+        """Collective on the first call: a device pointer (an int, as torchcomms returns it) to
+        this communicator's device transport, a ``fastcomms::device::DeviceWindow`` of its own
+        (a 4 KiB buffer per rank, ``size`` signal, counter and barrier ids) for kernels that
+        signal, wait and barrier across ranks without a window of theirs (``fastcomms.triton``:
+        ``transport_*``). Cached for the communicator's life. Needs CUDA IPC between every rank
+        (nvlink, or nccl on one host); gloo raises UnsupportedError."""
+        t = getattr(self, "_device_transport", None)
+        if t is not None:
+            return t[2]
+        if self.get_device().type != "cuda":
+            raise UnsupportedError(
+                f"[rank {self.get_rank()}/{self.get_size()} {self.get_name()} "
+                f"get_device_transport] backend '{self.get_backend()}' runs on "
+                f"{self.get_device()}: the device API maps peers' GPU memory into kernels through "
+                "CUDA IPC, so it needs a CUDA backend (nvlink, or nccl with every rank on one host)"
+            )
+        buf = torch.zeros(4096, dtype=torch.uint8, device=self.get_device())
+        win = self.new_window(buf)
+        n = self.get_size()
+        ptr = win.get_device_window(n, n, n)
+        self._device_transport = (win, buf, ptr)
+        return ptr
+
     def new_window(self, tensor=None) -> TorchCommWindow:
         issue = functools.partial(TorchCommWindow, self, tensor)
         return _hooked(self, _OpName.new_window, _ht.NewWindowPreHookArgs, issue)

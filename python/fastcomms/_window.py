@@ -10,6 +10,7 @@ import typing
 
 import torch
 
+from . import _C
 from ._C import UnsupportedError
 from ._options import _ms, _TypeError, _ValueError
 from ._work import _DoneWork, _same
@@ -64,13 +65,15 @@ class TorchCommWindow:
         self._comm = comm
         self._rank, self._size = comm.get_rank(), comm.get_size()
         self._device = comm.get_device()
+        self._name = comm.get_name()
         self._w = comm._c.new_window()  # collective; the backend says if it has windows
         self._tensor = self._meta = None  # the tensor if owned; its (dtype, shape, itemsize, numel)
+        self._locals = {}  # register_local_buffer's handles -> their tensors
         if tensor is not None:
             self.tensor_register(tensor)
 
     def _where(self, op: str) -> str:
-        return f"[rank {self._rank}/{self._size} {self._comm.get_name()} {op}]"
+        return f"[rank {self._rank}/{self._size} {self._name} {op}]"
 
     def _need(self, op: str) -> torch.Tensor:
         if self._meta is None:
@@ -193,19 +196,90 @@ class TorchCommWindow:
     def device(self) -> torch.device:
         return self._device
 
-    # -- the device-side window API (torchcomms' NCCLX path) --------------------------------------
-    def _no_device_window(self, op: str):
+    # -- the device API (torchcomms' get_device_window; docs/device_api.md) ---------------------
+    def get_device_window(self, signal_count=-1, counter_count=-1, barrier_count=1) -> int:
+        """Collective on the first call (every rank, after ``tensor_register``): a device pointer
+        (an int, as torchcomms returns it) to this window's ``fastcomms::device::DeviceWindow``
+        (``fastcomms/device/window.hpp``; Triton kernels pass it to ``fastcomms.triton``).
+        ``signal_count`` / ``counter_count`` of -1 mean the communicator's size. Later calls
+        return the same pointer (the first call's counts stand) until ``tensor_deregister``."""
+        op = "get_device_window"
+        for what, v in (
+            ("signal_count", signal_count),
+            ("counter_count", counter_count),
+            ("barrier_count", barrier_count),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise _TypeError(f"{self._where(op)} {what} must be an int, got {type(v).__name__}")
+        if self._meta is None:
+            raise _ValueError(
+                f"{self._where(op)} no tensor is registered; call tensor_register first "
+                "(collective), then get_device_window on every rank"
+            )
+        return _C.device_window(self._w, signal_count, counter_count, barrier_count)
+
+    def register_local_buffer(self, tensor) -> int:
+        """Not collective: a device pointer (int) to a ``RegisteredBuffer`` over ``tensor`` (a
+        contiguous tensor on the communicator's device), the source of device ``put``. Needs
+        ``get_device_window()`` first. The tensor must outlive the handle."""
+        op = "register_local_buffer"
+        if not isinstance(tensor, torch.Tensor):
+            raise _TypeError(f"{self._where(op)} needs a tensor, got {type(tensor).__name__}")
+        if tensor.device != self._device or not tensor.is_contiguous():
+            got = "a non-contiguous tensor" if tensor.device == self._device else tensor.device
+            raise _ValueError(
+                f"{self._where(op)} needs a contiguous tensor on {self._device}, got {got}"
+            )
+        handle = _C.register_local_buffer(self._w, tensor)
+        self._locals[handle] = tensor  # kept alive while the handle is
+        return handle
+
+    def deregister_local_buffer(self, handle) -> None:
+        """Frees a handle from ``register_local_buffer`` (after this device's work)."""
+        op = "deregister_local_buffer"
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise _TypeError(
+                f"{self._where(op)} handle must be an int, got {type(handle).__name__}"
+            )
+        _C.deregister_local_buffer(self._w, handle)
+        self._locals.pop(handle, None)
+
+    def get_nvlink_address(self, peer, offset=0) -> int:
+        """``peer``'s registered buffer, mapped on this device, plus ``offset`` bytes, as an int
+        (torchcomms' NCCLX window method)."""
+        self._need("get_nvlink_address")
+        peer = self._peer("get_nvlink_address", "peer", peer)
+        return self.map_remote_tensor(peer).data_ptr() + int(offset)
+
+    def get_multimem_address(self, offset=0):
+        """Refused: fastcomms never creates NVLink multicast objects (shared machines must not);
+        the device window's ``get_multimem_address`` returns a null pointer likewise."""
         raise UnsupportedError(
-            f"{self._where(op)} device-side windows (get_device_window, local buffer handles for "
-            "kernels that issue RMA themselves) are an NCCLX feature fastcomms does not have; use "
-            "map_remote_tensor for direct loads and stores, or put/signal/wait_signal"
+            f"{self._where('get_multimem_address')} NVLink multicast (multimem) is not used by "
+            "fastcomms; reduce with get_nvlink_address loads instead"
         )
 
-    def get_device_window(self, signal_count=-1, counter_count=-1, barrier_count=1):
-        self._no_device_window("get_device_window")
+    def _arm_device_faults(self, flags: int) -> None:
+        """Tests only (NOTE [device window ordering]): sets the device window's fault bits."""
+        _C.arm_device_faults(self._w, int(flags))
 
-    def register_local_buffer(self, tensor):
-        self._no_device_window("register_local_buffer")
 
-    def deregister_local_buffer(self, handle):
-        self._no_device_window("deregister_local_buffer")
+def store_window(rank, size, device, store_dir, name="window", timeout=None, tensor=None):
+    """Collective over ``store_dir`` (a folder every rank of the group sees): a
+    ``TorchCommWindow`` with no communicator, for ranks that cannot share an NCCL communicator
+    (MPS clients of one GPU, which NCCL refuses) but may share CUDA IPC windows and their device
+    API (NOTE [store windows]). ``timeout`` (``datetime.timedelta``, default 600 s) bounds store
+    waits and device waits. Deep copies are not offered (there is no communicator)."""
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is None:
+        raise _ValueError(f"[rank {rank}/{size} {name} store_window] needs a cuda:N device")
+    ms = 600_000 if timeout is None else timeout // datetime.timedelta(milliseconds=1)
+    self = TorchCommWindow.__new__(TorchCommWindow)
+    self._comm = None
+    self._rank, self._size, self._device, self._name = rank, size, device, name
+    self._w = _C.store_window(rank, size, device.index, str(store_dir), name, ms)
+    self._tensor = self._meta = None
+    self._locals = {}
+    if tensor is not None:
+        self.tensor_register(tensor)
+    return self

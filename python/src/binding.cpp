@@ -389,6 +389,12 @@ struct PyWindow {
   std::shared_ptr<Window> w;
   Device device;
 };
+}  // namespace
+// For other binding files (bind_device_window.cpp): the C++ window behind a fastcomms._C.Window.
+std::shared_ptr<Window> fastcomms::python::window_of(const py::object& w) {
+  return w.cast<PyWindow&>().w;
+}
+namespace {
 
 #ifdef FASTCOMMS_WITH_CUDA
 // NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
@@ -1372,4 +1378,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fp8_has_cuda_kernels", &has_fp8_device_kernels);
 
   python::bind_ulysses_op(m);
+  python::bind_device_window(m);
 }

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "fastcomms/core/tensor.hpp"
+#include "fastcomms/core/window.hpp"
 #include "fastcomms/error.hpp"
 #include "fastcomms/ulysses/transport.hpp"
 
@@ -41,6 +42,12 @@ struct PyTransport {
 /// from fastcomms._c10d._process_group_capsule): alltoall_base of uint8 tensors; on CUDA ordered
 /// after the exchange's stream and before what follows on it, on a torch stream of the pool.
 ByteExchange process_group_exchange(const pybind11::capsule& pg);
+
+/// The C++ window behind a fastcomms._C.Window object (raises TypeError for anything else).
+std::shared_ptr<Window> window_of(const pybind11::object& w);
+/// The device API of windows (get_device_window, register_local_buffer, ...):
+/// bind_device_window.cpp.
+void bind_device_window(pybind11::module_& m);
 
 /// Registers the Ulysses op (NOTE [ulysses op in c++]) and its Python entry points on `m`.
 void bind_ulysses_op(pybind11::module_& m);

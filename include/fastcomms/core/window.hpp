@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace fastcomms {
 
@@ -37,6 +38,24 @@ class Window {
   virtual void wait_signal(int peer, std::chrono::milliseconds timeout, void* stream) = 0;
   /// Throws if a device-side wait failed or timed out.
   virtual void check_errors() = 0;
+
+  // -- the device API (torchcomms' get_device_window; NOTE [device window ordering] in
+  // fastcomms/device/window.hpp). Backends without it raise kUnsupported, saying why.
+
+  /// Collective on first call (every rank, after register_buffer): a device pointer to a
+  /// fastcomms::device::DeviceWindow with `signal_count` signal ids, `counter_count` counter ids
+  /// and `barrier_count` barrier ids (a negative count: the communicator's size; barrier_count
+  /// 0 is allowed). Later calls return the same pointer (the counts of the first call stand),
+  /// until deregister() drops it.
+  virtual void* device_window(int signal_count, int counter_count, int barrier_count);
+  /// Not collective: a device pointer to a fastcomms::device::RegisteredBuffer describing
+  /// `bytes` at `ptr` (this rank's device memory), the source of device puts. Needs
+  /// device_window() first.
+  virtual void* register_local_buffer(void* ptr, int64_t bytes);
+  /// Frees a handle from register_local_buffer (waits for this device's work first).
+  virtual void deregister_local_buffer(void* handle);
+  /// Tests only: sets DeviceWindow::flags_ (fault bits) of the device window.
+  virtual void arm_device_faults(uint32_t flags);
 };
 
 }  // namespace fastcomms
