@@ -560,7 +560,7 @@ def barrier_block(win, barrier_id):
         bid = tl.cast(barrier_id, tl.int64)
         epoch_addr = _i64(win + _EPOCHS) + 8 * bid
         tl.debug_barrier()
-        epoch = tl.load(epoch_addr.to(tl.pointer_type(tl.uint64))) + 1
+        epoch = _ld_acquire(epoch_addr) + 1  # not through L1: the leader wrote it last time
         tl.debug_barrier()  # every thread read the old epoch before the leader replaces it
         _leader_st_release(epoch_addr, epoch)
         peers = _i64(win + _PEER_BARRIERS)
