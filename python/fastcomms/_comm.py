@@ -355,11 +355,13 @@ class TorchComm(_OpaqueBase):
 
     def get_device_transport(self) -> int:
         """Collective on the first call: a device pointer (an int, as torchcomms returns it) to
-        this communicator's device transport, a ``fastcomms::device::DeviceWindow`` of its own
-        (a 4 KiB buffer per rank, ``size`` signal, counter and barrier ids) for kernels that
-        signal, wait and barrier across ranks without a window of theirs (``fastcomms.triton``:
-        ``transport_*``). Cached for the communicator's life. Needs CUDA IPC between every rank
-        (nvlink, or nccl on one host); gloo raises UnsupportedError."""
+        this communicator's device transport: a ``fastcomms::device::DeviceWindow`` of its own
+        over 1 MiB per rank, for the block-cooperative ``transport_send`` / ``transport_recv``
+        (a staging slot per sender), ``transport_signal`` / ``transport_wait_signal``,
+        ``transport_barrier`` (pairwise) and the properties (``fastcomms/device/transport.hpp``,
+        ``fastcomms.triton``; NOTE [device transport ids]). Cached for the communicator's life.
+        Needs CUDA IPC between every rank (nvlink, or nccl on one host); gloo raises
+        UnsupportedError."""
         t = getattr(self, "_device_transport", None)
         if t is not None:
             return t[2]
@@ -370,10 +372,11 @@ class TorchComm(_OpaqueBase):
                 f"{self.get_device()}: the device API maps peers' GPU memory into kernels through "
                 "CUDA IPC, so it needs a CUDA backend (nvlink, or nccl with every rank on one host)"
             )
-        buf = torch.zeros(4096, dtype=torch.uint8, device=self.get_device())
+        from ._window import transport_counts
+
+        buf = torch.zeros(1 << 20, dtype=torch.uint8, device=self.get_device())
         win = self.new_window(buf)
-        n = self.get_size()
-        ptr = win.get_device_window(n, n, n)
+        ptr = win.get_device_window(*transport_counts(self.get_size()))
         self._device_transport = (win, buf, ptr)
         return ptr
 

@@ -264,6 +264,12 @@ class TorchCommWindow:
         _C.arm_device_faults(self._w, int(flags))
 
 
+def transport_counts(n: int) -> tuple[int, int, int]:
+    """(signal_count, counter_count, barrier_count) of a device transport of n ranks (NOTE
+    [device transport ids] in fastcomms/device/transport.hpp)."""
+    return 2 * n + 2, 2 * n + n * n, n
+
+
 def store_window(rank, size, device, store_dir, name="window", timeout=None, tensor=None):
     """Collective over ``store_dir`` (a folder every rank of the group sees): a
     ``TorchCommWindow`` with no communicator, for ranks that cannot share an NCCL communicator

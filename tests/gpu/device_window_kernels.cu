@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "fastcomms/device/transport.hpp"
 #include "fastcomms/device/window.hpp"
 
 using fastcomms::device::CmpOp;
@@ -208,9 +209,46 @@ __global__ void timeout_kernel(const DeviceWindow* wp, int peer, int scope_i, in
   if (threadIdx.x == 0) *rc = r;
 }
 
+// The device transport (as tk_transport in device_window_triton_kernels.py): ranks pair up
+// (0-1, 2-3, ...), the even one sends then receives, the odd one the other way round; then a
+// pairwise barrier, a caller's signal and its wait, the properties and a refused self-send.
+__global__ void transport_kernel(const DeviceWindow* wp, const char* src, char* dst,
+                                 uint64_t nbytes, int* rc) {
+  using namespace fastcomms::device;
+  DeviceWindow w = *wp;
+  const int r = transport_my_rank(w), n = transport_n_ranks(w);
+  const int peer = r % 2 == 0 ? r + 1 : r - 1;
+  int bad = 0;
+  if (peer < n) {
+    if (r % 2 == 0) {
+      bad |= transport_send(w, peer, src, nbytes);
+      bad |= transport_recv(w, peer, dst, nbytes);
+    } else {
+      bad |= transport_recv(w, peer, dst, nbytes);
+      bad |= transport_send(w, peer, src, nbytes);
+    }
+    bad |= transport_barrier(w, peer, 0);
+    bad |= transport_signal(w, peer, 0, 1, 1);
+    bad |= transport_wait_signal(w, peer, 0, 3, 1);  // 3: GE in the transport's numbering
+    if (transport_get_type(w, peer) != 1) bad |= 8;
+  }
+  if (transport_get_type(w, r) != 0) bad |= 16;
+  if (transport_num_nvl_peers(w) != n - 1) bad |= 32;
+  if (transport_send(w, r, src, nbytes) != -1) bad |= 64;  // a self-send is refused
+  if (bad && threadIdx.x == 0) atomicOr(rc, bad);
+}
+
 }  // namespace
 
 extern "C" {
+
+int fc_dw_transport(uint64_t win, uint64_t src, uint64_t dst, uint64_t nbytes, int threads,
+                    uint64_t rc, uint64_t stream) {
+  transport_kernel<<<1, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const DeviceWindow*>(win), reinterpret_cast<const char*>(src),
+      reinterpret_cast<char*>(dst), nbytes, reinterpret_cast<int*>(rc));
+  return static_cast<int>(cudaGetLastError());
+}
 
 int fc_dw_timeout(uint64_t win, int peer, int scope, int threads, uint64_t rc, uint64_t stream) {
   timeout_kernel<<<1, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(

@@ -163,3 +163,32 @@ def tk_ordering(win, src, sender, receiver, nbytes, rnd, seed, wrong, rc):
         tl.atomic_add(wrong, count)
     if bad != 0:
         tl.atomic_or(rc, 1)
+
+
+@triton.jit
+def tk_transport(handle, src, dst, nbytes, rc):
+    """Ranks pair up (0-1, 2-3, ...): the even one sends then receives, the odd one receives then
+    sends, through the transport's staging slots; then a pairwise barrier, a user signal and its
+    wait, and the properties (out-of-pair ranks only check the properties)."""
+    r = fct.transport_my_rank(handle)
+    n = fct.transport_n_ranks(handle)
+    peer = tl.where(r % 2 == 0, r + 1, r - 1)
+    bad = tl.cast(0, tl.int32)
+    if peer < n:
+        if r % 2 == 0:
+            bad |= fct.transport_send(handle, peer, src, nbytes, 0)
+            bad |= fct.transport_recv(handle, peer, dst, nbytes, 0)
+        else:
+            bad |= fct.transport_recv(handle, peer, dst, nbytes, 0)
+            bad |= fct.transport_send(handle, peer, src, nbytes, 0)
+        bad |= fct.transport_barrier(handle, peer, 0)
+        bad |= fct.transport_signal(handle, peer, 0, fct.SIGNAL_ADD, 1)
+        bad |= fct.transport_wait_signal(
+            handle, peer, 0, 3, 1
+        )  # 3: GE in the transport's numbering
+        bad |= (fct.transport_get_type(handle, peer) != 1).to(tl.int32) * 8
+    bad |= (fct.transport_get_type(handle, r) != 0).to(tl.int32) * 16
+    bad |= (fct.transport_num_nvl_peers(handle) != n - 1).to(tl.int32) * 32
+    bad |= (fct.transport_send(handle, r, src, nbytes, 0) != -1).to(tl.int32) * 64  # self: refused
+    if bad != 0:
+        tl.atomic_or(rc, bad)

@@ -70,6 +70,12 @@ def test_triton_module_imports_and_names_torchcomms_functions():
         "wait_signal_from_block",
         "wait_counter_block",
         "self_copy_block",
+        "transport_send",
+        "transport_recv",
+        "transport_barrier",
+        "transport_signal",
+        "transport_wait_signal",
+        "transport_get_type",
     ):
         assert isinstance(getattr(fct, name), tr.runtime.jit.JITFunction), name
     assert fct.requires_torchcomms(len) is len

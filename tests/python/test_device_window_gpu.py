@@ -337,6 +337,64 @@ def test_triton_device_window_calls(mps_daemon, size):  # noqa: F811
     spawn(_device_worker, size, "store", "triton", timeout=300)
 
 
+def _transport_worker(rank, size, path, errq, lang):
+    """torchcomms' device transport on the handle get_device_transport makes (here over a store
+    window with the same counts, as ranks share GPU 0): send/recv of 2.5 MiB + 7 bytes in
+    slot-sized chunks between pairs of ranks, twice (the sequence counters chain across calls),
+    bit-exact; a pairwise barrier, a caller's signal and wait, the properties."""
+    _hang_guard()
+    try:
+        from fastcomms._window import transport_counts
+
+        dev = _device(rank, "store")
+        buf = torch.zeros(1 << 20, dtype=torch.uint8, device=dev)
+        _, win = _window(rank, size, path, "store", buf, name="dtr")
+        h = win.get_device_window(*transport_counts(size))
+        nbytes = (5 << 19) + 7
+        rc = torch.zeros(1, dtype=torch.int32, device=dev)
+        peer = rank + 1 if rank % 2 == 0 else rank - 1
+        for call in range(2):
+            src = _pattern(rank, call, 7, nbytes).to(dev)
+            dst = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+            if lang == "cuda":
+                lib = _Cuda().lib
+                lib.fc_dw_transport.argtypes = (
+                    [ctypes.c_uint64] * 4 + [ctypes.c_int] + [ctypes.c_uint64] * 2
+                )
+                err = lib.fc_dw_transport(
+                    h,
+                    src.data_ptr(),
+                    dst.data_ptr(),
+                    nbytes,
+                    256,
+                    rc.data_ptr(),
+                    torch.cuda.current_stream().cuda_stream,
+                )
+                assert err == 0, f"launch failed: cudaError {err}"
+            else:
+                import device_window_triton_kernels as k
+
+                k.tk_transport[(1,)](h, src, dst, nbytes, rc, num_warps=8)
+            torch.cuda.synchronize()
+            assert rc.item() == 0, f"{lang} transport call {call}: flags {rc.item()}"
+            if peer < size:
+                want = _pattern(peer, call, 7, nbytes)
+                assert torch.equal(dst.cpu(), want), f"{lang} transport call {call}: bytes differ"
+        win.tensor_deregister()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("lang", ["cuda", "triton"])
+def test_device_transport_send_recv(mps_daemon, lang, size):  # noqa: F811
+    _need("nvlink")
+    if lang == "triton":
+        pytest.importorskip("triton", reason="fastcomms.triton needs triton")
+    spawn(_transport_worker, size, lang, timeout=200)
+
+
 def _timeout_worker(rank, size, path, errq):
     """A device wait for a signal that never comes gives up after the communicator's timeout
     (2 s) with -2, and the host's check_errors raises TimeoutError, in each scope."""

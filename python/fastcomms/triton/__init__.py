@@ -69,6 +69,9 @@ __all__ = [
     "requires_fastcomms",
     "transport_signal",
     "transport_wait_signal",
+    "transport_send",
+    "transport_recv",
+    "transport_barrier",
     "transport_my_rank",
     "transport_n_ranks",
     "transport_num_nvl_peers",
@@ -575,7 +578,7 @@ def barrier_block(win, barrier_id):
     return rc
 
 
-# -- the device transport (comm.get_device_transport(); a DeviceWindow of the communicator) ----
+# -- the device transport (comm.get_device_transport(); NOTE [device transport ids]) ---------------
 # torchcomms' transport CmpOp numbering: 0=EQ, 1=GT, 2=LT, 3=GE, 4=LE, 5=NE.
 @triton.jit
 def _transport_cmp(op):
@@ -594,13 +597,123 @@ def _transport_cmp(op):
 
 
 @triton.jit
+def _transport_slot(handle):
+    return (size(handle) // tl.cast(num_ranks(handle), tl.int64)) // 16 * 16
+
+
+@triton.jit
+def _transport_ok(handle, peer):
+    n = num_ranks(handle)
+    ok = (peer >= 0) & (peer < n) & (peer != rank(handle)) & (_transport_slot(handle) > 0)
+    return ok & (_i32(handle + _NSIG) >= 2 * n + 2) & (_i32(handle + _NCNT) >= 2 * n + n * n)
+
+
+@triton.jit
 def transport_signal(handle, peer, signal_id, op, value):
-    return signal(handle, peer, signal_id, op, value)
+    """SET (0) / ADD (1) on the caller's signal ids [0, n) at ``peer`` (block scope)."""
+    signal_id = tl.cast(signal_id, tl.int32)
+    ok = (signal_id >= 0) & (signal_id < num_ranks(handle))
+    rc = tl.cast(-1, tl.int32)
+    if ok:
+        rc = signal(handle, peer, signal_id, op, value)
+    return rc
 
 
 @triton.jit
 def transport_wait_signal(handle, peer, signal_id, op, value):
-    return wait_signal_from_cmp(handle, peer, signal_id, _transport_cmp(op), value)
+    """Waits for ``peer``'s slot of the caller's ``signal_id`` (torchcomms' compare numbering)."""
+    signal_id = tl.cast(signal_id, tl.int32)
+    ok = (signal_id >= 0) & (signal_id < num_ranks(handle))
+    rc = tl.cast(-1, tl.int32)
+    if ok:
+        rc = wait_signal_from_cmp(handle, peer, signal_id, _transport_cmp(op), value)
+        tl.debug_barrier()
+    return rc
+
+
+@triton.jit
+def transport_send(handle, peer, src_ptr, nbytes, max_signal_bytes):
+    """Sends ``nbytes`` from ``src_ptr`` to ``peer`` (which calls transport_recv with the same
+    size) through this rank's staging slot in the peer's window, one slot-sized chunk per signal
+    (``max_signal_bytes`` is accepted; the slot decides). Block scope; peer != rank."""
+    peer = tl.cast(peer, tl.int32)
+    nbytes = tl.cast(nbytes, tl.int64)
+    src = tl.cast(src_ptr, tl.int64)
+    rc = tl.cast(-1, tl.int32)
+    if _transport_ok(handle, peer):
+        n = num_ranks(handle)
+        slot = _transport_slot(handle)
+        cnt = _i64(handle + _COUNTERS) + 8 * tl.cast(peer, tl.int64)
+        base = tl.cast(_ld_acquire(cnt), tl.int64)
+        chunks = (nbytes + slot - 1) // slot
+        dst = _i64(_i64(handle + _PEER_BASES) + 8 * tl.cast(peer, tl.int64))
+        dst = dst + slot * tl.cast(rank(handle), tl.int64)
+        rc = tl.cast(0, tl.int32)
+        for k in range(0, chunks):
+            if rc == 0:
+                r1 = wait_signal_from_cmp(handle, peer, n + 1, 5, base + k)  # the slot is free
+                tl.debug_barrier()
+                if r1 == 0:
+                    off = k * slot
+                    _copy(dst, src + off, tl.minimum(nbytes - off, slot))
+                    r1 = signal(handle, peer, n, 1, 1)  # landed (joins, then release)
+                rc = r1
+        tl.debug_barrier()
+        if rc == 0:
+            _leader_st_release(cnt, base + chunks)
+        tl.debug_barrier()
+    return rc
+
+
+@triton.jit
+def transport_recv(handle, peer, dst_ptr, nbytes, max_signal_bytes):
+    """Receives ``nbytes`` from ``peer`` into ``dst_ptr`` (block scope)."""
+    peer = tl.cast(peer, tl.int32)
+    nbytes = tl.cast(nbytes, tl.int64)
+    dst = tl.cast(dst_ptr, tl.int64)
+    rc = tl.cast(-1, tl.int32)
+    if _transport_ok(handle, peer):
+        n = num_ranks(handle)
+        slot = _transport_slot(handle)
+        cnt = _i64(handle + _COUNTERS) + 8 * tl.cast(n + peer, tl.int64)
+        base = tl.cast(_ld_acquire(cnt), tl.int64)
+        chunks = (nbytes + slot - 1) // slot
+        src = _i64(handle + _BASE) + slot * tl.cast(peer, tl.int64)
+        rc = tl.cast(0, tl.int32)
+        for k in range(0, chunks):
+            if rc == 0:
+                r1 = wait_signal_from_cmp(handle, peer, n, 5, base + k + 1)  # landed
+                tl.debug_barrier()
+                if r1 == 0:
+                    off = k * slot
+                    _copy(dst + off, src, tl.minimum(nbytes - off, slot))
+                    r1 = signal(handle, peer, n + 1, 1, 1)  # free, after the block's loads
+                rc = r1
+        tl.debug_barrier()
+        if rc == 0:
+            _leader_st_release(cnt, base + chunks)
+        tl.debug_barrier()
+    return rc
+
+
+@triton.jit
+def transport_barrier(handle, peer, barrier_id):
+    """The pairwise barrier ``barrier_id`` (< n) with ``peer`` (block scope)."""
+    peer = tl.cast(peer, tl.int32)
+    barrier_id = tl.cast(barrier_id, tl.int32)
+    n = num_ranks(handle)
+    rc = tl.cast(-1, tl.int32)
+    if _transport_ok(handle, peer) & (barrier_id >= 0) & (barrier_id < n):
+        cnt = _i64(handle + _COUNTERS) + 8 * tl.cast(2 * n + barrier_id * n + peer, tl.int64)
+        nxt = _ld_acquire(cnt) + 1
+        rc = signal(handle, peer, n + 2 + barrier_id, 1, 1)
+        if rc == 0:
+            rc = wait_signal_from_cmp(handle, peer, n + 2 + barrier_id, 5, nxt)
+        tl.debug_barrier()
+        if rc == 0:
+            _leader_st_release(cnt, nxt)
+        tl.debug_barrier()
+    return rc
 
 
 @triton.jit
