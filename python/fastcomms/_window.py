@@ -221,7 +221,8 @@ class TorchCommWindow:
     def register_local_buffer(self, tensor) -> int:
         """Not collective: a device pointer (int) to a ``RegisteredBuffer`` over ``tensor`` (a
         contiguous tensor on the communicator's device), the source of device ``put``. Needs
-        ``get_device_window()`` first. The tensor must outlive the handle."""
+        ``get_device_window()`` first. The window keeps the tensor alive until the handle is
+        deregistered."""
         op = "register_local_buffer"
         if not isinstance(tensor, torch.Tensor):
             raise _TypeError(f"{self._where(op)} needs a tensor, got {type(tensor).__name__}")
