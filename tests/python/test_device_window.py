@@ -157,3 +157,8 @@ def test_window_device_methods_exist_with_torchcomms_signatures():
     assert list(inspect.signature(w.register_local_buffer).parameters) == ["self", "tensor"]
     assert list(inspect.signature(w.deregister_local_buffer).parameters) == ["self", "handle"]
     assert callable(fastcomms.TorchComm.get_device_transport)
+
+
+def test_store_window_needs_a_cuda_device(tmp_path):
+    with pytest.raises(ValueError, match="needs a cuda:N device"):
+        fastcomms.store_window(0, 1, "cpu", tmp_path)
