@@ -27,7 +27,18 @@ pytestmark = pytest.mark.skipif(
     reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh)",
 )
 
-SCOPES = [(0, 1), (1, 32), (2, 128)]  # (CoopScope, threads of the one-block kernels)
+SCOPES = [(0, 1), (1, 32), (2, 128)]
+
+
+def _guard():
+    """conftest's hang guard, with room for the first Triton compiles of every kernel on every
+    rank (scripts/gpu.sh sets 90 s)."""
+    import faulthandler
+
+    _hang_guard()
+    faulthandler.dump_traceback_later(
+        max(200, int(os.environ.get("FASTCOMMS_TEST_HANG_S", "150"))), exit=True
+    )  # (CoopScope, threads of the one-block kernels)
 
 
 def _kernels_path():
@@ -189,7 +200,7 @@ class _Triton:
 
 
 def _device_worker(rank, size, path, errq, backend, lang):
-    _hang_guard()
+    _guard()
     try:
         import fastcomms
 
@@ -342,7 +353,7 @@ def _transport_worker(rank, size, path, errq, lang):
     window with the same counts, as ranks share GPU 0): send/recv of 2.5 MiB + 7 bytes in
     slot-sized chunks between pairs of ranks, twice (the sequence counters chain across calls),
     bit-exact; a pairwise barrier, a caller's signal and wait, the properties."""
-    _hang_guard()
+    _guard()
     try:
         from fastcomms._window import transport_counts
 
@@ -398,7 +409,7 @@ def test_device_transport_send_recv(mps_daemon, lang, size):  # noqa: F811
 def _timeout_worker(rank, size, path, errq):
     """A device wait for a signal that never comes gives up after the communicator's timeout
     (2 s) with -2, and the host's check_errors raises TimeoutError, in each scope."""
-    _hang_guard()
+    _guard()
     try:
         dev = _device(rank, "store")
         buf = torch.zeros(4096, dtype=torch.uint8, device=dev)
