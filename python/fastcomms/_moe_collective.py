@@ -68,13 +68,14 @@ class _Pending:
 
     def __init__(self, works, finish):
         self._works, self._finish, self._result, self._done = works, finish, None, False
+        self._keep = None
 
     def wait(self):
         if not self._done:
             for w in self._works:
                 w.wait()
             self._result, self._done = self._finish(), True
-            self._works = self._finish = None
+            self._works = self._finish = self._keep = None
         return self._result
 
     def is_completed(self) -> bool:
@@ -116,7 +117,9 @@ class CollectiveTransport:
         recv = send.new_empty((sum(recv_splits), send.shape[1]))
         work = self._a2a_v(recv, send, recv_splits, send_splits, async_op)
         works = [work] if async_op and work is not None else []
-        return _Pending(works, lambda: finish(recv))
+        pending = _Pending(works, lambda: finish(recv))
+        pending._keep = send  # read by the transfer until it completes
+        return pending
 
     # -- dispatch ---------------------------------------------------------------------------------
     def header(self, idx, num_experts, max_tokens, wire, k):
