@@ -146,7 +146,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_x, g_w):
         h = ctx.handle
-        plan, t = h._plan, h._group._transport
+        plan, t = h._plan, h._group._live("backward of dispatch")
         dropped = plan.owner < 0
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -178,7 +178,7 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         h = ctx.handle
-        plan, t = h._plan, h._group._transport
+        plan, t = h._plan, h._group._live("backward of combine")
         acc = _acc_dtype(ctx.y_dtype, g.dtype)
         w = ctx.w.detach().masked_fill(plan.owner < 0, 0)
         gy = gw = None
@@ -473,6 +473,11 @@ class ExpertParallelGroup(_Scoped):
     def _check_alive(self, where):
         if self.transport == "destroyed":
             raise ValueError(f"{where}: the group was destroyed")
+
+    def _live(self, what):
+        """The transport, for a backward (which may run after the group's ``with`` block)."""
+        self._check_alive(f"{self._where}: {what}")
+        return self._transport
 
     def destroy(self) -> None:
         """Ends the group (collective: call it on every rank). Handles and tensors returned

@@ -186,6 +186,15 @@ def _fp8_case(ep, pg, case, rank, P):
     deq = recv_q[:n].float() * meta.scales[:n].unsqueeze(1)
     bound = xs.abs() * (2**-4 + 2**-8) + meta.scales[:n].unsqueeze(1) * 2**-9
     assert ((deq - xs).abs() <= bound).all(), (deq - xs).abs().max()
+    # FP8 forward, the gradient in its own dtype (straight through the quantization): the same
+    # bits as without the wire
+    grads = []
+    for wd in (wire, None):
+        xg = x.clone().requires_grad_()
+        recv_x, meta, handle = ep.dispatch(xg, idx, w, wire_dtype=wd)
+        (ep.combine(recv_x * 3, handle).float() * torch.arange(H)).sum().backward()
+        grads.append(xg.grad)
+    assert _same(grads[0], grads[1])
     with pytest.raises(RuntimeError, match="return_scales=True is not differentiable"):
         ep.dispatch(x.requires_grad_(), idx, w, wire_dtype=wire, return_scales=True)
     return 1
@@ -326,6 +335,14 @@ def moe_world(comm, rank, size):
             with pytest.raises(ValueError, match="the group was destroyed"):
                 ep.dispatch(torch.zeros(1, 16, dtype=torch.bfloat16), torch.zeros(1, 1).long())
             checks += _grad_case(eps[torch.float64], 70 + P, rank, P, lambda r: 0 if r == 1 else 5)
+            # a backward after destroy() says so (on every rank: it sends nothing)
+            x = torch.randn(4, 16, requires_grad=True)
+            recv_x, meta, handle = eps[torch.float32].dispatch(x, torch.zeros(4, 1).long())
+            out = eps[torch.float32].combine(recv_x, handle)
+            for g in eps.values():
+                g.destroy()
+            with pytest.raises(ValueError, match="backward of combine.*the group was destroyed"):
+                out.sum().backward()
             if P < size:
                 sub.finalize()
         dist.barrier()
