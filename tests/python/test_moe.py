@@ -129,12 +129,19 @@ def _wire_ref(x, wire):
 def _case(ep, pg, case, rank, P, T, k, dtype, mode, wire=None, y_dtype=None, async_op=False):
     E, H, L = ep.num_experts, ep.hidden, ep.num_local_experts
     x, idx, w = _inputs(case, rank, T, k, E, H, dtype, mode)
+    t = ep._transport
+    sent, a2a = [], t._a2a_v
+    t._a2a_v = lambda out, inp, *a: sent.append(inp.shape[0]) or a2a(out, inp, *a)
     if async_op:
         work = ep.dispatch(x, idx, w, wire_dtype=wire, async_op=True)
         recv_x, meta, handle = work.wait()
         assert work.is_completed()
     else:
         recv_x, meta, handle = ep.dispatch(x, idx, w, wire_dtype=wire)
+    del t._a2a_v
+    # a token crosses once to each rank holding any of its experts (the header, then the rows)
+    ranks = {(i, int(idx[i, j]) // L) for i, j in (idx >= 0).nonzero().tolist()}
+    assert sent == [P, len(ranks)], (sent, len(ranks))
     x_seen = x if wire is None else _wire_ref(x, wire)[2]
     rows, e, src, pos, slot, rw = _ref_dispatch(x_seen, idx, w, P, L, pg)
     n = len(rows)
