@@ -190,6 +190,26 @@ class _Combine(torch.autograd.Function):
         return gy, gw, None, None
 
 
+def _choose_transport(group, rank, size, device):
+    """(transport, why): the one place a group's transport is chosen (NOTE [moe transport
+    seam]). The NVLink device transport, once issue 52's device windows exist, is taken here for
+    CUDA groups whose ranks share a host and NVLink; everything else keeps the collective one."""
+    if isinstance(group, TorchComm):
+        backend = f"fastcomms {group.get_backend()}"
+    else:
+        import torch.distributed as dist
+
+        backend = f"torch.distributed {dist.get_backend(group)}"
+    if device.type == "cuda":
+        why = (
+            f"CUDA tensors over a {backend} group: the collective path (NCCL all-to-alls, one "
+            "host sync per dispatch) until the NVLink device path (issue 52) lands"
+        )
+    else:
+        why = f"{device.type} tensors over a {backend} group: the collective path (all-to-alls)"
+    return CollectiveTransport(group, rank, size, device), why
+
+
 class ExpertParallelGroup(_Scoped):
     """MoE dispatch and combine over a group (a ``TorchComm``, a ProcessGroup, a 1-D DeviceMesh,
     or None: torch.distributed's default group), API.md §2b. ``num_experts`` split evenly: rank r
@@ -235,12 +255,10 @@ class ExpertParallelGroup(_Scoped):
         self.num_experts, self.hidden, self.dtype = num_experts, hidden, dtype
         self.max_tokens_per_rank = max_tokens_per_rank
         self._where = f"[rank {self.rank}/{self.size}] {who}"
-        self._transport = CollectiveTransport(group, self.rank, self.size, self.device)
-        self.transport = self._transport.name
-        self.transport_reason = (
-            "the collective path (all-to-alls on the group's backend, one host sync per "
-            "dispatch); the NVLink device path awaits the device windows (issue 52)"
+        self._transport, self.transport_reason = _choose_transport(
+            group, self.rank, self.size, self.device
         )
+        self.transport = self._transport.name
         # every rank's sizes, exchanged before any check that could differ between ranks, so a
         # disagreement raises on every rank instead of hanging one of them in a later call
         mine = torch.tensor(

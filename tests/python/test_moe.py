@@ -331,6 +331,7 @@ def moe_world(comm, rank, size):
             E = 8 if P != 3 else 9
             with ExpertParallelGroup(sub, E, 16, max_tokens_per_rank=8, dtype=torch.bfloat16) as ep:
                 assert ep.transport == "collective" and (ep.rank, ep.size) == (rank, P)
+                assert ep.transport_reason.startswith("cpu tensors over a fastcomms gloo group")
                 # groups over the communicator and over the ProcessGroup, one per dtype
                 eps = {torch.bfloat16: ep}
                 for dt, g in ((torch.float16, pg), (torch.float32, sub), (torch.float64, pg)):
