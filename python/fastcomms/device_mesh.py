@@ -370,6 +370,20 @@ def resolve_group(group, who: str, dim: str):
     return comm_of(group) or group
 
 
+def group_rank_size(group, who: str):
+    """(group, rank, size) of what ``resolve_group`` returned: a TorchComm as it is, else the
+    ProcessGroup (None: torch.distributed's default group, which must exist)."""
+    if isinstance(group, TorchComm):
+        return group, group.get_rank(), group.get_size()
+    pg = group or dist.group.WORLD
+    if pg is None:
+        raise ValueError(
+            f"{who}: no group given and torch.distributed has no default group "
+            "(call init_process_group, or pass a fastcomms communicator)"
+        )
+    return pg, dist.get_rank(pg), dist.get_world_size(pg)
+
+
 def init_device_mesh(
     mesh_dim_comms: tuple[TorchComm, ...],
     mesh_dim_names: tuple[str, ...],

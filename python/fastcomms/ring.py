@@ -129,13 +129,10 @@ class RingGroup(_Scoped):
             return
         import torch.distributed as dist
 
-        self._pg = pg = group or dist.group.WORLD
-        if pg is None:
-            raise ValueError(
-                "RingGroup: no group given and torch.distributed has no default group "
-                "(call init_process_group, or pass a fastcomms communicator)"
-            )
-        self.rank, self.size = dist.get_rank(pg), dist.get_world_size(pg)
+        from .device_mesh import group_rank_size
+
+        pg, self.rank, self.size = group_rank_size(group, "RingGroup")
+        self._pg = pg
         self._global = [dist.get_global_rank(pg, r) for r in range(self.size)]
         self.transport_reason = (
             f"a torch.distributed {dist.get_backend(pg)} group: batch_isend_irecv a step"
