@@ -68,8 +68,8 @@ def _grads(cpu_ep, gpu_ep, rank):
     x, idx, w = _inputs(5, rank, 6, 2, E, H, torch.float64, "drops")
     out = []
     for ep, d in ((cpu_ep, "cpu"), (gpu_ep, gpu_ep.device)):
-        xs = x.to(d).requires_grad_()
-        ws = w.to(d).requires_grad_()
+        xs = x.detach().to(d).requires_grad_()
+        ws = w.detach().to(d).requires_grad_()
         recv_x, meta, handle = ep.dispatch(xs, idx.to(d), ws)
         y = recv_x * (1 + meta.weights).unsqueeze(1).to(recv_x.dtype) * 3
         ep.combine(y, handle).pow(2).sum().backward()
