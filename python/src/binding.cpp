@@ -1372,4 +1372,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fp8_has_cuda_kernels", &has_fp8_device_kernels);
 
   python::bind_ulysses_op(m);
+  python::bind_device_a2a(m);
 }
