@@ -335,6 +335,56 @@ def _no_sync_worker(rank, size, path, errq):
         raise
 
 
+def _two_gpu_worker(rank, size, path, errq, backend):
+    """One GPU per rank, on ``backend`` (its NCCL made as usual): random and skewed counts,
+    compared with torch.distributed.all_to_all_single on NCCL with host splits, and
+    all_to_all_v_single given CUDA split tensors (the device path) against the same."""
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        store = init_rank(rank, size, path, "nccl", device_id=dev)
+        comm = fastcomms.new_comm(
+            backend,
+            dev,
+            "a2av2",
+            store=dist.PrefixStore("fc", store),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        gen = torch.Generator().manual_seed(_shared_seed(store, rank))
+        comm.device_alltoallv_prepare(1 << 20)
+        for kind in ("random", "one_receiver", "zeros", "random"):
+            counts = _matrix(kind, size, gen)
+            send, recv = counts[rank], counts[:, rank]
+            x = torch.randn(int(send.sum()), 64, generator=gen).to(dev, torch.bfloat16)
+            want = torch.empty(int(recv.sum()), 64, dtype=torch.bfloat16, device=dev)
+            dist.all_to_all_single(want, x, recv.tolist(), send.tolist())
+            for method in ("device_alltoallv_single", "all_to_all_v_single"):
+                out = torch.full_like(want, float("nan"))
+                getattr(comm, method)(out, x, recv.to(dev), send.to(dev), False)
+                torch.cuda.synchronize()
+                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), (kind, method)
+        comm.finalize()
+        print(f"[rank {rank}/{size} {backend}] device_alltoallv_single bit-exact vs NCCL")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+@pytest.mark.parametrize("backend", ["nccl", "nvlink"])
+def test_device_alltoallv_one_gpu_per_rank(backend):
+    import fastcomms
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (the MPS tests above cover ranks sharing one)")
+    if not fastcomms.is_backend_built(backend):
+        pytest.skip(f"this build has no {backend} backend")
+    spawn(_two_gpu_worker, 2, backend, timeout=200)
+
+
 def _needs_nvlink():
     import fastcomms
 
