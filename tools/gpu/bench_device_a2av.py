@@ -22,7 +22,7 @@ Ranks are spawned on GPU rank % device_count; on one GPU run it under tools/gpu/
 benchmark, not a test. Prints an ``env`` line, then one JSON line per (routing, variant).
 
 Usage: python3 tools/gpu/bench_device_a2av.py [--nproc 2] [--rounds 7] [--iters 10]
-       [--tokens 4096] [--hidden 4096]"""
+       [--tokens 4096] [--hidden 4096] [--no-symm-mem]"""
 
 import argparse
 import datetime
@@ -57,8 +57,10 @@ def _timed(fn, iters, barrier):
     return start.elapsed_time(end) * 1000.0 / iters  # µs per call
 
 
-def _symm_mem_variant(x, out, counts, rank, world, hidden, dev):
-    """torch's all_to_all_vdev on symmetric memory, or raises saying why not."""
+def _symm_mem_variant(x, counts, rank, world, hidden, dev):
+    """torch's all_to_all_vdev on symmetric memory (flat element splits), or raises saying why
+    not. Two schemas exist: (input, out, in_out_splits[3, W], group) in torch 2.8 and (input,
+    out, in_splits[W], out_splits_offsets[2, W], group) later; both are served."""
     import torch.distributed._symmetric_memory as symm_mem
 
     if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
@@ -67,22 +69,34 @@ def _symm_mem_variant(x, out, counts, rank, world, hidden, dev):
         symm_mem.set_backend("NVSHMEM")
     group_name = dist.group.WORLD.group_name
     symm_mem.enable_symm_mem_for_group(group_name)
+    nargs = len(torch.ops.symm_mem.all_to_all_vdev.default._schema.arguments)
+    max_out = int(counts.sum(0).max()) * hidden  # the same size on every rank
     inp = symm_mem.empty(x.numel(), dtype=x.dtype, device=dev)
-    o = symm_mem.empty(out.numel(), dtype=out.dtype, device=dev)
-    splits = symm_mem.empty((3, world), dtype=torch.int64, device=dev)
-    symm_mem.rendezvous(inp, group=group_name)
-    symm_mem.rendezvous(o, group=group_name)
-    symm_mem.rendezvous(splits, group=group_name)
+    o = symm_mem.empty(max_out, dtype=x.dtype, device=dev)
+    tensors = [inp, o]
+    if nargs == 4:
+        splits = symm_mem.empty((3, world), dtype=torch.int64, device=dev)
+        tensors.append(splits)
+        in_row = splits[0]
+    else:
+        in_row = symm_mem.empty(world, dtype=torch.int64, device=dev)
+        out_so = symm_mem.empty((2, world), dtype=torch.int64, device=dev)
+        tensors += [in_row, out_so]
+    for t in tensors:
+        symm_mem.rendezvous(t, group=group_name)
     inp.copy_(x.reshape(-1))
     elems = (counts[rank] * hidden).to(dev)
 
     def call():
-        splits[0].copy_(elems)
-        torch.ops.symm_mem.all_to_all_vdev(inp, o, splits, group_name)
+        in_row.copy_(elems)
+        if nargs == 4:
+            torch.ops.symm_mem.all_to_all_vdev(inp, o, splits, group_name)
+        else:
+            torch.ops.symm_mem.all_to_all_vdev(inp, o, in_row, out_so, group_name)
 
     call()
     torch.cuda.synchronize()
-    return call, o
+    return call
 
 
 def _rank(rank, world, path, args, outq):
@@ -164,7 +178,9 @@ def _rank(rank, world, path, args, outq):
         else:
             skipped["tolist + nccl"] = "ranks share a GPU: NCCL refuses duplicate GPUs"
         try:
-            call, _ = _symm_mem_variant(x, out, counts, rank, world, hidden, dev)
+            if args.no_symm_mem:
+                raise RuntimeError("left out (--no-symm-mem)")
+            call = _symm_mem_variant(x, counts, rank, world, hidden, dev)
             variants["symm_mem vdev"] = call
         except Exception as e:  # noqa: BLE001 - printed: why the anchor is absent
             skipped["symm_mem vdev"] = f"{type(e).__name__}: {e}"[:200]
@@ -210,6 +226,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--no-symm-mem", action="store_true", help="leave out symm_mem vdev")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure", file=sys.stderr)
