@@ -147,20 +147,14 @@ void IpcDeviceAlltoallv::run(const TensorView& output, const TensorView& input,
   FASTCOMMS_CHECK(output.dtype == input.dtype, kTypeError, prefix(),
                   "output and input must have one dtype, got ", output.describe(), " and ",
                   input.describe());
-  const int64_t row_bytes = input.nbytes() / std::max<int64_t>(input.rows(), 1);
-  int64_t out_row_bytes = output.nbytes() / std::max<int64_t>(output.rows(), 1);
-  if (input.rows() == 0 || output.rows() == 0) {  // empty: the row from the other dims
-    int64_t in_inner = 1, out_inner = 1;
-    for (size_t i = 1; i < input.shape.size(); ++i) in_inner *= input.shape[i];
-    for (size_t i = 1; i < output.shape.size(); ++i) out_inner *= output.shape[i];
-    FASTCOMMS_CHECK(in_inner == out_inner, kInvalidArgument, prefix(),
-                    "output and input rows (every dim but 0) must match, got ", output.describe(),
-                    " and ", input.describe());
-    out_row_bytes = row_bytes;
-  }
-  const int64_t rb = input.rows() == 0 ? out_row_bytes : row_bytes;
-  FASTCOMMS_CHECK(input.rows() == 0 || output.rows() == 0 || out_row_bytes == row_bytes,
-                  kInvalidArgument, prefix(),
+  // A row is every dim but 0 (also of a tensor with no rows).
+  const auto row_of = [](const TensorView& t) {
+    int64_t n = static_cast<int64_t>(t.element_size());
+    for (size_t i = 1; i < t.shape.size(); ++i) n *= t.shape[i];
+    return n;
+  };
+  const int64_t rb = row_of(input);
+  FASTCOMMS_CHECK(row_of(output) == rb, kInvalidArgument, prefix(),
                   "output and input rows (every dim but 0) must have one size, got ",
                   output.describe(), " and ", input.describe());
   check_splits("output_split_sizes", output_splits);
