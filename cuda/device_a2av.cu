@@ -17,13 +17,10 @@ using namespace detail;
 constexpr int kCountThreads = 256;
 constexpr int kCopyThreads = 512;
 constexpr int kUnroll = 4;
-// Key bits: the sender rejected its input_split_sizes (sends nothing) / its output_split_sizes
-// (receives nothing). The rest of the key is the row size in bytes.
-constexpr uint64_t kBadSends = 1ull << 63;
-constexpr uint64_t kBadRecvs = 1ull << 62;
-constexpr uint64_t kKeyBits = kBadSends | kBadRecvs;
+constexpr uint64_t kBadSends = kA2avBadSends;
+constexpr uint64_t kBadRecvs = kA2avBadRecvs;
+constexpr uint64_t kKeyBits = kA2avKeyBits;
 
-__device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 __device__ __forceinline__ uint64_t ld_vol(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
 }
@@ -132,7 +129,7 @@ __global__ void __launch_bounds__(kCountThreads) counts_kernel(DeviceA2avArgs a)
     }
   }
   __syncthreads();
-  auto key_of = [&](int p) { return ld_vol(count_slot(a, r, e, p) + 1); };
+  auto key_of = [&](int p) { return ld_vol(count_slot(a, r, e, p) + 1); };  // a peer's key
   // Every rank reads the same slots, so every verdict below is the same everywhere.
   if (copy) {
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
@@ -150,21 +147,16 @@ __global__ void __launch_bounds__(kCountThreads) counts_kernel(DeviceA2avArgs a)
   __syncthreads();
   const int64_t rb = a.row_bytes;
   const int64_t cap_rows = rb > 0 ? a.staging_bytes / rb : LLONG_MAX;
-  auto S = [&](int p, int q) {  // rows rank p sends rank q (0 where p rejected its sends)
-    return static_cast<int64_t>(ld_vol(count_slot(a, r, e, p) + 2 + q));
-  };
-  auto R = [&](int q, int p) {  // rows rank q expects from rank p (0 where q rejected them)
-    return static_cast<int64_t>(ld_vol(count_slot(a, r, e, q) + 2 + P + p));
-  };
+  const A2avCounts c{count_slot(a, r, e, 0), P};
   // Per receiver q: the pairs that disagree, and whether q's staging would overflow (then it
   // gets nothing from anyone).
   for (int q = threadIdx.x; q < P; q += blockDim.x) {
-    int64_t total = 0;
-    const uint64_t kq = copy ? key_of(q) : 0;
-    for (int p = 0; p < P; ++p) {
-      if (p != q) total = S(p, q) > LLONG_MAX - total ? LLONG_MAX : total + S(p, q);
-      if (copy && !(kq & kBadRecvs) && !(key_of(p) & kBadSends) && R(q, p) != S(p, q))
-        flag(a, kA2avCountMismatch, q, 1, R(q, p), S(p, q), p);
+    const int64_t total = a2av_incoming_rows(c, q);
+    if (copy && !(c.key(q) & kBadRecvs)) {
+      for (int p = 0; p < P; ++p) {
+        if (!(c.key(p) & kBadSends) && c.expected(q, p) != c.sent(p, q))
+          flag(a, kA2avCountMismatch, q, 1, c.expected(q, p), c.sent(p, q), p);
+      }
     }
     overflow[q] = copy && total > cap_rows;
     if (overflow[q]) {
@@ -173,37 +165,17 @@ __global__ void __launch_bounds__(kCountThreads) counts_kernel(DeviceA2avArgs a)
     }
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < P; q += blockDim.x) {
-    DeviceA2avPeerPlan pl{};
-    if (q != r) {
-      // Send: after the rows of lower senders in q's staging (q's own rows never go there).
-      int64_t at = 0;
-      for (int p = 0; p < r; ++p)
-        if (p != q) at += S(p, q);
-      pl.send_src = sprefix[q] * rb;
-      pl.send_dst = at * rb;
-      pl.send_bytes = copy && !overflow[q] ? S(r, q) * rb : 0;
-    }
-    // Receive from q: at most what q sends and what this rank expects, inside the output.
-    int64_t n = 0;
-    if (recv_ok && copy) {
-      n = min64(min64(S(q, r), a.recv_counts[q]), a.output_rows - oprefix[q]);
-      n = n < 0 ? 0 : n;
-    }
-    if (q == r) {  // own rows: input to output in the push kernel
-      pl.send_src = sprefix[r] * rb;
-      pl.send_dst = oprefix[r] * rb;
-      pl.send_bytes = n * rb;
-    } else {
-      int64_t at = 0;
-      for (int p = 0; p < q; ++p)
-        if (p != r) at += S(p, r);
-      pl.recv_src = at * rb;
-      pl.recv_dst = oprefix[q] * rb;
-      pl.recv_bytes = overflow[r] ? 0 : n * rb;
-    }
-    a.plan[q] = pl;
-  }
+  A2avSelf me;
+  me.rank = r;
+  me.row_bytes = rb;
+  me.output_rows = a.output_rows;
+  me.send_prefix = sprefix;
+  me.out_prefix = oprefix;
+  me.recv_counts = a.recv_counts;
+  me.recv_ok = recv_ok;
+  me.copy = copy;
+  for (int q = threadIdx.x; q < P; q += blockDim.x)
+    a.plan[q] = a2av_peer_plan(c, me, q, overflow[q], overflow[r]);
   if (threadIdx.x == 0) a.state->copy = copy;
 }
 

@@ -45,12 +45,7 @@
 #include <cstdint>
 #include <type_traits>
 
-// The layout helpers below are used by the kernels and by the host alike.
-#ifdef __CUDACC__
-#define FASTCOMMS_A2AV_HD __host__ __device__
-#else
-#define FASTCOMMS_A2AV_HD
-#endif
+#include "fastcomms/cuda/device_a2av_plan.hpp"
 
 namespace fastcomms::cuda {
 
@@ -94,16 +89,6 @@ struct DeviceA2avState {
   int pad_ = 0;
 };
 
-/// Per peer, written by the counts kernel (byte offsets and sizes).
-struct DeviceA2avPeerPlan {
-  int64_t send_src = 0;    ///< Offset in the input of the rows for this peer.
-  int64_t send_dst = 0;    ///< Offset in the peer's staging (own rank: in the output).
-  int64_t send_bytes = 0;  ///< 0 where nothing goes (or the peer's staging overflowed).
-  int64_t recv_src = 0;    ///< Offset in this rank's staging of the peer's rows.
-  int64_t recv_dst = 0;    ///< Offset in the output.
-  int64_t recv_bytes = 0;  ///< Bytes to copy out (0 for this rank: the push moved them).
-};
-
 /// Everything the kernels need; trivially copyable, passed by value.
 struct DeviceA2avArgs {
   int rank = 0;
@@ -128,20 +113,6 @@ struct DeviceA2avArgs {
   int vector_bytes = 16;      ///< 16, 8, 4, 2 or 1: divides row_bytes and both tensors' bases.
 };
 static_assert(std::is_trivially_copyable_v<DeviceA2avArgs>);
-
-/// u64 words of one count slot: flag, key, size send counts, size receive counts.
-FASTCOMMS_A2AV_HD inline constexpr int64_t count_slot_words(int size) {
-  return 2 + int64_t{2} * size;
-}
-/// u64 words of the count pad: [2 halves][size senders][count_slot_words].
-FASTCOMMS_A2AV_HD inline constexpr int64_t count_pad_words(int size) {
-  return int64_t{2} * size * count_slot_words(size);
-}
-/// Byte offset of the staging in a rank's buffer (after both pads, 256-byte aligned).
-FASTCOMMS_A2AV_HD inline constexpr int64_t staging_offset(int size) {
-  const int64_t pads = (count_pad_words(size) + size) * 8;
-  return (pads + 255) / 256 * 256;
-}
 
 /// Enqueues the four kernels of one call on `stream` (NOTE [device all-to-all-v]). `max_blocks`
 /// caps the copy grids (0: one block per SM).
