@@ -163,7 +163,9 @@ def route(comm, output, input, output_split_sizes, input_split_sizes, async_op, 
     rank on the host path and one here never meet). Where the setup refuses (ranks on several
     hosts: every rank is refused alike), the communicator remembers it and takes the host path,
     which reads each split tensor with one copy to the host. Sums below the tensors' rows are
-    allowed here (the device path leaves the rest of the output as it was)."""
+    allowed here (the device path leaves the rest of the output as it was). The communicator's
+    Python hooks do not see such a call: their all_to_all_v_single arguments carry the split
+    sizes as host lists, which only a host read could give."""
     if not (
         isinstance(output_split_sizes, torch.Tensor)
         and isinstance(input_split_sizes, torch.Tensor)
