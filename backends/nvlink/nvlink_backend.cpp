@@ -10,6 +10,12 @@
 // output, which is chunk r. So the peer-to-peer path serves it unchanged, with its mismatch
 // detection and device-side timeout, whenever c is a multiple of 16 bytes (the path's vector
 // width); other shapes and the uneven all_to_all_v_single go to NCCL.
+//
+// NOTE [nvlink lazy nccl]: with the hint nvlink.lazy_nccl=1 the inner nccl communicator is made
+// by the first op that needs it (collectively, as every op is), not by new_comm. What needs
+// only the store works without it: windows, device_alltoallv_single, and the peer-to-peer
+// all_to_all_single. So ranks that share one GPU (MPS clients, which NCCL refuses as duplicate
+// GPUs) get an nvlink communicator for those; any other op then fails as NCCL's init does.
 
 #include <cuda_runtime_api.h>
 
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include <atomic>
+#include <mutex>
 
 #include "backends/ipc/ipc_window.hpp"
 #include "backends/nvlink/nvlink_transport.hpp"
@@ -45,10 +52,14 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
                     "the nvlink backend delegates every op but all_to_all_single to nccl, which "
                     "this build lacks");
     if (!inner_) {
-      BackendInit inner = init;
-      inner.options.store = std::make_shared<PrefixStore>("inner_nccl", init.options.store);
-      inner_ = create_backend("nccl", inner);
+      inner_init_ = init;
+      inner_init_.options.store = std::make_shared<PrefixStore>("inner_nccl", init.options.store);
+      const auto lazy = init.options.hints.find("nvlink.lazy_nccl");
+      const bool later =
+          lazy != init.options.hints.end() && (lazy->second == "1" || lazy->second == "true");
+      if (!later) inner_ = create_backend("nccl", inner_init_);
     }
+    made_.store(inner_ != nullptr);
     TransportInit t;
     t.rank = init.rank;
     t.size = init.size;
@@ -67,17 +78,17 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
   // peer-to-peer all-to-all runs on (made with the same NCCL config, NOTE [nccl config hints]).
   std::shared_ptr<void> lend(const std::string& what) override {
     if (what == kLentUlyssesTransport) return std::static_pointer_cast<UlyssesTransport>(p2p_);
-    if (what == kLentNcclComm) return inner_->lend(what);
+    if (what == kLentNcclComm) return inner().lend(what);
     return nullptr;
   }
   bool supports_window() const override { return true; }
   // NOTE [nccl memory registration]: with the inner NCCL communicator, which every op but the
   // peer-to-peer all-to-all runs on.
   void register_memory(void* ptr, int64_t bytes, const std::string& where) override {
-    inner_->register_memory(ptr, bytes, where);
+    inner().register_memory(ptr, bytes, where);
   }
   void deregister_memory(void* ptr, const std::string& where) override {
-    inner_->deregister_memory(ptr, where);
+    inner().deregister_memory(ptr, where);
   }
   std::shared_ptr<Window> new_window(const OpContext&) override {
     IpcWindowOptions o;
@@ -92,8 +103,17 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
   }
 
   std::string name() const override { return "nvlink"; }
-  std::string version() const override { return "nvlink (CUDA IPC) + " + inner_->version(); }
-  Capabilities capabilities() const override { return inner_->capabilities(); }
+  std::string version() const override {
+    return "nvlink (CUDA IPC) + " +
+           (made_.load() ? inner_->version() : std::string("nccl (made at its first op)"));
+  }
+  Capabilities capabilities() const override {
+    if (made_.load()) return inner_->capabilities();
+    Capabilities c;  // what the nccl backend serves (NOTE [nvlink lazy nccl]): every op, on CUDA
+    for (int i = 0; i < static_cast<int>(OpKind::kCount); ++i) c.ops |= uint64_t{1} << i;
+    c.cuda_tensors = true;
+    return c;
+  }
 
   WorkPtr all_to_all_v_single(const TensorView& output, const TensorView& input,
                               const std::vector<int64_t>& output_splits,
@@ -112,27 +132,34 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
                                    TransferEngine::kAuto);
       return std::make_shared<CompletedWork>();  // enqueued on the caller's stream
     }
-    return inner_->all_to_all_v_single(output, input, output_splits, input_splits, ctx);
+    return inner().all_to_all_v_single(output, input, output_splits, input_splits, ctx);
   }
 
   std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
     // The inner split is collective over this communicator (ncclCommSplit): every rank takes
     // part, members then set up their own peer-to-peer group through the split's store.
-    auto inner = inner_->split(ranks, init);
+    auto inner = this->inner().split(ranks, init);
     if (init == nullptr) return nullptr;
     return std::make_unique<NvlinkBackend>(*init, std::move(inner));
   }
   void finalize() override {
-    inner_->finalize();
+    if (made_.load()) inner_->finalize();
     p2p_->check_errors();
   }
+  void abort() override {
+    if (made_.load()) inner_->abort();
+  }
 
-  bool checks_calls(const OpContext& ctx) const override { return inner_->checks_calls(ctx); }
+  // Before a deferred inner communicator exists (NOTE [nvlink lazy nccl]) nothing checks in
+  // band: the communicator's store check applies where asked for.
+  bool checks_calls(const OpContext& ctx) const override {
+    return made_.load() && inner_->checks_calls(ctx);
+  }
 
  protected:
   // Every op but the peer-to-peer all-to-all (and finalize's check) runs on the inner nccl
   // communicator.
-  Backend& target() const override { return *inner_; }
+  Backend& target() const override { return inner(); }
 
  private:
   bool p2p_eligible(const TensorView& output, const TensorView& input, const OpContext& ctx) const {
@@ -147,8 +174,21 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
            p2p_->engine().window_bytes() >= output.nbytes();
   }
 
+  // The inner nccl communicator, made here where NOTE [nvlink lazy nccl] deferred it.
+  Backend& inner() const {
+    if (!made_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(inner_mu_);
+      if (!inner_) inner_ = create_backend("nccl", inner_init_);
+      made_.store(true, std::memory_order_release);
+    }
+    return *inner_;
+  }
+
   int size_;
-  std::unique_ptr<Backend> inner_;
+  mutable std::unique_ptr<Backend> inner_;
+  BackendInit inner_init_;
+  mutable std::mutex inner_mu_;
+  mutable std::atomic<bool> made_{false};
   std::shared_ptr<NvlinkTransport> p2p_;
   TransportInit window_init_;
   std::atomic<uint64_t> windows_{0};

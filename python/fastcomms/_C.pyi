@@ -214,6 +214,10 @@ class Comm:
         ...
     def broadcast(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: bool, arg3: datetime.timedelta | None, arg4: collections.abc.Mapping[str, str] | None) -> Work:
         ...
+    def device_alltoallv_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, async_op: bool) -> typing.Any:
+        """
+        torchcomms' device_alltoallv_single: split sizes are int64 CUDA tensors (rows of dim 0), never read by the host
+        """
     def finalize(self) -> None:
         ...
     def gather(self, arg0: collections.abc.Sequence[torch.Tensor], arg1: torch.Tensor, arg2: typing.SupportsInt, arg3: bool, arg4: datetime.timedelta | None, arg5: collections.abc.Mapping[str, str] | None) -> Work:
@@ -296,6 +300,22 @@ def _auth_store_set(arg0: typing.Any, arg1: str, arg2: str, arg3: bytes) -> None
 def _compiled_fast_calls() -> int:
     """
     Compiled communicator calls comm_call_'s C++ kernel ran itself
+    """
+def _device_alltoallv_check(comm: typing.Any) -> None:
+    """
+    Raises what the device all-to-all-v flagged since the last check
+    """
+def _device_alltoallv_info(comm: typing.Any) -> typing.Any:
+    """
+    The communicator's device all-to-all-v group, or None before its first call
+    """
+def _device_alltoallv_prepare(comm: typing.Any, max_output_bytes: typing.SupportsInt) -> None:
+    """
+    Collective: (re)makes the communicator's device all-to-all-v buffers
+    """
+def _device_alltoallv_single(comm: typing.Any, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, timeout_ms: typing.SupportsInt = 0) -> None:
+    """
+    Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)
     """
 def _fast_calls() -> int:
     """

@@ -13,7 +13,17 @@ import warnings
 
 import torch
 
-from . import _C, _allgather_p, _bootstrap, _ops, _reconfigure, _registry, _torch_compat, _waits
+from . import (
+    _C,
+    _allgather_p,
+    _bootstrap,
+    _device_a2av,
+    _ops,
+    _reconfigure,
+    _registry,
+    _torch_compat,
+    _waits,
+)
 from . import _hook_types as _ht
 from ._C import UnsupportedError
 from ._hook_types import OpName as _OpName
@@ -312,6 +322,34 @@ class TorchComm(_OpaqueBase):
 
     def batch_op_create(self) -> BatchSendRecv:
         return BatchSendRecv(self)
+
+    def device_alltoallv_single(
+        self,
+        output,
+        input,
+        output_split_sizes,
+        input_split_sizes,
+        async_op,
+        hints=None,
+        timeout=None,
+    ):
+        """torchcomms' all-to-all-v with split sizes as int64 CUDA tensors of ``get_size()``
+        counts (rows of dim 0), read on the GPU only: no host sync, capturable in a CUDA graph
+        (replays read the counts in the same tensors). Offsets are prefix sums of the counts;
+        the sums may be below the tensors' rows (the rest is left as it was). A count that does
+        not fit (the output, the input, the receive buffers sized at the first call or by
+        ``device_alltoallv_prepare``) or does not match the sender's is flagged on the device and
+        raised by the next call on this communicator; nothing is written past any buffer. On the
+        nvlink and nccl backends with every rank on one host; elsewhere UnsupportedError."""
+        return _device_a2av.issue(
+            self._c, output, input, output_split_sizes, input_split_sizes, async_op, timeout
+        )
+
+    def device_alltoallv_prepare(self, max_output_bytes: int) -> None:
+        """Collective, outside graph capture: sizes the buffers of ``device_alltoallv_single``
+        for outputs of up to ``max_output_bytes`` (the largest any rank passes). Optional: the
+        first call sizes them from its outputs; call this first when that call is captured."""
+        _device_a2av.prepare(self._c, max_output_bytes)
 
     # -- structure -----------------------------------------------------------------------------
     def split(self, ranks, name, hints=None, timeout=None) -> TorchComm | None:

@@ -17,7 +17,7 @@ import linecache
 import threading
 import typing
 
-from . import _hook_types
+from . import _device_a2av, _hook_types
 from ._hook_types import POST_OF, OpName, SplitPostHookArgs
 from ._options import _ms, _op
 from ._work import TorchWork
@@ -71,7 +71,9 @@ OPS = (
     Op("all_to_all_v_single", "output, input, output_split_sizes, input_split_sizes",
        "(output,)", "(input,)", "(*outs, *ins)", "input, output, ins, outs, async_op",
        "all_to_all_v_single(output, input, outs, ins",
-       prep="outs, ins = list(output_split_sizes or ()), list(input_split_sizes or ())"),
+       prep="if (w := _device_route(self, output, input, output_split_sizes, input_split_sizes, "
+       "async_op, timeout)) is not None: return w\n    "
+       "outs, ins = _host_splits(output_split_sizes), _host_splits(input_split_sizes)"),
     Op("all_to_all", "output_tensor_list, input_tensor_list", "outs", "ins", "()",
        "ins, outs, async_op", "all_to_all(outs, ins",
        prep="outs, ins = list(output_tensor_list), list(input_tensor_list)"),
@@ -131,6 +133,7 @@ def methods(namespace: dict) -> dict[str, typing.Callable]:
     """The methods of OPS, with ``namespace`` (``TorchComm``'s module) as their globals."""
     namespace.update(_op=_op, _ms=_ms, TorchWork=TorchWork, _hooked=_hooked)
     namespace.update(_ht=_hook_types, _OpName=OpName)
+    namespace.update(_device_route=_device_a2av.route, _host_splits=_device_a2av.host_splits)
     out = {}
     for op in OPS:
         src = _source(op)

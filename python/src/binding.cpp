@@ -1379,4 +1379,5 @@ PYBIND11_MODULE(_C, m) {
 
   python::bind_ulysses_op(m);
   python::bind_device_window(m);
+  python::bind_device_a2a(m);
 }

@@ -51,5 +51,7 @@ void bind_device_window(pybind11::module_& m);
 
 /// Registers the Ulysses op (NOTE [ulysses op in c++]) and its Python entry points on `m`.
 void bind_ulysses_op(pybind11::module_& m);
+/// Registers device_alltoallv_single's entry points on `m` (after fastcomms._C.Comm exists).
+void bind_device_a2a(pybind11::module_& m);
 
 }  // namespace fastcomms::python

@@ -1,0 +1,173 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+// torchcomms' device_alltoallv_single in fastcomms._C (fastcomms/core/device_alltoallv.hpp; the
+// Python surface is fastcomms/_device_a2av.py). Each communicator gets one group, made by its
+// first call (or device_alltoallv_prepare), kept here beside the communicator, and a pre-hook on
+// the communicator that raises what the group's kernels flagged: the next host call on that
+// communicator reports a device-side error, whichever op it is.
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "binding.hpp"
+#include "fast_ops.hpp"
+#include "fastcomms/core/communicator.hpp"
+#include "fastcomms/core/device_alltoallv.hpp"
+#include "fastcomms/core/store.hpp"
+
+namespace py = pybind11;
+
+namespace fastcomms::python {
+namespace {
+
+// NOTE [communicator from its capsule]: fastcomms._C.Comm's `_native()` capsule points at the
+// binding's PyComm, whose first and only data member is the std::shared_ptr<Communicator> (a
+// standard-layout struct: the member sits at its address). Reading it through the capsule keeps
+// this file free of binding.cpp's internals, as the c10d module is.
+std::shared_ptr<Communicator> communicator_of(const py::handle& comm) {
+  py::object cap = comm.attr("_native")();
+  void* p = PyCapsule_GetPointer(cap.ptr(), kFastCommCapsule);
+  if (p == nullptr) throw py::error_already_set();
+  auto c = *static_cast<const std::shared_ptr<Communicator>*>(p);
+  FASTCOMMS_CHECK(c != nullptr, kInvalidArgument,
+                  "device_alltoallv_single: the communicator was destroyed");
+  return c;
+}
+
+struct Entry {
+  std::weak_ptr<Communicator> comm;
+  std::shared_ptr<DeviceAlltoallv> group;
+};
+std::mutex mu;
+// Kept for the process (entries of dropped communicators go on the next lookup).
+auto* entries = new std::map<const Communicator*, Entry>();
+
+std::shared_ptr<DeviceAlltoallv> find(const Communicator& c) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = entries->begin(); it != entries->end();) {
+    it = it->second.comm.expired() ? entries->erase(it) : std::next(it);
+  }
+  const auto it = entries->find(&c);
+  return it == entries->end() ? nullptr : it->second.group;
+}
+
+// Takes `c`'s group out (the caller lets it go, outside the lock).
+std::shared_ptr<DeviceAlltoallv> take(const Communicator* c) {
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = entries->find(c);
+  if (it == entries->end()) return nullptr;
+  auto g = std::move(it->second.group);
+  entries->erase(it);
+  return g;
+}
+
+// Collective: a new group for `c` (an old one is dropped first), whose receive buffers hold
+// `capacity` bytes at least.
+std::shared_ptr<DeviceAlltoallv> make(const std::shared_ptr<Communicator>& c, int64_t capacity) {
+  take(c.get()).reset();
+  DeviceAlltoallvInit init;
+  init.rank = c->rank();
+  init.size = c->size();
+  init.device = c->device();
+  init.store =
+      std::make_shared<PrefixStore>(detail::cat("device_a2av/", c->next_key_id()), c->key_space());
+  init.name = c->name();
+  init.backend = c->backend_name();
+  init.timeout = c->options().timeout;
+  init.capacity_bytes = capacity;
+  std::shared_ptr<DeviceAlltoallv> g = make_device_alltoallv(init);
+  std::weak_ptr<DeviceAlltoallv> weak = g;
+  const Communicator* key = c.get();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    (*entries)[key] = Entry{c, g};
+  }
+  // Every later op of the communicator raises what the group flagged, once the op is issued
+  // (a post-hook: a rank that raised before issuing would leave its peers waiting in that op).
+  // finalize lets the group go first (its destructor waits for its last call), then raises.
+  c->register_post_hook([weak](const OpInfo&) {
+    if (auto g = weak.lock()) g->check_errors();
+  });
+  c->register_pre_hook([key](const OpInfo& info) {
+    if (info.op != OpKind::kFinalize) return;
+    if (auto g = take(key)) g->check_errors();  // the last owner: gone after the check
+  });
+  return g;
+}
+
+// The group of `comm` for a call: made by the first call (collective), which may not be inside
+// a CUDA graph capture (the caller checks: setup allocates and exchanges handles).
+std::shared_ptr<DeviceAlltoallv> group_for(const std::shared_ptr<Communicator>& c,
+                                           int64_t capacity) {
+  if (auto g = find(*c)) return g;
+  return make(c, capacity);
+}
+
+}  // namespace
+
+void bind_device_a2a(py::module_& m) {
+  m.def(
+      "_device_alltoallv_single",
+      [](const py::handle& comm, const at::Tensor& output, const at::Tensor& input,
+         const at::Tensor& output_split_sizes, const at::Tensor& input_split_sizes,
+         int64_t timeout_ms) {
+        const auto c = communicator_of(comm);
+        const TensorView out = view(output), in = view(input);
+        const TensorView os = view(output_split_sizes), is = view(input_split_sizes);
+        py::gil_scoped_release release;
+        FASTCOMMS_CHECK(!c->is_aborted(), kAborted, c->prefix(OpKind::kAllToAllVSingle),
+                        "device_alltoallv_single: the communicator was aborted");
+        auto g = group_for(c, out.nbytes());
+        g->run(out, in, os, is, current_stream(c->device()), std::chrono::milliseconds(timeout_ms));
+      },
+      py::arg("comm"), py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
+      py::arg("input_split_sizes"), py::arg("timeout_ms") = 0,
+      "Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)");
+  m.def(
+      "_device_alltoallv_prepare",
+      [](const py::handle& comm, int64_t max_output_bytes) {
+        const auto c = communicator_of(comm);
+        FASTCOMMS_CHECK(max_output_bytes >= 0, kInvalidArgument,
+                        "device_alltoallv_prepare: max_output_bytes must be >= 0, got ",
+                        max_output_bytes);
+        py::gil_scoped_release release;
+        if (auto g = find(*c)) g->check_errors();
+        make(c, max_output_bytes);
+      },
+      py::arg("comm"), py::arg("max_output_bytes"),
+      "Collective: (re)makes the communicator's device all-to-all-v buffers");
+  m.def(
+      "_device_alltoallv_info",
+      [](const py::handle& comm) -> py::object {
+        const auto g = find(*communicator_of(comm));
+        if (!g) return py::none();
+        py::dict d;
+        d["capacity_bytes"] = g->capacity_bytes();
+        d["calls"] = g->calls();
+        return d;
+      },
+      py::arg("comm"),
+      "The communicator's device all-to-all-v group, or None before its first call");
+  m.def(
+      "_device_alltoallv_check",
+      [](const py::handle& comm) {
+        if (const auto g = find(*communicator_of(comm))) g->check_errors();
+      },
+      py::arg("comm"), "Raises what the device all-to-all-v flagged since the last check");
+  // torchcomms calls it on the backend object (get_backend_impl()): this class's method.
+  py::object cls = m.attr("Comm");
+  cls.attr("device_alltoallv_single") = py::cpp_function(
+      [](const py::object& self, const at::Tensor& output, const at::Tensor& input,
+         const at::Tensor& output_split_sizes, const at::Tensor& input_split_sizes, bool async_op) {
+        return py::module_::import("fastcomms._device_a2av")
+            .attr("issue")(self, output, input, output_split_sizes, input_split_sizes, async_op);
+      },
+      py::name("device_alltoallv_single"), py::is_method(cls), py::arg("output"), py::arg("input"),
+      py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("async_op"),
+      "torchcomms' device_alltoallv_single: split sizes are int64 CUDA tensors (rows of dim 0), "
+      "never read by the host");
+}
+
+}  // namespace fastcomms::python
