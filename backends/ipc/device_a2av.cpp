@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,7 @@ class IpcDeviceAlltoallv final : public DeviceAlltoallv {
            const TensorView& input_splits, void* stream,
            std::chrono::milliseconds timeout) override;
   void check_errors() override;
+  void raise_flagged();  // throws what the device flagged since the last look, clearing it
   int64_t capacity_bytes() const override { return cap_; }
   uint64_t calls() const override { return calls_; }
 
@@ -181,16 +183,26 @@ void IpcDeviceAlltoallv::run(const TensorView& output, const TensorView& input,
   const uint64_t bits = static_cast<uint64_t>(rb) | reinterpret_cast<uintptr_t>(input.data) |
                         reinterpret_cast<uintptr_t>(output.data) | 16u;
   a.vector_bytes = static_cast<int>(bits & (~bits + 1));
+  // What an earlier call flagged, taken before this call is enqueued (a flag this call's own
+  // kernels set, were they quick enough to finish before the host looks, belongs to the next
+  // call) and raised once it is enqueued: every rank takes part in every call (a rank that
+  // raised first would leave its peers waiting), and every rank saw the error (NOTE [device
+  // all-to-all-v]), so each one raises it, at this call or the next.
+  std::exception_ptr earlier;
+  try {
+    raise_flagged();
+  } catch (...) {
+    earlier = std::current_exception();
+  }
   cuda::DeviceGuard guard(init_.device.index);
   cuda::device_a2av_async(a, 0, static_cast<cudaStream_t>(stream));
   ++calls_;
-  // What an earlier call flagged, raised once this call is enqueued: every rank takes part in
-  // every call (a rank that raised first would leave its peers waiting), and every rank saw
-  // the error (NOTE [device all-to-all-v]), so each one raises it, at this call or the next.
-  check_errors();
+  if (earlier) std::rethrow_exception(earlier);
 }
 
-void IpcDeviceAlltoallv::check_errors() {
+void IpcDeviceAlltoallv::check_errors() { raise_flagged(); }
+
+void IpcDeviceAlltoallv::raise_flagged() {
   auto* e = static_cast<volatile cuda::DeviceA2avError*>(error_.get());
   if (e->timed_out) {
     const bool mine = e->ready && e->code == cuda::kA2avTimeout;

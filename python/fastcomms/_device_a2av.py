@@ -109,6 +109,28 @@ def _check_cuda(c, tensors: dict) -> None:
             )
 
 
+# The dtypes the extension's tensor views carry; any other (complex, int16, uint32, ...) travels
+# as its bytes: the exchange copies whole rows, so only the row's byte size matters.
+_VIEW_DTYPES = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+}
+
+
+def _as_rows(t):
+    """``t`` itself, or its bytes with dim 0 kept (one trailing byte dimension)."""
+    return t if t.dtype in _VIEW_DTYPES else t.unsqueeze(-1).view(torch.uint8)
+
+
 def issue(c, output, input, output_split_sizes, input_split_sizes, async_op, timeout=None):
     """Enqueues the exchange on the current stream; returns a TorchWork. ``c`` is the
     extension's communicator (``TorchComm._c``)."""
@@ -133,7 +155,9 @@ def issue(c, output, input, output_split_sizes, input_split_sizes, async_op, tim
         )
     td = None if timeout is None else _ms(timeout, _where(c))
     ms = 0 if td is None else int(td / datetime.timedelta(milliseconds=1))
-    _C._device_alltoallv_single(c, output, input, output_split_sizes, input_split_sizes, ms)
+    _C._device_alltoallv_single(
+        c, _as_rows(output), _as_rows(input), output_split_sizes, input_split_sizes, ms
+    )
     if not async_op or capturing:
         return TorchWork(_DoneWork())  # ordered on the caller's stream already
     event = torch.cuda.Event()

@@ -154,7 +154,7 @@ def _rank(rank, world, path, args, outq):
         if shared:
             refc = torch.empty(ref.shape, dtype=ref.dtype)
             dist.all_to_all_single(
-                refc.view(torch.int16), x.cpu().view(torch.int16), recv.tolist(), send.tolist()
+                refc.view(torch.uint8), x.cpu().view(torch.uint8), recv.tolist(), send.tolist()
             )
             ref = refc.to(dev)
         else:
