@@ -93,7 +93,11 @@ def _rows(n, dtype, row, gen):
 
 
 def _as_bytes(t):
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1) if t.numel() else t
+    """Rows as bytes, (rows, row bytes) uint8, also for a tensor of no rows."""
+    row_bytes = t.element_size()
+    for d in t.shape[1:]:
+        row_bytes *= d
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], row_bytes)
 
 
 def _reference(x_cpu, counts, rank, row_bytes):
@@ -327,7 +331,13 @@ def _no_sync_worker(rank, size, path, errq):
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         want = _reference(x.cpu(), counts, rank, 32)
-        assert torch.equal(_as_bytes(out.cpu()), want), "rows under sync debug mode"
+        got = _as_bytes(out.cpu())
+        bad = (got != want).any(1).nonzero().flatten().tolist() if got.shape == want.shape else "-"
+        assert torch.equal(got, want), (
+            f"rows under sync debug mode: counts {counts.tolist()}, got {tuple(got.shape)}, want "
+            f"{tuple(want.shape)}, rows differing "
+            f"{bad}"
+        )
         comm.finalize()
         print(f"[rank {rank}/{size}] no host sync in 6 calls; the .tolist() control raised")
     except BaseException:
