@@ -7,7 +7,9 @@ rank 1 waits for it (acquire) and puts the same number of bytes back; one round 
 - ``device persistent``: one Triton kernel doing ``--iters`` round trips (plus one first round
   trip that lines the two ranks' kernels up), timed with CUDA events and divided by the round
   trips in it: the device-side latency with the launch amortized. ``globaltimer_us`` is the same
-  kernel's own clock (``%globaltimer``) over the ``--iters`` round trips after the first one;
+  kernel's own clock (``%globaltimer``) over the ``--iters`` round trips after the first one
+  (the first one also waits out the skew between the two ranks' launches, which the event
+  figure carries divided by ``--iters`` + 1 and the clock leaves out);
 - ``device launch per rt``: one launch of the same kernel per round trip, ``--iters`` launches
   back to back on the stream, CUDA events over them: the figure a caller launching a kernel per
   exchange sees (Triton's Python launch cost included where it exceeds the round trip);
@@ -31,7 +33,7 @@ MPS clients (tools/gpu/mps.sh): time-sliced, a device wait for the other rank la
 next context switch; without ``CUDA_MPS_PIPE_DIRECTORY`` the script refuses (``--time-sliced``
 runs anyway).
 
-Usage: [tools/gpu/mps.sh] python3 tools/gpu/bench_device_window.py [--rounds 7] [--iters 500]
+Usage: [tools/gpu/mps.sh] python3 tools/gpu/bench_device_window.py [--rounds 7] [--iters 2000]
        [--sizes 8,4096,65536,1048576] [--slice 65536] [--one-gpu] [--time-sliced]"""
 
 import argparse
@@ -343,7 +345,7 @@ def _summary(rows):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=500, help="round trips per round and variant")
+    ap.add_argument("--iters", type=int, default=2000, help="round trips per round and variant")
     ap.add_argument(
         "--sizes",
         type=lambda s: [int(v) for v in s.split(",")],
