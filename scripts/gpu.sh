@@ -5,7 +5,7 @@
 # Steps can be left out: SKIP_TEST=1 (C++ GPU tests), SKIP_PYTEST=1 (Python GPU tests and CLI),
 # SKIP_BENCH=1 (every benchmark), SKIP_A2A=1 (bench_a2a), SKIP_ULYSSES_BENCH=1 (bench_ulysses;
 # BENCH_ULYSSES_ARGS passes it arguments; SKIP_GQA_BENCH=1 leaves out its GQA runs of more ranks
-# than GPUs, GQA_MPS=0 runs them time-sliced instead of as MPS clients), SKIP_NCCL_BENCH=1, SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
+# than GPUs, GQA_MPS=0 runs them time-sliced instead of as MPS clients), SKIP_NCCL_BENCH=1, SKIP_DEVICE_WINDOW_BENCH=1 (bench_device_window), SKIP_WHEEL=1 (the CUDA wheel's release gate), SKIP_EXAMPLE=1,
 # SKIP_LAUNCH=1 (the torchrun tier on the GPU), SKIP_CLI=1, SKIP_RUN_SH=1 (scripts/run.sh bench), SKIP_EXAMPLE_BENCH=1 (the example's step
 # time against torch + permute; EXAMPLE_BENCH_ARGS sizes it); PYTEST_GPU_FILES picks the Python
 # GPU tests (default: all, the GPU soak included); COMPAT_FILES (with .compat/ carried in) runs
@@ -40,7 +40,7 @@ export FASTCOMMS_TEST_HANG_S=${FASTCOMMS_TEST_HANG_S:-90}
 summary() {
   {
     printf '\n==================== GPU summary ====================\n'
-    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu launch example example_bench cli run_sh compat wheel bench_a2a bench_ulysses bench_nccl_ops; do
+    for k in env build test_nvlink_ulysses test_nccl_backend pytest_gpu launch example example_bench cli run_sh compat wheel bench_a2a bench_ulysses bench_nccl_ops bench_device_window; do
       printf '%-22s %s\n' "$k" "${result[$k]:-not run (a SKIP_ variable, or under 30 s of GPU_BUDGET_S left)}"
     done
   } | tee "$OUT/summary.txt"
@@ -53,7 +53,7 @@ summary() {
     done
   }
   bundle "$OUT/tests.log" test_nvlink_ulysses.log test_nccl_backend.log pytest_gpu.log launch.log example.log example_bench.log cli.log run_sh.log compat.log wheel.log
-  bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv
+  bundle "$OUT/bench.log" bench_a2a.log bench_ulysses.log bench_nccl_vs_torch.txt bench_nccl_ops.csv bench_device_window.log
   bundle "$OUT/build.log" configure.log build.log configure-python.log build-python.log build_anchor.log
 }
 trap summary EXIT
@@ -323,6 +323,20 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_ULYSSES_BENCH:-0}" != 1 ] && have_ex
     done
   fi
   result[bench_ulysses]=$([ "$rc" = 0 ] && echo "ran (bench_ulysses.log)" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
+fi
+
+# Device put + signal ping-pong latency against NCCL send/recv (issue 52): two GPUs where there
+# are, else both ranks on GPU 0 as MPS clients (no NCCL rows then: it refuses duplicate GPUs).
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_DEVICE_WINDOW_BENCH:-0}" != 1 ] && have_ext && enough; then
+  t0=$SECONDS
+  mps=""
+  [ "$NPROC" -lt 2 ] && command -v nvidia-cuda-mps-control >/dev/null && mps=tools/gpu/mps.sh
+  PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" $mps \
+    python3 tools/gpu/exclusive.py -- python3 tools/gpu/bench_device_window.py 2>&1 |
+    tee "$LOGS/bench_device_window.log"
+  rc=${PIPESTATUS[0]}
+  result[bench_device_window]=$([ "$rc" = 0 ] && echo "ran (bench_device_window.log)" ||
+    grep -m1 '^skipped' "$LOGS/bench_device_window.log" || echo "FAILED (rc $rc)")" [$((SECONDS - t0)) s]"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_NCCL_BENCH:-0}" != 1 ] && enough; then
