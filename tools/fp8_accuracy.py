@@ -1,6 +1,7 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """FP8 on the wire, the accuracy it costs (NOTE [fp8 wire]): values round-tripped through
-fastcomms._fp8's reference (the bytes the C++ and CUDA implementations write too), on CPU.
+the FP8 reference (tests/python/fp8_reference.py: the bytes the C++ and CUDA implementations
+write too), on CPU.
 
 1. Per block (one (token, head) row of d values): the relative L2 error ||out - x|| / ||x||, its
    mean and max over blocks, the largest element error relative to its block's amax, and the
@@ -16,11 +17,16 @@ Usage: python3 tools/fp8_accuracy.py [--blocks 4096] [--d 128] [--seq 1024] [--s
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from fastcomms._fp8 import dequantize_reference, quantize_reference
+
+# the reference is a test helper (tests/python), not part of the runtime package
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tests/python"))
+from fp8_reference import dequantize_reference, quantize_reference  # noqa: E402
 
 WIRES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -6,9 +6,10 @@ import builtins
 import collections.abc
 import datetime
 import torch
+import torch._C._distributed_c10d
+import torch.distributed.distributed_c10d
 import typing
-import typing_extensions
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'build_info', 'built_backends', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'select_transport', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -128,47 +129,6 @@ class Work:
         ...
     def wait(self) -> None:
         ...
-class UlyssesTransport:
-    def all_to_all_4d(self, x: torch.Tensor, out: torch.Tensor, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, async_op: bool, kv_replicas: typing.SupportsInt = 1) -> Work:
-        ...
-    def all_to_all_4d_on(self, x: torch.Tensor, out: torch.Tensor, side: typing.Any, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> Work:
-        ...
-    def async_lane(self) -> UlyssesTransport:
-        ...
-    def check_errors(self) -> None:
-        ...
-    def destroy(self) -> None:
-        ...
-    def empty_output(self, arg0: collections.abc.Sequence[typing.SupportsInt], arg1: typing.SupportsInt, arg2: torch.Tensor) -> torch.Tensor | None:
-        ...
-    def max_out_bytes(self, shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> int:
-        ...
-    def memory_stats(self) -> tuple:
-        ...
-    def output_shape(self, shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> list[int]:
-        ...
-    def tune(self, arg0: str, arg1: str) -> None:
-        ...
-    @property
-    def kind(self) -> str:
-        ...
-class Window:
-    def bytes(self) -> int:
-        ...
-    def check_errors(self) -> None:
-        ...
-    def deregister(self) -> None:
-        ...
-    def put(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: typing.SupportsInt) -> None:
-        ...
-    def register_buffer(self, arg0: torch.Tensor) -> None:
-        ...
-    def remote(self, arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typing.SupportsInt], arg2: torch.Tensor) -> torch.Tensor:
-        ...
-    def signal(self, arg0: typing.SupportsInt) -> None:
-        ...
-    def wait_signal(self, arg0: typing.SupportsInt, arg1: typing.SupportsInt) -> None:
-        ...
 class AllGatherP:
     def freed(self) -> bool:
         ...
@@ -181,8 +141,6 @@ class Comm:
     def next_op_id() -> int:
         ...
     def __init__(self, arg0: str, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: typing.SupportsInt, arg5: typing.Any, arg6: datetime.timedelta, arg7: bool, arg8: str, arg9: collections.abc.Mapping[str, str]) -> None:
-        ...
-    def _native(self) -> typing_extensions.CapsuleType:
         ...
     def abort(self) -> None:
         ...
@@ -214,10 +172,6 @@ class Comm:
         ...
     def broadcast(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: bool, arg3: datetime.timedelta | None, arg4: collections.abc.Mapping[str, str] | None) -> Work:
         ...
-    def device_alltoallv_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, async_op: bool) -> typing.Any:
-        """
-        torchcomms' device_alltoallv_single: split sizes are int64 CUDA tensors (rows of dim 0), never read by the host
-        """
     def finalize(self) -> None:
         ...
     def gather(self, arg0: collections.abc.Sequence[torch.Tensor], arg1: torch.Tensor, arg2: typing.SupportsInt, arg3: bool, arg4: datetime.timedelta | None, arg5: collections.abc.Mapping[str, str] | None) -> Work:
@@ -270,11 +224,7 @@ class Comm:
         ...
     def timeout(self) -> datetime.timedelta:
         ...
-class ValueError(builtins.ValueError, builtins.RuntimeError):
-    pass
-class TypeError(builtins.TypeError, builtins.RuntimeError):
-    pass
-class StoreWindow:
+class Window:
     def bytes(self) -> int:
         ...
     def check_errors(self) -> None:
@@ -291,6 +241,42 @@ class StoreWindow:
         ...
     def wait_signal(self, arg0: typing.SupportsInt, arg1: typing.SupportsInt) -> None:
         ...
+class UlyssesTransport:
+    def all_to_all_4d(self, x: torch.Tensor, out: torch.Tensor, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, async_op: bool, kv_replicas: typing.SupportsInt = 1) -> Work:
+        ...
+    def all_to_all_4d_on(self, x: torch.Tensor, out: torch.Tensor, side: typing.Any, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> Work:
+        ...
+    def async_lane(self) -> UlyssesTransport:
+        ...
+    def check_errors(self) -> None:
+        ...
+    def destroy(self) -> None:
+        ...
+    def empty_output(self, arg0: collections.abc.Sequence[typing.SupportsInt], arg1: typing.SupportsInt, arg2: torch.Tensor) -> torch.Tensor | None:
+        ...
+    def max_out_bytes(self, shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> int:
+        ...
+    def memory_stats(self) -> tuple:
+        ...
+    def output_shape(self, shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> list[int]:
+        ...
+    def tune(self, arg0: str, arg1: str) -> None:
+        ...
+    @property
+    def kind(self) -> str:
+        ...
+class ForwardingBackend(torch._C._distributed_c10d.Backend):
+    def get_comm(self) -> typing.Any:
+        """
+        The fastcomms TorchComm this backend runs on (torchcomms' _BackendWrapper.get_comm).
+        """
+    @property
+    def impl(self) -> typing.Any:
+        ...
+class ValueError(builtins.ValueError, builtins.RuntimeError):
+    pass
+class TypeError(builtins.TypeError, builtins.RuntimeError):
+    pass
 class TimeoutError(builtins.TimeoutError, builtins.RuntimeError):
     pass
 def _auth_store_get(arg0: typing.Any, arg1: str, arg2: str) -> bytes:
@@ -300,22 +286,6 @@ def _auth_store_set(arg0: typing.Any, arg1: str, arg2: str, arg3: bytes) -> None
 def _compiled_fast_calls() -> int:
     """
     Compiled communicator calls comm_call_'s C++ kernel ran itself
-    """
-def _device_alltoallv_check(comm: typing.Any) -> None:
-    """
-    Raises what the device all-to-all-v flagged since the last check
-    """
-def _device_alltoallv_info(comm: typing.Any) -> typing.Any:
-    """
-    The communicator's device all-to-all-v group, or None before its first call
-    """
-def _device_alltoallv_prepare(comm: typing.Any, max_output_bytes: typing.SupportsInt) -> None:
-    """
-    Collective: (re)makes the communicator's device all-to-all-v buffers
-    """
-def _device_alltoallv_single(comm: typing.Any, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, timeout_ms: typing.SupportsInt = 0) -> None:
-    """
-    Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)
     """
 def _fast_calls() -> int:
     """
@@ -337,23 +307,9 @@ def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
     ...
-def arm_device_faults(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
-    """
-    Tests only: sets the device window's fault bits.
-    """
 def build_info() -> dict:
     ...
 def built_backends() -> list[str]:
-    ...
-def deregister_local_buffer(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
-    """
-    Frees a handle from register_local_buffer.
-    """
-def device_window(arg0: typing.Any, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> int:
-    """
-    A device pointer to the window's fastcomms::device::DeviceWindow (collective at first).
-    """
-def device_window_layout() -> dict[str, int]:
     ...
 def has_transport(arg0: str) -> bool:
     ...
@@ -363,22 +319,18 @@ def host_name() -> str:
     """
 def is_backend_built(arg0: str) -> bool:
     ...
+def make_backend(rank: typing.SupportsInt, size: typing.SupportsInt, impl: typing.Any) -> ForwardingBackend:
+    """
+    A c10d Backend over impl.comm (NOTE [c10d backend over a communicator]); the calls the communicator does not run directly call impl's methods of the same names (allreduce(tensors, opts), send(tensors, dst, tag), _start_coalescing(), _end_coalescing(), ...).
+    """
 def nvlink_decision(who: collections.abc.Sequence[str], probe: collections.abc.Callable[[collections.abc.Sequence[typing.SupportsInt]], tuple[dict[tuple[int, int], bool] | None, str]]) -> tuple[bool, str]:
     ...
 def nvlink_matrix(arg0: collections.abc.Sequence[typing.SupportsInt]) -> tuple[dict[tuple[int, int], bool] | None, str]:
     ...
-def process_group_transport(arg0: typing_extensions.CapsuleType, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
+def process_group_transport(arg0: torch.distributed.distributed_c10d.ProcessGroup, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
     ...
-def register_local_buffer(arg0: typing.Any, arg1: torch.Tensor) -> int:
-    """
-    A device pointer to a fastcomms::device::RegisteredBuffer over the tensor's bytes.
-    """
 def select_transport(rank: typing.SupportsInt, size: typing.SupportsInt, device_index: typing.SupportsInt, store: typing.Any, name: str, timeout: datetime.timedelta, transport: str, require_nvlink: bool, who: collections.abc.Sequence[str], gather: typing.Any = None, pg: typing.Any = None) -> tuple:
     ...
-def store_window(arg0: typing.SupportsInt, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: str, arg5: typing.SupportsInt) -> StoreWindow:
-    """
-    Collective: a CUDA IPC window over a FileStore folder, with no communicator.
-    """
 def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
     ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
@@ -392,4 +344,3 @@ def ulysses_shapes(arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typi
     (the exchange's shape, the result's shape) of a call: the plan's rules
     """
 __version__: str = '0.1.0'
-_fast_ops: typing.Any

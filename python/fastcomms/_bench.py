@@ -1,6 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""What `fastcomms bench` and the tools/gpu benchmarks share: the permute baseline, the gated
-device timer and the host-time sampler.
+"""What `fastcomms bench` runs and the tools/gpu benchmarks reuse: the permute baseline and the
+gated device timer (the host-time sampler of the benchmarks is tools/gpu/_bench_common.py's).
 
 NOTE [gated device timing]
 A batch of back-to-back calls timed between two CUDA events measures the device only while the
@@ -19,7 +19,6 @@ beside the device time, because an eager training loop pays whichever of the two
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -85,20 +84,3 @@ class GatedTimer:
                 return device_s, host_s / (iters + 1), True
             self._gate_s = self._agree(max(2 * self._gate_s, 2 * host_s))
         return device_s, host_s / (iters + 1), False
-
-
-def host_per_call(fn, iters=200, rounds=7, warmup=20):
-    """Median µs of host time per call of ``fn`` over ``rounds`` rounds of ``iters``
-    back-to-back calls, timed with perf_counter and nothing synchronized inside a round (the GPU
-    runs behind, as in a training step): what an eager caller pays to issue one call."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t) * 1e6 / iters)
-        torch.cuda.synchronize()
-    return statistics.median(samples)

@@ -51,6 +51,18 @@ class _OpaqueBase(_TorchOpaqueBase):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
 
+# NOTE [communicator attachments]: what a module above this one keeps per communicator (the
+# UlyssesGroup fastcomms._ulysses makes for it, the process group fastcomms.functional registers
+# for it) is held by the communicator, in ``TorchComm._attached``, made on first use by the
+# factory the owning module put in ATTACHMENTS when it was imported (its kind -> fn(comm)). So no
+# table keyed by a communicator outlives it. finalize() lets go of them, destroying those with a
+# destroy() (collective, as finalize is); abort() lets go of them without a call (a peer may be
+# gone). torch.compile reads `_ulysses_group` and `_process_group_name` of every communicator it
+# traces, whether or not the program imported their modules: a kind not registered yet imports
+# its module (PROVIDERS; NOTE [no import circles]: a deferred import, said so on its line).
+ATTACHMENTS: dict[str, object] = {}
+PROVIDERS = {"ulysses": "_ulysses", "process_group_name": "functional"}
+
 _names = itertools.count()
 _keys = itertools.count()  # a communicator's key for its hooks' calls (NOTE [one hook registry])
 _compiled = None  # the module, once a communicator exists
@@ -81,10 +93,12 @@ def _load_compiled():
     global _compiled, _compiling
     _register_opaque()  # (its op takes a TorchComm)
     _waits.register()  # NOTE [torchcomms wait ops]
-    ops = importlib.import_module(f"{__package__}._torchcomms_ops")  # NOTE [torchcomms method ops]
+    # NOTE [torchcomms method ops]; both modules import this one: imported here, not above it, as
+    # torch may import this package before torch.library exists (a torchcomms alias)
+    ops = importlib.import_module(f"{__package__}._torchcomms_ops")  # deferred: torch's init
     if ops.register():
         ops.finish()
-    _compiled = importlib.import_module(f"{__package__}._compiled")
+    _compiled = importlib.import_module(f"{__package__}._compiled")  # deferred: torch's init
     _compiling = torch.compiler.is_compiling
     return _compiled
 
@@ -127,6 +141,7 @@ class TorchComm(_OpaqueBase):
         self._hooks: dict[int, list] = {}
         self._hooked = False  # a pre/post hook or an observer is registered
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
+        self._attached: dict[str, object] = {}  # NOTE [communicator attachments]
         self._refresh_fast()
         (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
@@ -135,7 +150,7 @@ class TorchComm(_OpaqueBase):
         or None while Python must see every op (hooks, observers, or a Python backend)."""
         c = self._c
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
-        self._fast = c._native() if not self._hooked and isinstance(c, _C.Comm) else None
+        self._fast = c if not self._hooked and isinstance(c, _C.Comm) else None
 
     def _rebind(self, c) -> None:
         """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it."""
@@ -176,10 +191,33 @@ class TorchComm(_OpaqueBase):
         self._c.set_hints(dict(hints))
 
     def finalize(self) -> None:
+        self._detach(destroy=True)  # NOTE [communicator attachments]: before the comm goes
         _hooked(self, _OpName.finalize, _ht.FinalizePreHookArgs, self._c.finalize)
 
     def abort(self) -> None:
+        self._detach(destroy=False)
         self._c.abort()
+
+    def _attachment(self, kind: str):
+        """NOTE [communicator attachments]: this communicator's ``kind``, made on first use."""
+        a = self._attached.get(kind)
+        if a is None:
+            if kind not in ATTACHMENTS and kind in PROVIDERS:  # registers its factory
+                importlib.import_module(f"{__package__}.{PROVIDERS[kind]}")  # deferred: compile
+            make = ATTACHMENTS.get(kind)
+            if make is None:
+                raise RuntimeError(
+                    f"fastcomms: no module registered a communicator's {kind!r} (import the "
+                    f"module that provides it first)"
+                )
+            a = self._attached[kind] = make(self)
+        return a
+
+    def _detach(self, destroy: bool) -> None:
+        attached, self._attached = self._attached, {}
+        for a in attached.values() if destroy else ():
+            if callable(getattr(a, "destroy", None)):
+                a.destroy()
 
     def is_aborted(self) -> bool:
         return self._c.is_aborted()
@@ -434,18 +472,14 @@ class TorchComm(_OpaqueBase):
 
     # torch.compile passes communicators through as opaque objects and evaluates these two
     # members on the real object while tracing (NOTE [ulysses custom op], NOTE [functional over a
-    # communicator]); each asks the module that owns the mapping, imported on first use.
+    # communicator]); each is an attachment (NOTE [communicator attachments]) its module makes.
     @property
     def _ulysses_group(self):
-        from .ulysses import _ulysses_group_of
-
-        return _ulysses_group_of(self)
+        return self._attachment("ulysses")
 
     @property
     def _process_group_name(self):
-        from .functional import _process_group_name_of
-
-        return _process_group_name_of(self)
+        return self._attachment("process_group_name")
 
 
 _METHODS = _ops.methods(globals())  # NOTE [operation table]

@@ -5,9 +5,9 @@
 NOTE [torch's torchcomms switch]: torch imports this module while ``import torch`` is still under
 way, so nothing here touches torch.distributed at import time. torch calls ``new_comm(backend,
 device, name=group_name, store=prefix_store)``, then ``_BackendWrapper(comm)``, and registers the
-result (fastcomms' c10d backend, fastcomms._c10d) as the process group's backend; it recognizes
-it later (``isinstance``, ``get_comm()``) to finalize the communicator. torch passes no rank or
-size: for the default group they are the environment's; for a ``new_group`` they are this
+result (fastcomms' c10d backend, fastcomms._C.ForwardingBackend) as the process group's backend;
+it recognizes it later (``isinstance``, ``get_comm()``) to finalize the communicator. torch passes
+no rank or size: for the default group they are the environment's; for a ``new_group`` they are this
 rank's place in the member list of torch's helper (``global_ranks_in_group``, read from its
 frame), without which the members would wait for every rank of the job until the timeout.
 """
@@ -44,9 +44,9 @@ def new_comm(backend, device, name=None, *args, **kwargs):
 
 class _BackendWrapperType(type):
     def __instancecheck__(cls, obj) -> bool:
-        from . import _c10d
+        from . import _C
 
-        return isinstance(obj, _c10d.ForwardingBackend)
+        return isinstance(obj, _C.ForwardingBackend)
 
 
 class _BackendWrapper(metaclass=_BackendWrapperType):  # noqa: N801 (torchcomms' name)
@@ -54,7 +54,7 @@ class _BackendWrapper(metaclass=_BackendWrapperType):  # noqa: N801 (torchcomms'
     python]); every backend fastcomms makes is an instance (torch asks before ``get_comm()``)."""
 
     def __new__(cls, comm):
-        from . import _c10d
+        from . import _C
         from .device_mesh import _CommOps
 
-        return _c10d.make_backend(comm.get_rank(), comm.get_size(), _CommOps(comm))
+        return _C.make_backend(comm.get_rank(), comm.get_size(), _CommOps(comm))

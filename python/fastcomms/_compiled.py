@@ -91,13 +91,13 @@ import functools
 import hashlib
 
 import torch
+from torch._C._distributed_c10d import _register_work
 
-from . import _C, _torch_compat
+from . import _C, _torch_compat, _waits
 from ._C import RedOpType
 from ._comm import TorchComm
 from ._options import ReduceOp, _op, _ValueError
-from ._work import _DoneWork
-from .ulysses import _register_work, _RegisteredWork
+from ._work import _DoneWork, _RegisteredWork
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it
 
@@ -108,13 +108,11 @@ def code_key() -> str:
     what a compiled call runs (its op, its gradients, the waits its graph holds), for the graph
     cache's key (TorchComm.__reduce__). Seen without ``_waits``: a graph compiled while its
     in-place wait was another was served from inductor's cache after the change."""
-    from . import __version__, _waits
-
     h = hashlib.sha256()
     for path in (__file__, _waits.__file__):
         with open(path, "rb") as f:
             h.update(f.read())
-    return f"{__version__}:{h.hexdigest()[:16]}"
+    return f"{_C.__version__}:{h.hexdigest()[:16]}"
 
 
 def ensure_token(device: torch.device) -> None:
@@ -217,7 +215,7 @@ def _(order, comm, method, mutated, inputs, ints, floats, hints, timeout_s):
 # one kernel for every backend (CompositeExplicitAutograd), not through ``custom_op``: a custom
 # op runs three Python kernels per call (autograd, ADInplaceOrView, backend), which on the 2-core
 # CPU machine cost about 40 us more per call than one kernel (measured, docs/benchmarks.md). That
-# kernel is C++ (NOTE [compiled calls in C++], binding.cpp), which hands what it does not run
+# kernel is C++ (NOTE [compiled calls in C++], bind_compiled.cpp), which hands what it does not run
 # itself to ``_comm_call_``. It has no autograd kernel (a call that needs a gradient is traced as
 # ``comm_call_grad_``, below, down to this op); the version bump that ADInplaceOrView would make
 # is made by the kernel.
@@ -249,7 +247,7 @@ def _comm_call_(order, comm, method, mutated, inputs, ints, floats, hints, timeo
     return order.new_empty(0), done
 
 
-# NOTE [compiled calls in C++] (binding.cpp): the op's kernel is C++, which runs a call that
+# NOTE [compiled calls in C++] (bind_compiled.cpp): the op's kernel is C++, which runs a call that
 # needs nothing of Python on the C++ communicator and hands every other call to _comm_call_
 _C._register_comm_call(_comm_call_)
 

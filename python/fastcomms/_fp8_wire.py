@@ -1,6 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """FP8 on the wire for the Ulysses all-to-all (API.md §2, issue 38; the numerics are NOTE [fp8
-wire] in include/fastcomms/ulysses/fp8.hpp, the torch reference ``fastcomms._fp8``).
+wire] in include/fastcomms/ulysses/fp8.hpp, the torch reference in tests/python/fp8_reference.py).
 
 NOTE [fp8 wire exchange]: a call with ``wire_dtype`` quantizes x's rows of ``d`` values (one
 float32 scale per (token, head) row) with the extension's kernels, moves the FP8 rows and the
@@ -19,7 +19,30 @@ import weakref
 import torch
 
 from . import _C
-from ._fp8 import check_value_dtype, check_wire_dtype
+
+#: The dtypes that can be sent as FP8 (and that FP8 is dequantized into), and the wire formats.
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WIRE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _name(dtype: object) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_value_dtype(dtype: object, what: str) -> None:
+    """Raises TypeError unless ``dtype`` is float16, bfloat16 or float32."""
+    if dtype not in VALUE_DTYPES:
+        raise TypeError(f"fp8: {what} must be float16, bfloat16 or float32, got {_name(dtype)}")
+
+
+def check_wire_dtype(wire_dtype: object) -> None:
+    """Raises TypeError unless ``wire_dtype`` is torch.float8_e4m3fn or torch.float8_e5m2."""
+    if wire_dtype not in WIRE_DTYPES:
+        raise TypeError(
+            "fp8: wire_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got "
+            f"{_name(wire_dtype)}"
+        )
+
 
 # op id -> its UlyssesGroup (UlyssesGroup.__init__ adds itself), for the op's kernel
 groups: weakref.WeakValueDictionary = weakref.WeakValueDictionary()

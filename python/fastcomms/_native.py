@@ -24,7 +24,7 @@ def _minor(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-# NOTE [one torch per build]: the extensions are C++ against one torch's headers; torch's C++ ABI
+# NOTE [one torch per build]: the extension is C++ against one torch's headers; torch's C++ ABI
 # changes between minor versions (2.15 dropped symbols 2.11 exports and added virtuals), so an
 # extension built for one minor fails in another with an undefined symbol, or worse. The build
 # writes the torch it compiled against (_built.py, python/CMakeLists.txt); import compares minors

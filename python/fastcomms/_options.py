@@ -14,7 +14,7 @@ import torch
 from ._C import RedOpType
 
 # Argument and type errors raised here are the extension's: ValueError / TypeError and RuntimeError
-# at once (NOTE [error mapping] in python/src/binding.cpp), as torchcomms raises RuntimeError.
+# at once (NOTE [error mapping] in python/src/errors.cpp), as torchcomms raises RuntimeError.
 from ._C import TypeError as _TypeError
 from ._C import ValueError as _ValueError
 

@@ -14,35 +14,8 @@ import copy
 import datetime
 import functools
 
-from ._C import Comm, RedOpType, UnsupportedError, WorkStatus
-
-
-class _Work:
-    """A backend method's result as the communicator's Work."""
-
-    def __init__(self, result):
-        self._r = result
-        self._waited = False
-        self._set = None  # the status TorchWork._set_status gave it (torchcomms')
-
-    def wait(self):
-        if self._r is not None:
-            self._r.wait()
-        self._waited = True  # a work without is_completed is complete once waited for
-        self._set = None  # as torchcomms' Python work: COMPLETED once waited
-
-    def is_completed(self):
-        if self._set is not None:
-            return self._set == WorkStatus.COMPLETED
-        if self._r is None or self._waited:
-            return True
-        done = getattr(self._r, "is_completed", None)
-        return bool(done()) if done is not None else False
-
-    def status(self):
-        if self._set is not None:
-            return self._set
-        return WorkStatus.COMPLETED if self.is_completed() else WorkStatus.INPROGRESS
+from ._C import Comm, RedOpType, UnsupportedError
+from ._work import _Work
 
 
 class _Standin:

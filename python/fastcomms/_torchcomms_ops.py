@@ -140,7 +140,9 @@ def _pack(results: list):
 
 def _register_async(work, tensors: list[torch.Tensor]) -> None:
     """NOTE [compiled async calls]: the work on each written tensor, for torch's wait_tensor."""
-    from .ulysses import _register_work, _RegisteredWork
+    from torch._C._distributed_c10d import _register_work
+
+    from ._work import _RegisteredWork
 
     registered = _RegisteredWork(tensors[0], None, work)
     for t in tensors:

@@ -1,9 +1,14 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""``TorchWork``: the handle on an issued op."""
+"""The handles on issued ops, all of them: ``TorchWork`` (a communicator's), a Python backend's,
+a stream-ordered op's, the Ulysses async call's (and what torch's work registry holds for its
+result), the ring exchange's, and the torch Work a fastcomms process group returns."""
 
 from __future__ import annotations
 
 import time
+
+import torch
+from torch._C._distributed_c10d import Work as _C10dWork  # torch.distributed.Work
 
 from . import _C
 from ._C import WorkStatus
@@ -60,8 +65,6 @@ class TorchWork:
     def _set_status(self, status: WorkStatus) -> None:
         """Sets the status of a work a Python backend returned (torchcomms': for backends whose
         works finish out of band); other works raise RuntimeError."""
-        from ._pybackend import _Work
-
         if not isinstance(self._work, _Work):
             raise RuntimeError("_set_status is only supported on Python-created work objects")
         if not isinstance(status, WorkStatus):
@@ -91,3 +94,132 @@ class _DoneWork:
 
     def status(self) -> WorkStatus:
         return WorkStatus.COMPLETED
+
+
+class _Work:
+    """A backend method's result as the communicator's Work."""
+
+    def __init__(self, result):
+        self._r = result
+        self._waited = False
+        self._set = None  # the status TorchWork._set_status gave it (torchcomms')
+
+    def wait(self):
+        if self._r is not None:
+            self._r.wait()
+        self._waited = True  # a work without is_completed is complete once waited for
+        self._set = None  # as torchcomms' Python work: COMPLETED once waited
+
+    def is_completed(self):
+        if self._set is not None:
+            return self._set == WorkStatus.COMPLETED
+        if self._r is None or self._waited:
+            return True
+        done = getattr(self._r, "is_completed", None)
+        return bool(done()) if done is not None else False
+
+    def status(self):
+        if self._set is not None:
+            return self._set
+        return WorkStatus.COMPLETED if self.is_completed() else WorkStatus.INPROGRESS
+
+
+class UlyssesWork:
+    """all_to_all_4d_async's handle where torch has no work registry: wait() returns the output."""
+
+    def __init__(self, out, *, event=None, work=None):
+        self._out, self._event, self._work = out, event, work
+
+    def wait(self):
+        if self._event is not None:
+            torch.cuda.current_stream(self._out.device).wait_event(self._event)
+        if self._work is not None:
+            self._work.wait()
+        return self._out
+
+    def is_completed(self) -> bool:
+        if self._event is not None:
+            return self._event.query()
+        return self._work.is_completed() if self._work is not None else True
+
+
+class _RegisteredWork(_C10dWork):
+    """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
+    wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
+    waits])."""
+
+    is_completed = UlyssesWork.is_completed
+
+    def __init__(self, out, event, work):
+        super().__init__()
+        # Not `out` itself: the registry holds this object until the first wait, and a lent
+        # window counts its live results by references (UlyssesGroup._lent).
+        self._device, self._event, self._work = out.device, event, work
+        self._error = None
+
+    def _finish(self):
+        """Waits for the call once (its unpack into the output included) and lets go of it;
+        a later wait raises what this one raised."""
+        w, self._work = self._work, None
+        if w is not None:
+            try:
+                w.wait()
+            except Exception as e:  # the exchange's error, for the result's wait
+                self._error = e
+
+    def wait(self, timeout=None):
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+        self._finish()
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class RingWork:
+    """The handle of one ``RingGroup.exchange``: ``wait()`` returns the received tensors (the
+    structure that was sent), the group's buffers until the exchange two steps later reuses them.
+    On CUDA it orders the caller's current stream without blocking the host; on CPU it blocks."""
+
+    def __init__(self, out, wait_fn, done_fn, pack):
+        self._out, self._wait_fn, self._done_fn, self._pack = out, wait_fn, done_fn, pack
+        self._waited = False
+
+    def wait(self):
+        if not self._waited:
+            self._wait_fn()
+            self._waited, self._wait_fn = True, None
+        return self._pack(self._out)
+
+    def is_completed(self) -> bool:
+        return self._waited or self._done_fn()
+
+
+class _CommWork(_C10dWork):
+    """A torch Work over fastcomms works: ``wait()`` waits for them (on CUDA the caller's stream
+    waits), ``get_future()`` waits, then returns a completed future (DDP's reducer chains on it)."""
+
+    def __init__(self, works, result, host_sync_device=None):
+        super().__init__()
+        self._works, self._result = [w for w in works if w is not None], result
+        self._sync = host_sync_device
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait()
+        self._works = []
+        if self._sync is not None:  # a barrier: the host waits for the stream's earlier work too
+            torch.cuda.current_stream(self._sync).synchronize()
+            self._sync = None
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    is_success = is_completed
+
+    def get_future(self):
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut

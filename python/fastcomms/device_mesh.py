@@ -16,7 +16,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import ReduceOp, TorchComm, _torch_compat
+from . import _C, _torch_compat
+from ._bootstrap import rank_size_override as _rank_size_override
+from ._comm import TorchComm, new_comm
+from ._options import ReduceOp
+from ._work import _CommWork
 
 __all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_with_comm
 
@@ -39,36 +43,6 @@ def _reduce_op(c10d_op, where):
         f"{where()}: reduce op {c10d_op!r} has no fastcomms equivalent over a process group "
         f"(supported: {', '.join(_REDUCE_OPS)}, PREMUL_SUM)"
     )
-
-
-class _CommWork(dist.Work):
-    """A torch Work over fastcomms works: ``wait()`` waits for them (on CUDA the caller's stream
-    waits), ``get_future()`` waits, then returns a completed future (DDP's reducer chains on it)."""
-
-    def __init__(self, works, result, host_sync_device=None):
-        super().__init__()
-        self._works, self._result = [w for w in works if w is not None], result
-        self._sync = host_sync_device
-
-    def wait(self, timeout=None):
-        for w in self._works:
-            w.wait()
-        self._works = []
-        if self._sync is not None:  # a barrier: the host waits for the stream's earlier work too
-            torch.cuda.current_stream(self._sync).synchronize()
-            self._sync = None
-        return True
-
-    def is_completed(self):
-        return all(w.is_completed() for w in self._works)
-
-    is_success = is_completed
-
-    def get_future(self):
-        self.wait()
-        fut = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
 
 
 class _CommOps:
@@ -212,17 +186,10 @@ class _CommOps:
 
 def _process_group(ops: _CommOps) -> dist.ProcessGroup:
     """A plain torch ProcessGroup whose backend, for the communicator's device type, forwards to
-    ``ops`` (NOTE [c10d backend over python])."""
-    try:
-        from . import _c10d
-    except ImportError as e:
-        raise ImportError(
-            "fastcomms process groups need the extension module fastcomms._c10d, which this "
-            "installation lacks (build it with scripts/build.sh, or the CMake target _c10d)"
-        ) from e
+    ``ops`` (NOTE [c10d backend over a communicator])."""
     comm = ops.comm
     pg = dist.ProcessGroup(dist.HashStore(), comm.get_rank(), comm.get_size())
-    backend = _c10d.make_backend(comm.get_rank(), comm.get_size(), ops)
+    backend = _C.make_backend(comm.get_rank(), comm.get_size(), ops)
     custom = dist.ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device(comm.get_device().type), custom, backend)
     pg._set_default_backend(custom)
@@ -233,16 +200,12 @@ def _ops_of(group) -> _CommOps | None:
     """The ops object behind a process group made here (None for any other group)."""
     if not isinstance(group, dist.ProcessGroup):
         return None
-    try:
-        from . import _c10d
-    except ImportError:
-        return None  # without the module no process group can forward to a communicator
     for device in getattr(group, "_device_types", ()):
         try:
             backend = group._get_backend(device)
         except (RuntimeError, TypeError):
             continue
-        if isinstance(backend, _c10d.ForwardingBackend):
+        if isinstance(backend, _C.ForwardingBackend):
             return backend.impl
     return None
 
@@ -489,8 +452,6 @@ class _OwnedCommOps(_CommOps):
 def _create_for_torch(backend: str, opts):
     """The c10d backend torch asks the registered name ``backend`` for (its extended creator
     arguments ``opts``; NOTE [nvlink as a torch.distributed backend])."""
-    from . import _c10d, _rank_size_override, new_comm
-
     # The default group: cuda:(rank % device count) as torchcomms resolves `cuda`; a later group
     # of some ranks: the device this process already runs on.
     device = torch.device("cuda", torch.cuda.current_device() if dist.is_initialized() else None)
@@ -499,4 +460,4 @@ def _create_for_torch(backend: str, opts):
         comm = new_comm(backend, device, str(opts.group_id), store=opts.store, timeout=opts.timeout)
     finally:
         _rank_size_override.reset(token)
-    return _c10d.make_backend(comm.get_rank(), comm.get_size(), _OwnedCommOps(comm))
+    return _C.make_backend(comm.get_rank(), comm.get_size(), _OwnedCommOps(comm))

@@ -10,8 +10,8 @@ from operator import itemgetter
 
 import torch
 
-from . import TorchComm
-from ._work import _Scoped
+from ._comm import TorchComm
+from ._work import RingWork, _Scoped
 
 __all__ = ["RingGroup", "RingWork", "zigzag_indices", "zigzag_shard", "zigzag_unshard"]
 
@@ -72,25 +72,6 @@ def zigzag_unshard(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
 # the window transport): the last two results stay intact, step k+2 overwrites step k's, and no
 # allocation is made once shapes repeat (a new shape or dtype gets new buffers; tensors handed out
 # keep theirs). Two rings at once (the backward's K/V and gradients) need two RingGroups.
-class RingWork:
-    """The handle of one ``RingGroup.exchange``: ``wait()`` returns the received tensors (the
-    structure that was sent), the group's buffers until the exchange two steps later reuses them.
-    On CUDA it orders the caller's current stream without blocking the host; on CPU it blocks."""
-
-    def __init__(self, out, wait_fn, done_fn, pack):
-        self._out, self._wait_fn, self._done_fn, self._pack = out, wait_fn, done_fn, pack
-        self._waited = False
-
-    def wait(self):
-        if not self._waited:
-            self._wait_fn()
-            self._waited, self._wait_fn = True, None
-        return self._pack(self._out)
-
-    def is_completed(self) -> bool:
-        return self._waited or self._done_fn()
-
-
 class RingGroup(_Scoped):
     """The ring exchange over a ``TorchComm``, a ProcessGroup, a 1-D DeviceMesh or None (the
     default group); ``transport``: "window" (an "nvlink" communicator on CUDA) or "collective",
@@ -99,7 +80,7 @@ class RingGroup(_Scoped):
     collective on the window transport."""
 
     def __init__(self, group=None, device=None):
-        from .device_mesh import resolve_group
+        from .device_mesh import resolve_group  # on first use: its import cost (NOTE in ulysses)
 
         self.group = group = resolve_group(group, "RingGroup", "ring")
         self._step = 0

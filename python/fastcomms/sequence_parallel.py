@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from . import TorchComm
+from ._comm import TorchComm
+from ._ulysses import UlyssesGroup
 from ._work import _Scoped
 from .ring import RingGroup, zigzag_shard, zigzag_unshard
-from .ulysses import UlyssesGroup
 
 __all__ = ["SequenceParallelGroup"]
 

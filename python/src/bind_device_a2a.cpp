@@ -12,7 +12,8 @@
 #include <mutex>
 
 #include "binding.hpp"
-#include "fast_ops.hpp"
+#include "py_common.hpp"
+#include "tensors.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/device_alltoallv.hpp"
 #include "fastcomms/core/store.hpp"
@@ -22,15 +23,9 @@ namespace py = pybind11;
 namespace fastcomms::python {
 namespace {
 
-// NOTE [communicator from its capsule]: fastcomms._C.Comm's `_native()` capsule points at the
-// binding's PyComm, whose first and only data member is the std::shared_ptr<Communicator> (a
-// standard-layout struct: the member sits at its address). Reading it through the capsule keeps
-// this file free of binding.cpp's internals, as the c10d module is.
+// The communicator behind a fastcomms._C.Comm (TorchComm._c).
 std::shared_ptr<Communicator> communicator_of(const py::handle& comm) {
-  py::object cap = comm.attr("_native")();
-  void* p = PyCapsule_GetPointer(cap.ptr(), kFastCommCapsule);
-  if (p == nullptr) throw py::error_already_set();
-  auto c = *static_cast<const std::shared_ptr<Communicator>*>(p);
+  auto c = comm.cast<PyComm&>().comm;
   FASTCOMMS_CHECK(c != nullptr, kInvalidArgument,
                   "device_alltoallv_single: the communicator was destroyed");
   return c;

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "binding.hpp"
+#include "py_common.hpp"
+#include "tensors.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/store_window.hpp"
 #include "fastcomms/device/window.hpp"
@@ -31,7 +33,7 @@ struct StoreWindow {
 
 std::shared_ptr<Window> native(const py::object& w) {
   if (py::isinstance<StoreWindow>(w)) return w.cast<StoreWindow&>().w;
-  return window_of(w);
+  return w.cast<PyWindow&>().w;
 }
 
 }  // namespace

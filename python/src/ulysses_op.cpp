@@ -25,10 +25,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#ifdef FASTCOMMS_WITH_CUDA
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <cuda_runtime_api.h>
-#endif
 
 #include <atomic>
 #include <mutex>
@@ -37,7 +33,7 @@
 #include <vector>
 
 #include "binding.hpp"
-#include "fastcomms/core/work.hpp"
+#include "tensors.hpp"
 
 namespace py = pybind11;
 
@@ -349,75 +345,6 @@ class ProcessGroupTransport final : public UlyssesTransport {
 
 }  // namespace
 
-namespace {
-c10::intrusive_ptr<c10d::ProcessGroup> unwrap_process_group(const py::capsule& pg,
-                                                            const char* what) {
-  FASTCOMMS_CHECK(std::string(pg.name()) == "fastcomms.c10d.ProcessGroup", kTypeError, what,
-                  ": expected a fastcomms.c10d.ProcessGroup capsule");
-  return *static_cast<c10::intrusive_ptr<c10d::ProcessGroup>*>(pg.get_pointer());
-}
-}  // namespace
-
-ByteExchange process_group_exchange(const py::capsule& capsule) {
-  auto pg = unwrap_process_group(capsule, "process_group_exchange");
-  return [pg](const TensorView& recv, const TensorView& send, const std::vector<int64_t>& rb,
-              const std::vector<int64_t>& sb, void* stream, uint64_t) {
-    auto opts = at::TensorOptions().dtype(at::kByte);
-    opts = recv.device.type == DeviceType::kCUDA
-               ? opts.device(at::kCUDA, static_cast<c10::DeviceIndex>(recv.device.index))
-               : opts.device(at::kCPU);
-    at::Tensor r = at::from_blob(recv.data, {recv.shape.at(0)}, opts);
-    at::Tensor s = at::from_blob(send.data, {send.shape.at(0)}, opts);
-    std::vector<int64_t> out_sizes(rb), in_sizes(sb);
-    if (recv.device.type != DeviceType::kCUDA) {
-      pg->alltoall_base(r, s, out_sizes, in_sizes)->wait();
-      return;
-    }
-#ifdef FASTCOMMS_WITH_CUDA
-    // NOTE [process group on a side stream]: a ProcessGroup orders its work after the caller's
-    // current torch stream and `wait()` orders that stream after the work. The exchange runs on
-    // its own stream beside the caller's, so a torch stream of the pool stands in for it:
-    // it waits for `stream`, is current during the call, and `stream` waits for it after.
-    const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(recv.device.index));
-    auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    const c10::Stream pool = impl->getStreamFromGlobalPool(dev, false);
-    auto side = static_cast<cudaStream_t>(stream);
-    auto torch_side = static_cast<cudaStream_t>(pool.native_handle());
-    cudaEvent_t before = nullptr, after = nullptr;
-    FASTCOMMS_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming) == cudaSuccess &&
-                        cudaEventCreateWithFlags(&after, cudaEventDisableTiming) == cudaSuccess,
-                    kInternal, "process_group_exchange: cudaEventCreate failed");
-    const auto release = [&] {
-      (void)cudaEventDestroy(before);
-      (void)cudaEventDestroy(after);
-    };
-    try {
-      FASTCOMMS_CHECK(cudaEventRecord(before, side) == cudaSuccess &&
-                          cudaStreamWaitEvent(torch_side, before, 0) == cudaSuccess,
-                      kInternal, "process_group_exchange: ordering after the exchange's stream");
-      const c10::Stream previous = impl->exchangeStream(pool);
-      try {
-        pg->alltoall_base(r, s, out_sizes, in_sizes)->wait();
-      } catch (...) {
-        impl->exchangeStream(previous);
-        throw;
-      }
-      impl->exchangeStream(previous);
-      FASTCOMMS_CHECK(cudaEventRecord(after, torch_side) == cudaSuccess &&
-                          cudaStreamWaitEvent(side, after, 0) == cudaSuccess,
-                      kInternal, "process_group_exchange: ordering the exchange's stream after");
-    } catch (...) {
-      release();
-      throw;
-    }
-    release();
-#else
-    (void)stream;
-    throw Error(ErrorCode::kUnsupported, "process_group_exchange: this build has no CUDA");
-#endif
-  };
-}
-
 void bind_ulysses_op(py::module_& m) {
   // Python entry points of NOTE [ulysses op in c++].
   m.def("_ulysses_register", [](const PyTransport& t) { return groups().add(t.t); });
@@ -485,13 +412,11 @@ void bind_ulysses_op(py::module_& m) {
       },
       py::arg("x"), py::arg("group"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
       py::arg("kv_replicas"), py::arg("out"), py::arg("scales"), py::arg("wire"));
-  // The collective path over a torch.distributed ProcessGroup (its capsule from
-  // fastcomms._c10d._process_group_capsule: the two modules share no pybind11 types).
-  m.def("process_group_transport", [](py::capsule pg, int rank, int size, int device_index) {
+  // The collective path over a torch.distributed ProcessGroup.
+  m.def("process_group_transport", [](c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
+                                      int device_index) {
     const Device dev = device_index >= 0 ? Device{DeviceType::kCUDA, device_index} : Device{};
-    return PyTransport{std::make_shared<ProcessGroupTransport>(
-                           unwrap_process_group(pg, "process_group_transport"), rank, size),
-                       dev};
+    return PyTransport{std::make_shared<ProcessGroupTransport>(std::move(pg), rank, size), dev};
   });
 }
 

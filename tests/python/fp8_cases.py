@@ -8,7 +8,7 @@ import math
 
 import torch
 from fastcomms import _C
-from fastcomms._fp8 import FP8_MAX, VALUE_DTYPES, dequantize_reference, quantize_reference
+from fp8_reference import FP8_MAX, VALUE_DTYPES, dequantize_reference, quantize_reference
 
 WIRES = (torch.float8_e4m3fn, torch.float8_e5m2)
 DTYPES = VALUE_DTYPES

@@ -1,15 +1,15 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """FP8 on the wire, the C++ host implementation (ulysses/fp8.cpp) against the torch reference
-(fastcomms._fp8) byte for byte: random rows (normal, Student-t, outlier-spiked) for every d, input
-dtype and format; the edge rows of NOTE [fp8 wire]; every 16-bit input pattern in range; any FP8
-byte under any scale on the way back. Controls: the comparison must report a perturbed scale or
-byte, and the inputs must tell the reference from two plausible wrong quantizers."""
+(fp8_reference.py here) byte for byte: random rows (normal, Student-t, outlier-spiked) for
+every d, input dtype and format; the edge rows of NOTE [fp8 wire]; every 16-bit input pattern in
+range; any FP8 byte under any scale on the way back. Controls: the comparison must report a
+perturbed scale or byte, and the inputs must tell the reference from two plausible wrong
+quantizers."""
 
 import math
 
 import pytest
 import torch
-from fastcomms._fp8 import FP8_MAX, dequantize_reference, quantize_reference
 from fp8_cases import (
     DS,
     DTYPES,
@@ -23,6 +23,7 @@ from fp8_cases import (
     mismatch,
     random_rows,
 )
+from fp8_reference import FP8_MAX, dequantize_reference, quantize_reference
 
 
 @pytest.mark.parametrize("wire", WIRES, ids=str)

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG = os.path.join(ROOT, "python", "fastcomms")
-EXTENSIONS = {"fastcomms._C", "fastcomms._c10d", "fastcomms._built"}  # built, not in the tree
+EXTENSIONS = {"fastcomms._C", "fastcomms._built"}  # built, not in the tree
 
 
 def _modules() -> dict[str, str]:
@@ -109,7 +109,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles():
     graph = import_graph(_modules())
     assert graph["fastcomms.sequence_parallel"] >= {
-        "fastcomms.ulysses",
+        "fastcomms._ulysses",
         "fastcomms.ring",
     }  # it sees
     found = cycles(graph)
@@ -119,11 +119,11 @@ def test_no_import_circles():
 
 
 def test_the_check_finds_a_circle():
-    """The armed control: the re-export that made the circle (ulysses importing
-    sequence_parallel at its bottom) is found."""
+    """The armed control: the re-export that made the circle (the module sequence_parallel builds
+    on importing sequence_parallel at its bottom, as ulysses did before the face) is found."""
     graph = import_graph(_modules())
-    graph["fastcomms.ulysses"] = graph["fastcomms.ulysses"] | {"fastcomms.sequence_parallel"}
-    assert ["fastcomms.sequence_parallel", "fastcomms.ulysses"] in cycles(graph)
+    graph["fastcomms._ulysses"] = graph["fastcomms._ulysses"] | {"fastcomms.sequence_parallel"}
+    assert ["fastcomms._ulysses", "fastcomms.sequence_parallel"] in cycles(graph)
 
 
 PUBLIC = sorted(

@@ -641,7 +641,7 @@ def test_hierarchical_two_hosts_on_one_gpu_as_mps_clients(mps_daemon):
 def _fp8_reference(ref, x, wire, mode, seq, heads, kv):
     """quantize (torch reference) -> the flat exchange of the FP8 bytes and of the scales (gloo,
     CPU copies) -> (FP8 rows, scales), for mode 0 with kv replicas or any mode without."""
-    from fastcomms import _fp8
+    import fp8_reference as _fp8
 
     q, s = _fp8.quantize_reference(x.detach().cpu(), wire)
     kw = {"seq_splits": seq, "head_splits": heads} if seq is not None else {}
@@ -656,7 +656,7 @@ def _fp8_fused_worker(store, rank, world):
     quantize -> exchange -> dequantize of the torch reference, for float16/bfloat16/float32 x, both
     FP8 formats, both modes, even and uneven splits and kv_replicas, dequantized, into out= and
     with return_scales; then the armed control (a reference scale perturbed) must differ."""
-    from fastcomms import _fp8
+    import fp8_reference as _fp8
     from fastcomms.ulysses import UlyssesGroup
 
     dev = torch.device("cuda", 0)

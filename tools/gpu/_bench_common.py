@@ -3,12 +3,14 @@
 collecting what they put on a queue, a rank's device and default group, the ``env`` line, the
 Ulysses calls whose host cost is timed, and the device time per call replayed from a CUDA graph.
 Imported by the scripts beside it (``python3 tools/gpu/X.py`` puts tools/gpu on the path); what
-`fastcomms bench` shares with them is in python/fastcomms/_bench.py."""
+`fastcomms bench` shares with them is in python/fastcomms/_bench.py; the host-time sampler is
+here."""
 
 import json
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -115,3 +117,20 @@ def graph_per_call(
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / (replays * calls))
     return statistics.median(times)
+
+
+def host_per_call(fn, iters=200, rounds=7, warmup=20):
+    """Median µs of host time per call of ``fn`` over ``rounds`` rounds of ``iters``
+    back-to-back calls, timed with perf_counter and nothing synchronized inside a round (the GPU
+    runs behind, as in a training step): what an eager caller pays to issue one call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t) * 1e6 / iters)
+        torch.cuda.synchronize()
+    return statistics.median(samples)

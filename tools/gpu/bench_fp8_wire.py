@@ -5,8 +5,8 @@
 - ``fp8 wire``: ``all_to_all_4d(x, wire_dtype=torch.float8_e4m3fn)`` (the extension's quantize
   kernel, the op on the FP8 rows and on the scales, the dequantize kernel: NOTE [fp8 wire
   exchange]);
-- ``separate``: quantize and dequantize as torch ops (``fastcomms._fp8`` reference) around the op
-  on the FP8 bytes and on the scales: what stacks without a fused path do;
+- ``separate``: quantize and dequantize as torch ops (the reference, tests/python/fp8_reference.py)
+  around the op on the FP8 bytes and on the scales: what stacks without a fused path do;
 
 and the bytes each rank puts on the wire (bf16 rows; FP8 rows and a 16-byte scale per row).
 Ranks are spawned on GPU rank % device_count; on one GPU run it under tools/gpu/mps.sh, and
@@ -18,6 +18,7 @@ Usage: python3 tools/gpu/bench_fp8_wire.py [--nproc 2] [--rounds 7] [--iters 10]
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -25,12 +26,15 @@ import torch
 import torch.distributed as dist
 from _bench_common import init_rank, print_env, spawn_ranks
 
+# the FP8 reference is a test helper (tests/python/fp8_reference.py), not in the runtime package
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/python"))
+
 SHAPES = [(1, 1024, 32, 128), (1, 8192, 32, 128), (1, 18900, 40, 128)]  # x per rank, bf16
 
 
 def _rank(rank, world, path, args, outq):
     dev = init_rank(rank, world, path)
-    from fastcomms import _fp8
+    import fp8_reference as _fp8
     from fastcomms.ulysses import UlyssesGroup
 
     g = UlyssesGroup(None, device=dev)

@@ -20,7 +20,7 @@ import torch
 def main():
     import fastcomms
     import torch.distributed as dist
-    from fastcomms._bench import host_per_call
+    from _bench_common import host_per_call
     from fastcomms.device_mesh import _create_torchcomm_process_group
 
     dev = torch.device("cuda", 0)

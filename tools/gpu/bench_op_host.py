@@ -39,8 +39,8 @@ def _compiled_split(g, x, rounds):
     followed by ``+ 1`` (the eager cost in the compiled function's context), and compiled
     functions calling the functional form, torch.ops directly (no functional-form guards), and
     ``+ 1`` alone; the variants interleaved round by round."""
+    from _bench_common import host_per_call
     from fastcomms import _C
-    from fastcomms._bench import host_per_call
     from fastcomms.ulysses import all_to_all_4d as functional
 
     gid = g._id
@@ -154,7 +154,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     import fastcomms
-    from fastcomms._bench import host_per_call
+    from _bench_common import host_per_call
     from fastcomms.ulysses import UlyssesGroup
 
     def per_call(fn):  # µs of host time per call: rounds of 200 calls after 30 warm-up calls

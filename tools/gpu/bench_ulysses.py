@@ -30,8 +30,7 @@ import tempfile
 
 import torch
 import torch.multiprocessing as mp
-from _bench_common import init_rank, ulysses_calls
-from fastcomms._bench import host_per_call
+from _bench_common import host_per_call, init_rank, ulysses_calls
 from fastcomms._bench import permute_all_to_all_4d as _base  # BASE: the permute path
 
 WARMUP, ITERS = 5, 20

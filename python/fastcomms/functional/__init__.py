@@ -14,13 +14,16 @@ object, so the graph holds a constant group name. The group is made on first use
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
 import torch.distributed._functional_collectives as _funcol
 from torch.torch_version import TorchVersion
 
-from .. import ReduceOp, TorchComm
+from .. import _comm
+from .._comm import TorchComm
+from .._options import ReduceOp
 from ..device_mesh import _create_torchcomm_process_group, comm_of
 
 __all__ = [
@@ -36,15 +39,18 @@ __all__ = [
     "is_torch_compile_supported_and_enabled",
 ]
 
-_names: dict[object, str] = {}  # communicator object -> its process group's name
+_serial = itertools.count()
 
 
 def _process_group_name_of(comm) -> str:
-    if comm not in _names:
-        name = f"fastcomms/functional/{len(_names)}/{comm.get_name()}"
-        _create_torchcomm_process_group(comm, name)
-        _names[comm] = name
-    return _names[comm]
+    """A communicator's process group (NOTE [communicator attachments]): registered with torch
+    on first use, its name held by the communicator."""
+    name = f"fastcomms/functional/{next(_serial)}/{comm.get_name()}"
+    _create_torchcomm_process_group(comm, name)
+    return name
+
+
+_comm.ATTACHMENTS["process_group_name"] = _process_group_name_of
 
 
 def _group(comm):

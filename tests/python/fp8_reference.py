@@ -1,5 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""FP8 on the wire, the reference in torch ops (NOTE [fp8 wire] in
+"""FP8 on the wire, the reference in torch ops (a test helper: moved out of the runtime package,
+which runs the C++ and CUDA implementations) (NOTE [fp8 wire] in
 include/fastcomms/ulysses/fp8.hpp): rows of the last dimension quantized to FP8 with one float32
 scale per row, and back. The C++ host implementation and the CUDA kernels match these functions
 byte for byte; the tests hold them to it. Works on CPU and CUDA tensors.

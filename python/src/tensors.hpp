@@ -1,0 +1,73 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What the torch-facing components of fastcomms._C share (tensors.cpp): tensors as views, the
+// caller's torch stream, and the Work Python holds with the tensors of its op.
+#include <torch/extension.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "fastcomms/core/tensor.hpp"
+#include "fastcomms/core/work.hpp"
+#include "py_common.hpp"
+
+#ifdef FASTCOMMS_WITH_CUDA
+#include <c10/core/Stream.h>
+#endif
+
+namespace fastcomms::python {
+
+/// `t` as a non-owning view (dense, on cpu or cuda; anything else raises kInvalidArgument).
+TensorView view(const at::Tensor& t);
+std::vector<TensorView> views(const std::vector<at::Tensor>& ts);
+/// Torch's dtype as ours (kTypeError for one fastcomms cannot carry), and ours as torch's.
+DType to_dtype(at::ScalarType t);
+at::ScalarType to_scalar_type(DType d);
+
+#ifdef FASTCOMMS_WITH_CUDA
+/// Whether torch registered its CUDA implementation (NOTE [torch streams through c10]).
+bool torch_has_cuda();
+/// The caller's current torch stream on CUDA device `d`.
+c10::Stream torch_current_stream(c10::DeviceIndex d);
+/// The c10::Stream of a torch.Stream from Python (torch.cuda.Stream among them).
+c10::Stream torch_stream(const pybind11::handle& s);
+#endif
+
+/// A Work from Python (fastcomms._C.Work), with the tensors its op uses (NOTE [python tensors
+/// outlive their op] in tensors.cpp: a dropped, unfinished one parks them).
+struct PyWork {
+  WorkPtr work;
+  std::vector<at::Tensor> keep;
+  // NOTE [process abort]: set where the communicator aborts the process on an op's error
+  std::shared_ptr<ProcessAbort> abort_on_error;
+  PyWork(WorkPtr w, std::vector<at::Tensor> k) : work(std::move(w)), keep(std::move(k)) {}
+  PyWork(PyWork&&) = default;
+  PyWork& operator=(PyWork&&) = default;
+  ~PyWork();
+  /// Waits without the GIL (the abort hooks may need it); GIL held on entry.
+  void wait();
+  /// Waits, the GIL neither needed nor released (the c10d backend's works).
+  void wait_nogil();
+};
+
+/// Issues `fn` (a WorkPtr()) on `c` with the GIL released; the Work keeps `keep`. GIL held.
+template <typename Fn>
+PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, Fn&& fn) {
+  WorkPtr w;
+  {
+    pybind11::gil_scoped_release release;
+    w = fn();
+  }
+  release_finished();
+  PyWork pw(std::move(w), std::move(keep));
+  pw.abort_on_error = c.comm->process_abort_on_error();
+  return pw;
+}
+
+/// A Ulysses call on `stream` (default: the caller's current torch stream of x's device), the
+/// GIL released while it is issued; the Work keeps x and out.
+PyWork transport_call(UlyssesTransport& tr, const at::Tensor& x, const at::Tensor& out,
+                      const UlyssesArgs& args, std::optional<void*> stream = std::nullopt);
+
+}  // namespace fastcomms::python
