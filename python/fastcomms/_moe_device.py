@@ -175,8 +175,13 @@ def dispatch(
     status, bad, where = verdict(idx, num_experts, max_tokens)
     owner, local, mask, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
     head = torch.stack(
-        [send_counts, status.expand(P), torch.full_like(send_counts, T), bad.expand(P),
-         where.expand(P)],
+        [
+            send_counts,
+            status.expand(P),
+            torch.full_like(send_counts, T),
+            bad.expand(P),
+            where.expand(P),
+        ],
         dim=1,
     )
     got = exchange_counts(a2av, head)

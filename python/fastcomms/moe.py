@@ -5,11 +5,12 @@
 grouped by local expert for a grouped GEMM, and brings the experts' rows back weighted to the
 token's home (``combine``). The group checks the arguments, does the combine's arithmetic (NOTE
 [moe combine order]) and carries autograd; a transport moves the rows (NOTE [moe transport seam]
-in _moe_collective.py). Today every group runs the collective transport: all-to-alls on the
-group's backend (gloo on CPU; NCCL on CUDA and across hosts), with one host sync per dispatch to
-read the routing (NOTE [moe collective host sync]), also for CUDA tensors. The NVLink device path
-(counts exchanged on the GPU, no host sync, CUDA-graph capturable) plugs in behind the same class
-once issue 52's device windows land; ``transport`` says which one a group runs.
+in _moe_collective.py). CUDA groups over a fastcomms nvlink or nccl communicator whose ranks share
+a host run the device transport (NOTE [moe device transport] in _moe_device.py: counts on the
+GPU through device_alltoallv_single, no host sync, CUDA-graph capturable); every other group the
+collective transport: all-to-alls on the group's backend (gloo on CPU; NCCL on CUDA and across
+hosts), with one host sync per dispatch to read the routing (NOTE [moe collective host sync]).
+``transport`` says which one a group runs.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ class ExpertParallelGroup(_Scoped):
 
     Construction is collective (the ranks check they agree on the sizes); so is every call, in the
     same order on every rank, from one thread at a time. ``transport`` says how rows move
-    ("collective" today; NOTE [moe transport seam]) and ``transport_reason`` why. Tensors returned
+    ("device" or "collective"; NOTE [moe transport seam]) and ``transport_reason`` why. On the
+    device transport a refused dispatch is flagged, not raised: ``check_errors()``. Tensors returned
     are the caller's; the group keeps none of them past a call (async calls keep theirs until
     ``wait()``). ``destroy()`` (or leaving ``with``) ends the group; later calls raise."""
 

@@ -211,4 +211,3 @@ def test_moe_device_bit_exact(mps_daemon, size):  # noqa: F811
 def test_moe_device_no_sync_and_graph(mps_daemon, size):  # noqa: F811
     _needs_nvlink()
     spawn(_graph_worker, size, timeout=300)
-
