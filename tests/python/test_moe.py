@@ -13,6 +13,7 @@ weights, through meta.weights too) against a one-process autograd reference; the
 example's training (examples/moe_layer.py) against its one-process losses. Armed control: the
 combine check must see a reference with one slot's weight moved."""
 
+import contextlib
 import importlib.util
 import os
 
@@ -315,13 +316,46 @@ def _checks(eps, pg, rank, P):
 
 
 # -- the device transport's routing on CPU (NOTE [moe device transport]) ------------------------
+class _NoHostRead(torch.overrides.TorchFunctionMode):
+    """While on, a torch call that reads a tensor's values on the host or whose output size
+    depends on them (each a device-to-host sync on CUDA) raises: the CPU stand-in for
+    set_sync_debug_mode("error"). ``allow`` is set by the test's host a2av only."""
+
+    BAD = {
+        "item", "tolist", "nonzero", "argwhere", "bincount", "unique", "unique_consecutive",
+        "masked_select", "repeat_interleave", "__bool__", "__int__", "__float__", "__index__",
+    }  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.allow, self.calls = False, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.allow:
+            self.calls += 1
+            index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else ()
+            index = index if isinstance(index, tuple) else (index,)
+            masks = [i for i in index if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+            if name in self.BAD or masks:
+                raise AssertionError(f"device transport: host read of data ({name})")
+        return func(*args, **(kwargs or {}))
+
+
+_GUARD = _NoHostRead()
+
+
 def _host_a2av(pg):
     """Tests only: the device transport's a2av with the splits read on the host."""
     import torch.distributed as dist
 
     def a2av(out, inp, out_splits, in_splits):
-        o, i = [int(v) for v in out_splits.tolist()], [int(v) for v in in_splits.tolist()]
-        dist.all_to_all_single(out[: sum(o)], inp[: sum(i)], o, i, group=pg)
+        allow, _GUARD.allow = _GUARD.allow, True
+        try:
+            o, i = [int(v) for v in out_splits.tolist()], [int(v) for v in in_splits.tolist()]
+            dist.all_to_all_single(out[: sum(o)], inp[: sum(i)], o, i, group=pg)
+        finally:
+            _GUARD.allow = allow
 
     return a2av
 
@@ -346,13 +380,14 @@ def _device_same(ep, dev, case, rank, T, k, dtype, mode, wire=None, scales=False
     for g in (ep, dev):
         grad = not scales
         xg, wg = x.clone().requires_grad_(grad), w.clone().requires_grad_(grad)
-        recv_x, meta, handle = g.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
-        if scales:
-            res.append((recv_x, meta, None, None, None))
-            continue
-        y = recv_x * (1 + meta.weights).unsqueeze(1).to(dtype)
-        out = g.combine(y, handle)
-        (out.float() * torch.arange(H)).sum().backward()
+        with _GUARD if g is dev else contextlib.nullcontext():  # no host read on the device path
+            recv_x, meta, handle = g.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
+            if scales:
+                res.append((recv_x, meta, None, None, None))
+                continue
+            y = recv_x * (1 + meta.weights).unsqueeze(1).to(dtype)
+            out = g.combine(y, handle)
+            (out.float() * torch.arange(H)).sum().backward()
         res.append((recv_x, meta, out, xg.grad, wg.grad))
     (ra, ma, oa, gxa, gwa), (rb, mb, ob, gxb, gwb) = res
     assert _same(ra, rb), where
@@ -398,6 +433,11 @@ def _device_checks(eps, pg, rank, P):
         wire=torch.float8_e4m3fn,
         scales=True,
     )
+    assert _GUARD.calls > 100 * n, _GUARD.calls  # the guard saw the device path's torch calls
+    # armed control: the guard sees a host read (and a boolean-mask index)
+    for bad_read in (lambda t: t.tolist(), lambda t: t[t > 0], lambda t: t.nonzero()):
+        with pytest.raises(AssertionError, match="host read of data"), _GUARD:
+            bad_read(torch.ones(3))
     # refusals: every rank gets an empty dispatch and check_errors raises the same on each
     ep, dev = eps[f32], devs[f32]
     E, H, m = ep.num_experts, ep.hidden, ep.max_tokens_per_rank
