@@ -101,7 +101,7 @@ def _rank(rank, world, path, args, outq):
                 out = g.combine(recv_x, handle)
                 res[name] = (recv_x, meta.offsets, out)
 
-                def disp(g=g):
+                def disp(g=g, x=x, idx=idx, w=w):
                     g.dispatch(x, idx, w)
 
                 def comb(g=g, y=recv_x, h=handle):
