@@ -66,6 +66,20 @@ def _keep_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return b.view(t.dtype).reshape(t.shape)
 
 
+def _pick(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """t[i] along dim 0 for a 0-dim index tensor, without indexing by a tensor scalar (which
+    may be read on the host)."""
+    return t.index_select(0, i.reshape(1)).squeeze(0)
+
+
+def _rows_of(t: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """t's rows at index as their bytes (any dtype, FP8 too), rows where keep is False zero."""
+    b = t.contiguous().view(torch.uint8).reshape(t.shape[0], -1).index_select(0, index)
+    if b.numel():
+        b = b * keep.to(torch.uint8).unsqueeze(1)
+    return b.view(t.dtype).reshape(index.shape[0], *t.shape[1:])
+
+
 def _arange(n, device):
     return torch.arange(n, device=device)
 
@@ -107,7 +121,7 @@ def verdict(idx, num_experts, max_tokens):
     out = ((idx < -1) | (idx >= num_experts)).flatten()
     any_bad = out.any()
     first = out.to(torch.int32).argmax().long()  # the first True (argmax: first maximum)
-    bad = torch.where(any_bad, idx.flatten()[first], zero)
+    bad = torch.where(any_bad, _pick(idx.flatten(), first), zero)
     where = torch.where(any_bad, first // k, zero - 1)
     status = status | torch.where(any_bad, BAD_EXPERT, 0)
     if k > 1:
@@ -116,9 +130,9 @@ def verdict(idx, num_experts, max_tokens):
         dup = (eq & (s[:, 1:] >= 0)).any(1)
         any_dup = dup.any() & ~any_bad
         t = dup.to(torch.int32).argmax().long()
-        i = eq[t].to(torch.int32).argmax().long()
+        i = _pick(eq, t).to(torch.int32).argmax().long()
         status = status | torch.where(any_dup, DUPLICATE, 0)
-        bad = torch.where(any_dup, s[t, 1:][i], bad)
+        bad = torch.where(any_dup, _pick(_pick(s, t)[1:], i), bad)
         where = torch.where(any_dup, t, where)
     return status, bad, where
 
@@ -189,9 +203,8 @@ def dispatch(
     ok = ~refused.any()
     if flags is not None:
         r = refused.to(torch.int32).argmax().long()
-        new = torch.stack(
-            [got[r, _D_STATUS], r, got[r, _D_TOKENS], got[r, _D_BAD], got[r, _D_WHERE]]
-        )
+        row = _pick(got, r)
+        new = torch.stack([row[_D_STATUS], r, row[_D_TOKENS], row[_D_BAD], row[_D_WHERE]])
         flags.copy_(torch.where(flags[0] != 0, flags, torch.where(ok, flags, new)))
     send_splits = send_counts * ok
     recv_splits = got[:, _D_COUNT] * ok
@@ -205,8 +218,7 @@ def dispatch(
         _C._fp8_quantize(x, q, scales)  # NOTE [fp8 wire]
         x = q
     row_bytes = H * x.element_size()
-    S = send_tok.shape[0]
-    data = x.index_select(0, send_tok).view(torch.uint8).reshape(S, row_bytes)
+    data = x.view(torch.uint8).reshape(T, row_bytes).index_select(0, send_tok)
     loc = torch.where(owner[send_tok] == send_dest.unsqueeze(1), local[send_tok], -1)
     w = weights.float() if weights is not None else torch.ones((T, k), device=dev)
     meta = torch.cat(
@@ -279,7 +291,7 @@ def dispatch(
         deq = torch.empty(tok.shape, dtype=value_dtype, device=dev)
         _C._fp8_dequantize(tok, sc.contiguous(), deq)
         tok = deq
-    recv_x = _keep_rows(tok.index_select(0, row_tok), row_keep)
+    recv_x = _rows_of(tok, row_tok, row_keep)
     row_w = torch.where(row_keep, rw[row_tok, row_slot], 0.0)
     src = torch.stack([src_rank[row_tok], pos[row_tok]], 1)
     src = torch.where(row_keep.unsqueeze(1), src, -1)
@@ -293,7 +305,8 @@ def gather(a2av, y, plan: DevicePlan):
     """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
     C = y.shape[1]
     width = C * y.element_size()
-    send = y.index_select(0, plan.back_rows).contiguous().view(torch.uint8).reshape(-1, width)
+    send = y.contiguous().view(torch.uint8).reshape(y.shape[0], width)
+    send = send.index_select(0, plan.back_rows)
     n = plan.tokens * plan.k
     recv = torch.empty((n, width), dtype=torch.uint8, device=y.device)
     a2av(recv, send, plan.back_splits, plan.rows_from)
@@ -307,13 +320,14 @@ def scatter(a2av, z, values, plan: DevicePlan):
     C = z.shape[1]
     width = C * z.element_size()
     S = plan.send_tok.shape[0]
-    rows = z.index_select(0, plan.send_tok).contiguous().view(torch.uint8).reshape(S, width)
+    rows = z.contiguous().view(torch.uint8).reshape(z.shape[0], width)
+    rows = rows.index_select(0, plan.send_tok)
     vals = values.float().index_select(0, plan.send_tok).contiguous().view(torch.uint8)
     send = torch.cat([rows, vals.reshape(S, 4 * plan.k)], dim=1)
     recv = torch.empty((plan.recv_rows, send.shape[1]), dtype=torch.uint8, device=z.device)
     a2av(recv, send, plan.recv_splits, plan.send_splits)
     data = recv[:, :width].contiguous().view(z.dtype)
-    out = _keep_rows(data.index_select(0, plan.row_tok), plan.row_keep)
+    out = _rows_of(data, plan.row_tok, plan.row_keep)
     v = recv[:, width:].contiguous().view(torch.float32)
     row_v = torch.where(plan.row_keep, v[plan.row_tok, plan.row_slot], 0.0)
     return out, row_v
