@@ -211,7 +211,11 @@ def _choose_transport(group, rank, size, device, max_output_bytes):
         from ._C import UnsupportedError
 
         try:
-            group.device_alltoallv_prepare(max_output_bytes)
+            # only grows (every rank builds the same groups in the same order, so every rank
+            # decides alike): a smaller group on the same communicator keeps the larger buffers
+            if max_output_bytes > getattr(group, "_moe_a2av_bytes", 0):
+                group.device_alltoallv_prepare(max_output_bytes)
+                group._moe_a2av_bytes = max_output_bytes
         except UnsupportedError as e:
             why = (
                 f"CUDA tensors over a {backend} group whose device all-to-all-v refused ({e}): "
