@@ -49,6 +49,7 @@ def _comm(rank, size, path):
 def _run(ep, x, idx, w, wire=None, scales=False, grad=True):
     """dispatch, a row-wise expert using meta.weights, combine, and a backward: every result."""
     H, dt = ep.hidden, x.dtype
+    grad = grad and not scales  # (FP8 rows kept: not differentiable)
     xg = x.clone().requires_grad_(grad)
     wg = w.clone().requires_grad_(grad)
     recv_x, meta, handle = ep.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
