@@ -147,7 +147,7 @@ if [ "${SKIP_PYTEST:-0}" != 1 ] && have_ext && enough; then
   # stacks and exits after FASTCOMMS_TEST_HANG_S, conftest.py).
   rc=0
   : >"$LOGS/pytest_gpu.log"
-  for f in ${PYTEST_GPU_FILES:-tests/python/test_one_gpu.py tests/python/test_reduce_ops_gpu.py tests/python/test_process_abort.py tests/python/test_nccl_gpu.py tests/python/test_nccl_parity_gpu.py tests/python/test_ulysses_gpu.py tests/python/test_device_mesh_gpu.py tests/python/test_device_window_gpu.py tests/python/test_device_alltoallv_gpu.py tests/python/test_moe_gpu.py tests/python/test_faults.py::test_gpu_peer_killed_during_an_op tests/python/test_soak.py::test_soak_gpu_backends}; do
+  for f in ${PYTEST_GPU_FILES:-tests/python/test_one_gpu.py tests/python/test_reduce_ops_gpu.py tests/python/test_process_abort.py tests/python/test_nccl_gpu.py tests/python/test_nccl_parity_gpu.py tests/python/test_ulysses_gpu.py tests/python/test_device_mesh_gpu.py tests/python/test_device_window_gpu.py tests/python/test_device_alltoallv_gpu.py tests/python/test_moe_gpu.py tests/python/test_moe_device_gpu.py tests/python/test_faults.py::test_gpu_peer_killed_during_an_op tests/python/test_soak.py::test_soak_gpu_backends}; do
     enough || { echo "$f: not run (device time budget)" >>"$LOGS/pytest_gpu.log"; rc=124; continue; }
     PYTHONPATH="$BUILD_ABS/python:$PWD/python" timeout "$(cap 240)" python3 -X faulthandler -m pytest -q -s -rs \
       "$f" >>"$LOGS/pytest_gpu.log" 2>&1 || rc=$?

@@ -8,10 +8,11 @@ arithmetic of the combine (NOTE [moe combine order]) and carries autograd; a tra
 It provides ``dispatch`` (the routed tokens into this rank's expert-grouped rows, a token crossing
 once per rank), ``gather`` (expert rows back to their tokens' home, one row per (token, slot)) and
 ``scatter`` (per-token rows out to the expert ranks again, expanded like a dispatch: the backward
-of ``gather``), each returning a ``_Pending`` whose ``wait()`` finishes the move. The NVLink
-device path (issue 52's device windows: counts exchanged through the windows, no host sync) is a
-second class with these three methods and the same results, chosen in ExpertParallelGroup's
-constructor; this one stays for gloo, multi-host groups and builds without the device API.
+of ``gather``), each returning a ``_Pending`` whose ``wait()`` finishes the move. The device
+transport (_moe_device.py: counts exchanged on the GPU through device_alltoallv_single, no host
+sync) is a second class with these three methods and the same results, chosen in
+ExpertParallelGroup's constructor (``_choose_transport``); its dispatch takes the routing whole
+(no host header). This one stays for gloo, torch.distributed groups and multi-host groups.
 
 NOTE [moe collective host sync]: this transport reads the routing on the host: one small
 all-to-all of a fixed-size header per peer (token counts, k, the wire format and any rank's

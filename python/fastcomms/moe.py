@@ -5,11 +5,12 @@
 grouped by local expert for a grouped GEMM, and brings the experts' rows back weighted to the
 token's home (``combine``). The group checks the arguments, does the combine's arithmetic (NOTE
 [moe combine order]) and carries autograd; a transport moves the rows (NOTE [moe transport seam]
-in _moe_collective.py). Today every group runs the collective transport: all-to-alls on the
-group's backend (gloo on CPU; NCCL on CUDA and across hosts), with one host sync per dispatch to
-read the routing (NOTE [moe collective host sync]), also for CUDA tensors. The NVLink device path
-(counts exchanged on the GPU, no host sync, CUDA-graph capturable) plugs in behind the same class
-once issue 52's device windows land; ``transport`` says which one a group runs.
+in _moe_collective.py). CUDA groups over a fastcomms nvlink or nccl communicator whose ranks share
+a host run the device transport (NOTE [moe device transport] in _moe_device.py: counts on the
+GPU through device_alltoallv_single, no host sync, CUDA-graph capturable); every other group the
+collective transport: all-to-alls on the group's backend (gloo on CPU; NCCL on CUDA and across
+hosts), with one host sync per dispatch to read the routing (NOTE [moe collective host sync]).
+``transport`` says which one a group runs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ._moe_collective import (
     CollectiveTransport,
     Plan,
 )
+from ._moe_device import DeviceTransport
 from ._work import _Scoped
 
 __all__ = ["DispatchHandle", "DispatchMeta", "ExpertParallelGroup", "MoEWork"]
@@ -190,24 +192,55 @@ class _Combine(torch.autograd.Function):
         return gy, gw, None, None
 
 
-def _choose_transport(group, rank, size, device):
+def _choose_transport(group, rank, size, device, max_output_bytes):
     """(transport, why): the one place a group's transport is chosen (NOTE [moe transport
-    seam]). The NVLink device transport, once issue 52's device windows exist, is taken here for
-    CUDA groups whose ranks share a host and NVLink; everything else keeps the collective one."""
+    seam]). CUDA groups over a fastcomms nvlink or nccl communicator whose ranks share a host take
+    the device transport (NOTE [moe device transport]: counts on the GPU, no host sync); the
+    communicator's device all-to-all-v buffers are sized here (collective, eager), and where that
+    setup refuses (ranks on several hosts: every rank alike) the group keeps the collective one."""
     if isinstance(group, TorchComm):
         backend = f"fastcomms {group.get_backend()}"
     else:
         import torch.distributed as dist
 
         backend = f"torch.distributed {dist.get_backend(group)}"
-    if device.type == "cuda":
-        why = (
-            f"CUDA tensors over a {backend} group: the collective path (NCCL all-to-alls, one "
-            "host sync per dispatch) until the NVLink device path (issue 52) lands"
-        )
-    else:
+    if device.type != "cuda":
         why = f"{device.type} tensors over a {backend} group: the collective path (all-to-alls)"
+        return CollectiveTransport(group, rank, size, device), why
+    if isinstance(group, TorchComm) and group.get_backend().startswith(("nvlink", "nccl")):
+        from ._C import UnsupportedError
+
+        try:
+            # only grows (every rank builds the same groups in the same order, so every rank
+            # decides alike): a smaller group on the same communicator keeps the larger buffers
+            if max_output_bytes > getattr(group, "_moe_a2av_bytes", 0):
+                group.device_alltoallv_prepare(max_output_bytes)
+                group._moe_a2av_bytes = max_output_bytes
+        except UnsupportedError as e:
+            why = (
+                f"CUDA tensors over a {backend} group whose device all-to-all-v refused ({e}): "
+                "the collective path (NCCL all-to-alls, one host sync per dispatch)"
+            )
+            return CollectiveTransport(group, rank, size, device), why
+        why = (
+            f"CUDA tensors over a {backend} group with every rank on one host: the device path "
+            "(device_alltoallv_single, counts on the GPU, no host sync, CUDA-graph capturable)"
+        )
+        return DeviceTransport(group, rank, size, device), why
+    why = (
+        f"CUDA tensors over a {backend} group: the collective path (NCCL all-to-alls, one host "
+        "sync per dispatch); the device path needs a fastcomms nvlink or nccl communicator"
+    )
     return CollectiveTransport(group, rank, size, device), why
+
+
+def _device_bytes(size, max_tokens, hidden, dtype, num_experts):
+    """The largest output of the device transport's exchanges for top-k up to min(E, 8) and
+    rows of the group's dtype: a dispatch's P * M rows of hidden values plus 8 + 8k bytes of
+    metadata, and a combine's M * k rows coming home."""
+    k = min(num_experts, 8)
+    es = torch.empty((), dtype=dtype).element_size()
+    return max(size * max_tokens * (hidden * es + 8 + 8 * k), max_tokens * k * hidden * es, 64)
 
 
 class ExpertParallelGroup(_Scoped):
@@ -221,7 +254,8 @@ class ExpertParallelGroup(_Scoped):
 
     Construction is collective (the ranks check they agree on the sizes); so is every call, in the
     same order on every rank, from one thread at a time. ``transport`` says how rows move
-    ("collective" today; NOTE [moe transport seam]) and ``transport_reason`` why. Tensors returned
+    ("device" or "collective"; NOTE [moe transport seam]) and ``transport_reason`` why. On the
+    device transport a refused dispatch is flagged, not raised: ``check_errors()``. Tensors returned
     are the caller's; the group keeps none of them past a call (async calls keep theirs until
     ``wait()``). ``destroy()`` (or leaving ``with``) ends the group; later calls raise."""
 
@@ -256,7 +290,11 @@ class ExpertParallelGroup(_Scoped):
         self.max_tokens_per_rank = max_tokens_per_rank
         self._where = f"[rank {self.rank}/{self.size}] {who}"
         self._transport, self.transport_reason = _choose_transport(
-            group, self.rank, self.size, self.device
+            group,
+            self.rank,
+            self.size,
+            self.device,
+            _device_bytes(self.size, max_tokens_per_rank, hidden, dtype, num_experts),
         )
         self.transport = self._transport.name
         # every rank's sizes, exchanged before any check that could differ between ranks, so a
@@ -317,6 +355,20 @@ class ExpertParallelGroup(_Scoped):
         )
         T, k = topk_idx.shape
         t = self._transport
+        if t.name == "device":  # NOTE [moe device transport]: no header read on the host
+            pending = t.dispatch(
+                x.detach(),
+                topk_idx,
+                None if topk_weights is None else topk_weights.detach(),
+                wire_dtype,
+                return_scales,
+                P=self.size,
+                L=self.num_local_experts,
+                num_experts=self.num_experts,
+                max_tokens=self.max_tokens_per_rank,
+                capacity=self.max_recv_rows(k),
+            )
+            return self._finish_dispatch(pending, x, topk_weights, return_scales, async_op)
         head, owner, local, mask = t.header(
             topk_idx, self.num_experts, self.max_tokens_per_rank, wire_dtype, k
         )
@@ -337,6 +389,9 @@ class ExpertParallelGroup(_Scoped):
             self.num_local_experts,
             async_op,
         )
+        return self._finish_dispatch(pending, x, topk_weights, return_scales, async_op)
+
+    def _finish_dispatch(self, pending, x, topk_weights, return_scales, async_op):
         x_dtype, L = x.dtype, self.num_local_experts
 
         def finish(result):
@@ -404,30 +459,59 @@ class ExpertParallelGroup(_Scoped):
             )
         return x.contiguous(), idx.contiguous(), None if w is None else w.contiguous()
 
+    def _refuse(self, where, r, status, n, bad, at, k, done):
+        """Raises rank r's refusal (status bits of _moe_collective), if any."""
+        if status & OVERFLOW:
+            # Refused rather than silently wrong: the receive buffers (and recv_x's rows) are
+            # sized from max_tokens_per_rank; more tokens could route past them.
+            at_k = f" (recv_x holds {self.max_recv_rows(k)} rows at k={k})" if k else ""
+            raise ValueError(
+                f"{where}: rank {r} dispatches {n} tokens, more than max_tokens_per_rank="
+                f"{self.max_tokens_per_rank} that the buffers were sized for{at_k}; {done}"
+            )
+        if status & BAD_EXPERT:
+            raise ValueError(
+                f"{where}: rank {r}'s topk_idx names expert {bad} (token {at}), outside "
+                f"[-1, {self.num_experts}); {done}"
+            )
+        if status & DUPLICATE:
+            raise ValueError(
+                f"{where}: rank {r}'s token {at} names expert {bad} twice in its top-k; {done}"
+            )
+
+    def check_errors(self) -> None:
+        """The device transport's refusals (NOTE [moe device refusals]): a dispatch that any
+        rank refused (more tokens than max_tokens_per_rank, an expert id out of range, an expert
+        twice in a token's top-k) sent nothing on every rank and was recorded on the GPU; this
+        reads the record (one host sync, outside graph capture) and raises the first refusal
+        since the last check, the same on every rank, then clears it. The collective transport
+        raises at the call itself; here it does nothing."""
+        where = f"{self._where}.check_errors"
+        self._check_alive(where)
+        t = self._transport
+        if t.name != "device":
+            return
+        status, r, n, bad, at = (int(v) for v in t.flags.tolist())
+        if status:
+            t.flags.zero_()
+            self._refuse(
+                f"{self._where}.dispatch",
+                r,
+                status,
+                n,
+                bad,
+                at,
+                0,
+                "that dispatch sent nothing (an empty dispatch on every rank)",
+            )
+
     def _check_header(self, where, got, k, wire):
         """Every rank's verdict on its own call, as the header exchange brought it: the same
         error on every rank (NOTE [moe collective host sync])."""
         for r in range(self.size):
             status = int(got[r, _H_STATUS])
             n, bad, at = (int(got[r, f]) for f in (_H_TOKENS, _H_BAD, _H_WHERE))
-            if status & OVERFLOW:
-                # Refused rather than silently wrong: the receive buffers (and recv_x's rows) are
-                # sized from max_tokens_per_rank; more tokens could route past them.
-                raise ValueError(
-                    f"{where}: rank {r} dispatches {n} tokens, more than max_tokens_per_rank="
-                    f"{self.max_tokens_per_rank} that the buffers were sized for (recv_x holds "
-                    f"{self.max_recv_rows(k)} rows at k={k}); nothing was sent"
-                )
-            if status & BAD_EXPERT:
-                raise ValueError(
-                    f"{where}: rank {r}'s topk_idx names expert {bad} (token {at}), outside "
-                    f"[-1, {self.num_experts}); nothing was sent"
-                )
-            if status & DUPLICATE:
-                raise ValueError(
-                    f"{where}: rank {r}'s token {at} names expert {bad} twice in its top-k; "
-                    "nothing was sent"
-                )
+            self._refuse(where, r, status, n, bad, at, k, "nothing was sent")
         ks, wires = got[:, _H_K].tolist(), got[:, _H_WIRE].tolist()
         if any(v != k for v in ks) or any(v != WIRE_CODES[wire] for v in wires):
             names = {v: str(d).removeprefix("torch.") for d, v in WIRE_CODES.items()}

@@ -13,6 +13,7 @@ weights, through meta.weights too) against a one-process autograd reference; the
 example's training (examples/moe_layer.py) against its one-process losses. Armed control: the
 combine check must see a reference with one slot's weight moved."""
 
+import contextlib
 import importlib.util
 import os
 
@@ -314,6 +315,158 @@ def _checks(eps, pg, rank, P):
     return n
 
 
+# -- the device transport's routing on CPU (NOTE [moe device transport]) ------------------------
+class _NoHostRead(torch.overrides.TorchFunctionMode):
+    """While on, a torch call that reads a tensor's values on the host or whose output size
+    depends on them (each a device-to-host sync on CUDA) raises: the CPU stand-in for
+    set_sync_debug_mode("error"). ``allow`` is set by the test's host a2av only."""
+
+    BAD = {
+        "item", "tolist", "nonzero", "argwhere", "bincount", "unique", "unique_consecutive",
+        "masked_select", "repeat_interleave", "__bool__", "__int__", "__float__", "__index__",
+    }  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.allow, self.calls = False, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.allow:
+            self.calls += 1
+            index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else ()
+            index = index if isinstance(index, tuple) else (index,)
+            masks = [i for i in index if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+            if name in self.BAD or masks:
+                raise AssertionError(f"device transport: host read of data ({name})")
+        return func(*args, **(kwargs or {}))
+
+
+_GUARD = _NoHostRead()
+
+
+def _host_a2av(pg):
+    """Tests only: the device transport's a2av with the splits read on the host."""
+    import torch.distributed as dist
+
+    def a2av(out, inp, out_splits, in_splits):
+        allow, _GUARD.allow = _GUARD.allow, True
+        try:
+            o, i = [int(v) for v in out_splits.tolist()], [int(v) for v in in_splits.tolist()]
+            dist.all_to_all_single(out[: sum(o)], inp[: sum(i)], o, i, group=pg)
+        finally:
+            _GUARD.allow = allow
+
+    return a2av
+
+
+def _device_twin(ep, pg):
+    """A group like ep whose transport is the device one over the host a2av."""
+    from fastcomms._moe_device import DeviceTransport
+
+    twin = object.__new__(type(ep))  # (copy.copy of a group is the group itself)
+    twin.__dict__.update(ep.__dict__)
+    twin._transport = DeviceTransport(ep.group, ep.rank, ep.size, ep.device, a2av=_host_a2av(pg))
+    twin.transport = "device"
+    return twin
+
+
+def _device_same(ep, dev, case, rank, T, k, dtype, mode, wire=None, scales=False):
+    """Dispatch, combine and the gradients of x and topk_weights: the same bits on both."""
+    E, H = ep.num_experts, ep.hidden
+    x, idx, w = _inputs(case, rank, T, k, E, H, dtype, mode)
+    where = f"[rank {rank}] device case {case} ({mode}, k={k}, T={T}, {dtype}, wire={wire})"
+    res = []
+    for g in (ep, dev):
+        grad = not scales
+        xg, wg = x.clone().requires_grad_(grad), w.clone().requires_grad_(grad)
+        with _GUARD if g is dev else contextlib.nullcontext():  # no host read on the device path
+            recv_x, meta, handle = g.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
+            if scales:
+                res.append((recv_x, meta, None, None, None))
+                continue
+            y = recv_x * (1 + meta.weights).unsqueeze(1).to(dtype)
+            out = g.combine(y, handle)
+            (out.float() * torch.arange(H)).sum().backward()
+        res.append((recv_x, meta, out, xg.grad, wg.grad))
+    (ra, ma, oa, gxa, gwa), (rb, mb, ob, gxb, gwb) = res
+    assert _same(ra, rb), where
+    for f in ("counts", "offsets", "weights", "src", "scales"):
+        a, b = getattr(ma, f), getattr(mb, f)
+        assert (a is None and b is None) or _same(a, b), (where, f)
+    for a, b, name in ((oa, ob, "combine"), (gxa, gxb, "x.grad"), (gwa, gwb, "w.grad")):
+        assert (a is None and b is None) or _same(a, b), (where, name)
+    return 1
+
+
+def _device_checks(eps, pg, rank, P):
+    """The device transport's routing math bit-identical with the collective transport."""
+    bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    devs = {dt: _device_twin(ep, pg) for dt, ep in eps.items()}
+    assert all(
+        ep.transport == "collective" and devs[dt].transport == "device" for dt, ep in eps.items()
+    )
+    n, case = 0, 500 * P
+    modes = ["skew", "drops", "uniform", "drops", "skew", "uniform", "drops", "skew"]
+    dtypes = [f16, f32, bf16]
+    for k in range(1, min(8, eps[f32].num_experts) + 1):
+        case += 1
+        T = 0 if (rank == 0 and k == 2) else 3 + (rank + k) % 6  # a rank with no tokens
+        dt = dtypes[k % 3]
+        n += _device_same(eps[dt], devs[dt], case, rank, T, k, dt, modes[k - 1])
+    n += _device_same(eps[f32], devs[f32], case + 1, rank, 4, 2, f32, "all-dropped")
+    n += _device_same(
+        eps[bf16], devs[bf16], case + 2, rank, 8, 3, bf16, "drops", wire=torch.float8_e4m3fn
+    )
+    n += _device_same(
+        eps[f16], devs[f16], case + 3, rank, 5, 2, f16, "skew", wire=torch.float8_e5m2
+    )
+    n += _device_same(
+        eps[bf16],
+        devs[bf16],
+        case + 4,
+        rank,
+        6,
+        2,
+        bf16,
+        "drops",
+        wire=torch.float8_e4m3fn,
+        scales=True,
+    )
+    assert _GUARD.calls > 100 * n, _GUARD.calls  # the guard saw the device path's torch calls
+    # armed control: the guard sees a host read (and a boolean-mask index)
+    for bad_read in (lambda t: t.tolist(), lambda t: t[t > 0], lambda t: t.nonzero()):
+        with pytest.raises(AssertionError, match="host read of data"), _GUARD:
+            bad_read(torch.ones(3))
+    # refusals: every rank gets an empty dispatch and check_errors raises the same on each
+    ep, dev = eps[f32], devs[f32]
+    E, H, m = ep.num_experts, ep.hidden, ep.max_tokens_per_rank
+    x = torch.randn(m, H)
+    idx = torch.zeros(m, 2, dtype=torch.int64)
+    idx[:, 1] = 1
+    bad = idx.clone()
+    if rank == P - 1:
+        bad[2, 1] = E
+    dup = idx.clone()
+    if rank == 0:
+        dup[3] = 1
+    big = torch.zeros(m + 3, H)
+    over = (big, torch.zeros(m + 3, 2, dtype=torch.int64) + idx[:1]) if rank == 1 else (x, idx)
+    for args, msg in (
+        ((x, bad), rf"rank {P - 1}'s topk_idx names expert {E} \(token 2\)"),
+        ((x, dup), r"rank 0's token 3 names expert 1 twice"),
+        (over, rf"rank 1 dispatches {m + 3} tokens, more than max_tokens_per_rank={m}"),
+    ):
+        recv_x, meta, handle = dev.dispatch(*args)
+        assert int(meta.counts.sum()) == 0 and not recv_x.any()
+        assert not dev.combine(recv_x, handle).any()
+        with pytest.raises(ValueError, match=msg + ".*that dispatch sent nothing"):
+            dev.check_errors()
+        dev.check_errors()  # cleared
+    n += _device_same(ep, dev, case + 5, rank, 5, 2, f32, "uniform")  # usable after
+    return n
+
+
 def moe_world(comm, rank, size):
     """Run by conftest's world fixture: comm is a gloo communicator over the world, beside
     torch.distributed's gloo default group."""
@@ -338,6 +491,7 @@ def moe_world(comm, rank, size):
                     eps[dt] = ExpertParallelGroup(g, E, 16, max_tokens_per_rank=8, dtype=dt)
                 checks += _checks(eps, pg, rank, P)
                 checks += _refusals(eps[torch.float32], rank, P)
+                checks += _device_checks(eps, pg, rank, P)
                 checks += _grad_case(eps[torch.float64], 7 + P, rank, P, lambda r: 4 + r % 2 * 3)
             assert ep.transport == "destroyed"
             with pytest.raises(ValueError, match="the group was destroyed"):

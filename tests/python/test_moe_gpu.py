@@ -8,8 +8,10 @@ gradients; the refusals; and the example's training on CUDA against its one-proc
 
 One GPU: a world of one (every expert local; the CUDA code of the path). Two or more GPUs: worlds
 of 2, 4 and 8 where there are that many (NCCL refuses two ranks on one GPU, so the MPS route of
-test_ulysses_gpu.py does not apply to the collective path). The NVLink device path (no host
-sync, CUDA graphs) is not built yet (issue 52); its tests come with it."""
+test_ulysses_gpu.py does not apply to the collective path). Groups over the fastcomms nccl
+communicator take the device transport (its ranks share a host); torch's NCCL group keeps the
+collective one: both are checked against gloo here. The device transport's own tier (no host
+sync, CUDA graphs, MPS ranks on one GPU) is test_moe_device_gpu.py."""
 
 import datetime
 import os
@@ -104,7 +106,14 @@ def _worker(rank, size, path, errq):
                 ExpertParallelGroup(nccl, E, H, **kw),
                 ExpertParallelGroup(None, E, H, **kw),
             ):
-                assert gpu_ep.device == dev and gpu_ep.transport == "collective"
+                # the fastcomms nccl communicator of ranks on one host takes the device
+                # transport (test_moe_device_gpu.py), torch's NCCL group the collective one
+                # (or the collective one where the device all-to-all-v's setup refused: it says so)
+                ours = isinstance(gpu_ep.group, fastcomms.TorchComm)
+                want = (
+                    "device" if ours and "refused" not in gpu_ep.transport_reason else "collective"
+                )
+                assert gpu_ep.device == dev and gpu_ep.transport == want, gpu_ep.transport_reason
                 for k, mode in ((1, "uniform"), (2, "skew"), (4, "drops"), (8, "uniform")):
                     T = 0 if (rank == size - 1 and k == 4) else 40 + rank
                     checks += _compare(cpu_ep, gpu_ep, 10 * k, rank, size, T, k, dt, mode)
@@ -116,7 +125,7 @@ def _worker(rank, size, path, errq):
             ExpertParallelGroup(gloo, E, H, **kw), ExpertParallelGroup(nccl, E, H, **kw), rank
         )
         # a refusal on CUDA raises on every rank, and the group works after it
-        ep = ExpertParallelGroup(nccl, E, H, max_tokens_per_rank=4, dtype=f32)
+        ep = ExpertParallelGroup(None, E, H, max_tokens_per_rank=4, dtype=f32)
         n = 7 if rank == 0 else 4
         with pytest.raises(
             ValueError, match=r"rank 0 dispatches 7 tokens, more than max_tokens_per_rank=4"
@@ -124,6 +133,20 @@ def _worker(rank, size, path, errq):
             ep.dispatch(
                 torch.ones(n, H, device=dev), torch.zeros(n, 1, dtype=torch.long, device=dev)
             )
+        # the device transport: an empty dispatch everywhere, raised by check_errors()
+        dev_ep = ExpertParallelGroup(nccl, E, H, max_tokens_per_rank=4, dtype=f32)
+        try:
+            recv_x, meta, handle = dev_ep.dispatch(
+                torch.ones(n, H, device=dev), torch.zeros(n, 1, dtype=torch.long, device=dev)
+            )
+        except ValueError:
+            assert dev_ep.transport == "collective"  # that one raises at the call
+        if dev_ep.transport == "device":
+            assert int(meta.counts.sum()) == 0
+            with pytest.raises(
+                ValueError, match=r"rank 0 dispatches 7 tokens, more than max_tokens_per_rank=4"
+            ):
+                dev_ep.check_errors()
         x = torch.randn(4, H, device=dev)
         recv_x, meta, handle = ep.dispatch(x, torch.zeros(4, 1, dtype=torch.long, device=dev))
         assert torch.equal(ep.combine(recv_x, handle), x)

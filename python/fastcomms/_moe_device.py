@@ -1,0 +1,369 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""The device transport of ``fastcomms.moe`` (docs/moe.md): MoE dispatch and combine with the
+routing planned on the GPU and every count exchanged on the GPU through
+``device_alltoallv_single`` (issue 52). No host sync in dispatch, combine or their backwards;
+every tensor has a shape fixed by (tokens, k, the group's sizes), so both calls capture in a CUDA
+graph and replay with new routing written into the same ``topk_idx``.
+
+NOTE [moe device transport]: the same three moves as the collective transport (NOTE [moe
+transport seam]) with the same results bit for bit (rows, their order, meta, the combine's
+operands), computed without reading a value on the host:
+- home side: a token's destination ranks as a (P, T) mask; the rows to send are packed by
+  destination then token (the collective's ``mask.nonzero()`` order) with a prefix sum and a
+  scatter into a send buffer of the fixed size T * min(k, P); per-row metadata (source position,
+  FP8 scale, k local expert ids, k weights) travels in the row's bytes, as on the collective path;
+- counts: one all-to-all of a fixed (P, 5) int64 header (count, status, tokens, bad expert, token)
+  through ``device_alltoallv_single`` with constant splits of one row each (the equal-split
+  all-to-all, capturable); every rank thus sees every rank's verdict on its own routing;
+- rows: ``device_alltoallv_single`` of the packed rows into a receive buffer of P *
+  max_tokens_per_rank rows (a token reaches a rank at most once);
+- expert side: the received (token, slot) pairs, keyed by local expert (L for none), stably
+  sorted: the first ``capacity`` entries are the rows grouped by expert, within an expert by
+  source rank, source position, slot (NOTE [moe row order]); counts are a scatter_add of ones;
+- combine: the reverse path, the rows sent back in arrival order and put into their home slots by
+  the permutation the collective's ``slot_order`` is.
+Rows past the ones in use are masked on the GPU (bytes times 0/1), so they hold what the
+collective transport's hold (zeros; src -1).
+
+NOTE [moe device refusals]: a refusal (more tokens than max_tokens_per_rank, an expert id out of
+range, an expert twice in a token's top-k) cannot raise at the call without reading the routing
+on the host. Instead the rank's verdict travels in the counts header; if any rank refused, every
+rank sends and receives nothing in that call (the result is an empty dispatch, a combine of
+zeros) and records the first refusal in ``flags`` (on the GPU, the same on every rank).
+``ExpertParallelGroup.check_errors()`` reads it (one host sync, where the caller chooses) and
+raises the collective transport's message on every rank. The token count is a shape, so the
+overflow verdict is made on the host without a sync, but it travels the same way so that no rank
+raises alone while its peers wait in the exchange.
+
+The routing math below is a set of pure functions over an injected ``a2av(out, inp, out_splits,
+in_splits)``: the GPU path passes ``device_alltoallv_single``; the CPU test passes an
+all_to_all_single that reads the splits on the host (tests only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW, _Pending
+
+# counts header fields, one int64 each, per (sender, receiver)
+_D_COUNT, _D_STATUS, _D_TOKENS, _D_BAD, _D_WHERE = range(5)
+_DHEADER = 5
+# flags: status, the refusing rank, its tokens, the bad expert, the token
+FLAGS = 5
+
+
+def _keep_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """t with the rows where keep is False set to zero bytes (bit-exact: no arithmetic on the
+    values)."""
+    n = t.shape[0]
+    if n == 0 or t.numel() == 0:
+        return t
+    b = t.contiguous().view(torch.uint8).reshape(n, -1)
+    b = b * keep.to(torch.uint8).unsqueeze(1)
+    return b.view(t.dtype).reshape(t.shape)
+
+
+def _pick(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """t[i] along dim 0 for a 0-dim index tensor, without indexing by a tensor scalar (which
+    may be read on the host)."""
+    return t.index_select(0, i.reshape(1)).squeeze(0)
+
+
+def _rows_of(t: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """t's rows at index as their bytes (any dtype, FP8 too), rows where keep is False zero."""
+    b = t.contiguous().view(torch.uint8).reshape(t.shape[0], -1).index_select(0, index)
+    if b.numel():
+        b = b * keep.to(torch.uint8).unsqueeze(1)
+    return b.view(t.dtype).reshape(index.shape[0], *t.shape[1:])
+
+
+def _arange(n, device):
+    return torch.arange(n, device=device)
+
+
+@dataclasses.dataclass
+class DevicePlan:
+    """The device transport's routing, every field a tensor of a fixed shape (the dispatch
+    handle's contents). ``tokens``, ``k``, ``capacity`` and ``owner`` are what the group reads."""
+
+    tokens: int
+    k: int
+    capacity: int
+    recv_rows: int  # R = P * max_tokens_per_rank
+    owner: torch.Tensor  # (T, k) rank of each slot's expert, -1 dropped (or nothing sent)
+    # home side
+    send_tok: torch.Tensor  # (S,) token of each packed row (S = T * min(k, P))
+    send_splits: torch.Tensor  # (P,) int64 rows sent to each peer
+    slot_order: torch.Tensor  # (T * k,) flat slots in the order gather's rows come back
+    back_splits: torch.Tensor  # (P,) rows gather receives from each peer
+    back_keep: torch.Tensor  # (T * k,) bool: rows of gather's receive buffer in use
+    # expert side
+    recv_splits: torch.Tensor  # (P,) tokens received from each peer
+    row_tok: torch.Tensor  # (capacity,) received token of each grouped row
+    row_slot: torch.Tensor  # (capacity,) its slot at home
+    row_keep: torch.Tensor  # (capacity,) bool: rows in use
+    back_rows: torch.Tensor  # (capacity,) grouped rows in arrival order (gather's send)
+    rows_from: torch.Tensor  # (P,) grouped rows per source rank (gather's send splits)
+
+
+def verdict(idx, num_experts, max_tokens):
+    """(status, bad, where) as 0-dim int64 tensors on idx's device: the collective transport's
+    verdict on idx (NOTE [moe collective host sync]) without a host read."""
+    T, k = idx.shape
+    dev = idx.device
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    status = zero + (OVERFLOW if T > max_tokens else 0)  # a shape: no sync
+    if T == 0:
+        return status, zero, zero - 1
+    out = ((idx < -1) | (idx >= num_experts)).flatten()
+    any_bad = out.any()
+    first = out.to(torch.int32).argmax().long()  # the first True (argmax: first maximum)
+    bad = torch.where(any_bad, _pick(idx.flatten(), first), zero)
+    where = torch.where(any_bad, first // k, zero - 1)
+    status = status | torch.where(any_bad, BAD_EXPERT, 0)
+    if k > 1:
+        s = idx.sort(dim=1).values
+        eq = s[:, 1:] == s[:, :-1]
+        dup = (eq & (s[:, 1:] >= 0)).any(1)
+        any_dup = dup.any() & ~any_bad
+        t = dup.to(torch.int32).argmax().long()
+        i = _pick(eq, t).to(torch.int32).argmax().long()
+        status = status | torch.where(any_dup, DUPLICATE, 0)
+        bad = torch.where(any_dup, _pick(_pick(s, t)[1:], i), bad)
+        where = torch.where(any_dup, t, where)
+    return status, bad, where
+
+
+def plan_home(idx, P, L, num_experts):
+    """Home side of a dispatch: (owner, local, mask (P, T), send_tok (S,), send_dest (S,),
+    send_counts (P,))."""
+    T, k = idx.shape
+    dev = idx.device
+    valid = (idx >= 0) & (idx < num_experts)
+    owner = torch.where(valid, idx.div(L, rounding_mode="floor"), -1)
+    local = torch.where(valid, idx.remainder(L), -1)
+    mask = (owner.unsqueeze(0) == _arange(P, dev).view(P, 1, 1)).any(2)  # (P, T)
+    send_counts = mask.sum(1)
+    S = T * min(k, P)
+    flat = mask.flatten()
+    pos = torch.where(flat, flat.cumsum(0) - 1, S)  # packed position, or the discard row S
+    ids = _arange(P * T, dev)
+    send_tok = torch.zeros(S + 1, dtype=torch.int64, device=dev).scatter_(0, pos, ids % max(T, 1))
+    send_dest = torch.zeros(S + 1, dtype=torch.int64, device=dev).scatter_(0, pos, ids // max(T, 1))
+    return owner, local, mask, send_tok[:S], send_dest[:S], send_counts
+
+
+def exchange_counts(a2av, head):
+    """(P, n) int64 per peer -> (P, n) from each peer: equal splits of one row."""
+    P = head.shape[0]
+    ones = torch.ones(P, dtype=torch.int64, device=head.device)
+    out = torch.empty_like(head)
+    a2av(out, head.contiguous(), ones, ones)
+    return out
+
+
+def dispatch(
+    a2av,
+    x,
+    idx,
+    weights,
+    wire,
+    return_scales,
+    *,
+    P,
+    L,
+    num_experts,
+    max_tokens,
+    capacity,
+    flags=None,
+):
+    """The whole dispatch on the device: (recv_x, counts, row weights, src, row scales or None,
+    plan). ``flags`` (FLAGS,) int64, updated in place with the first refusal (NOTE [moe device
+    refusals])."""
+    T, k = idx.shape
+    dev, H, value_dtype = x.device, x.shape[1], x.dtype
+    R = P * max_tokens
+    status, bad, where = verdict(idx, num_experts, max_tokens)
+    owner, local, mask, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
+    head = torch.stack(
+        [
+            send_counts,
+            status.expand(P),
+            torch.full_like(send_counts, T),
+            bad.expand(P),
+            where.expand(P),
+        ],
+        dim=1,
+    )
+    got = exchange_counts(a2av, head)
+    refused = got[:, _D_STATUS] != 0
+    ok = ~refused.any()
+    if flags is not None:
+        r = refused.to(torch.int32).argmax().long()
+        row = _pick(got, r)
+        new = torch.stack([row[_D_STATUS], r, row[_D_TOKENS], row[_D_BAD], row[_D_WHERE]])
+        flags.copy_(torch.where(flags[0] != 0, flags, torch.where(ok, flags, new)))
+    send_splits = send_counts * ok
+    recv_splits = got[:, _D_COUNT] * ok
+    owner = torch.where(ok, owner, -1)
+    # the packed rows (the collective transport's bytes)
+    scales = torch.zeros(T, dtype=torch.float32, device=dev)
+    if wire is not None:
+        from . import _C
+
+        q = torch.empty(x.shape, dtype=wire, device=dev)
+        _C._fp8_quantize(x, q, scales)  # NOTE [fp8 wire]
+        x = q
+    row_bytes = H * x.element_size()
+    data = x.view(torch.uint8).reshape(T, row_bytes).index_select(0, send_tok)
+    loc = torch.where(owner[send_tok] == send_dest.unsqueeze(1), local[send_tok], -1)
+    w = weights.float() if weights is not None else torch.ones((T, k), device=dev)
+    meta = torch.cat(
+        [
+            send_tok.to(torch.int32).unsqueeze(1),
+            scales[send_tok].view(torch.int32).unsqueeze(1),
+            loc.to(torch.int32),
+            w[send_tok].contiguous().view(torch.int32),
+        ],
+        dim=1,
+    )
+    send = torch.cat([data, meta.view(torch.uint8)], dim=1)
+    recv = torch.empty((R, send.shape[1]), dtype=torch.uint8, device=dev)
+    a2av(recv, send, recv_splits, send_splits)
+    # home side of the way back: by owner rank, then flat slot t * k + j
+    back = torch.where(owner >= 0, owner, P).flatten()
+    slot_order = back.argsort(stable=True)
+    back_all = torch.zeros(P + 1, dtype=torch.int64, device=dev).scatter_add_(
+        0, back, torch.ones_like(back)
+    )
+    back_splits = back_all[:P]
+    back_keep = _arange(T * k, dev) < back_splits.sum()
+    # expert side
+    row_ok = _arange(R, dev) < recv_splits.sum()
+    src_rank = torch.searchsorted(recv_splits.cumsum(0), _arange(R, dev), right=True)
+    src_rank = src_rank.clamp(max=P - 1)
+    m = recv[:, row_bytes:].contiguous().view(torch.int32)
+    pos, sc, rloc = m[:, 0].long(), m[:, 1].view(torch.float32), m[:, 2 : 2 + k]
+    rw = m[:, 2 + k :].view(torch.float32)
+    pair_ok = (rloc >= 0) & (rloc < L) & row_ok.unsqueeze(1)
+    key = torch.where(pair_ok, rloc.long(), L).flatten()  # (R * k)
+    perm = key.argsort(stable=True)  # NOTE [moe row order]
+    grouped = perm[:capacity]
+    per_expert = torch.zeros(L + 1, dtype=torch.int64, device=dev).scatter_add_(
+        0, key, torch.ones_like(key)
+    )
+    counts = per_expert[:L].to(torch.int32)
+    total = per_expert[:L].sum()
+    row_keep = _arange(capacity, dev) < total
+    row_tok = torch.where(row_keep, grouped // k, 0)
+    row_slot = torch.where(row_keep, grouped % k, 0)
+    inv = torch.empty_like(perm).scatter_(0, perm, _arange(perm.shape[0], dev))
+    arrival = (~pair_ok).flatten().to(torch.int8).argsort(stable=True)[:capacity]
+    back_rows = torch.where(row_keep, inv[arrival], 0)
+    rows_from = torch.zeros(P, dtype=torch.int64, device=dev).scatter_add_(
+        0, src_rank, pair_ok.sum(1)
+    )
+    plan = DevicePlan(
+        tokens=T,
+        k=k,
+        capacity=capacity,
+        recv_rows=R,
+        owner=owner,
+        send_tok=send_tok,
+        send_splits=send_splits,
+        slot_order=slot_order,
+        back_splits=back_splits,
+        back_keep=back_keep,
+        recv_splits=recv_splits,
+        row_tok=row_tok,
+        row_slot=row_slot,
+        row_keep=row_keep,
+        back_rows=back_rows,
+        rows_from=rows_from,
+    )
+    tok = recv[:, :row_bytes].contiguous().view(x.dtype)  # (R, H) as sent
+    if wire is not None and not return_scales:
+        from . import _C
+
+        deq = torch.empty(tok.shape, dtype=value_dtype, device=dev)
+        _C._fp8_dequantize(tok, sc.contiguous(), deq)
+        tok = deq
+    recv_x = _rows_of(tok, row_tok, row_keep)
+    row_w = torch.where(row_keep, rw[row_tok, row_slot], 0.0)
+    src = torch.stack([src_rank[row_tok], pos[row_tok]], 1)
+    src = torch.where(row_keep.unsqueeze(1), src, -1)
+    row_scales = None
+    if wire is not None and return_scales:
+        row_scales = torch.where(row_keep, sc[row_tok], 0.0)
+    return recv_x, counts, row_w, src, row_scales, plan
+
+
+def gather(a2av, y, plan: DevicePlan):
+    """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
+    C = y.shape[1]
+    width = C * y.element_size()
+    send = y.contiguous().view(torch.uint8).reshape(y.shape[0], width)
+    send = send.index_select(0, plan.back_rows)
+    n = plan.tokens * plan.k
+    recv = torch.empty((n, width), dtype=torch.uint8, device=y.device)
+    a2av(recv, send, plan.back_splits, plan.rows_from)
+    full = torch.zeros_like(recv).index_copy_(0, plan.slot_order, _keep_rows(recv, plan.back_keep))
+    return full.view(y.dtype).view(plan.tokens, plan.k, C)
+
+
+def scatter(a2av, z, values, plan: DevicePlan):
+    """Per-token rows z (T, C) and per-slot values (T, k) -> (capacity, C) rows in z's dtype and
+    (capacity,) float32 values, zeros past the rows in use."""
+    C = z.shape[1]
+    width = C * z.element_size()
+    S = plan.send_tok.shape[0]
+    rows = z.contiguous().view(torch.uint8).reshape(z.shape[0], width)
+    rows = rows.index_select(0, plan.send_tok)
+    vals = values.float().index_select(0, plan.send_tok).contiguous().view(torch.uint8)
+    send = torch.cat([rows, vals.reshape(S, 4 * plan.k)], dim=1)
+    recv = torch.empty((plan.recv_rows, send.shape[1]), dtype=torch.uint8, device=z.device)
+    a2av(recv, send, plan.recv_splits, plan.send_splits)
+    data = recv[:, :width].contiguous().view(z.dtype)
+    out = _rows_of(data, plan.row_tok, plan.row_keep)
+    v = recv[:, width:].contiguous().view(torch.float32)
+    row_v = torch.where(plan.row_keep, v[plan.row_tok, plan.row_slot], 0.0)
+    return out, row_v
+
+
+class DeviceTransport:
+    """The transport seam's device class (NOTE [moe device transport]): ``a2av`` moves rows
+    (default: the communicator's ``device_alltoallv_single``, synchronous on the caller's
+    stream)."""
+
+    name = "device"
+
+    def __init__(self, group, rank, size, device, a2av=None):
+        self.group, self.rank, self.size, self.device = group, rank, size, device
+        if a2av is None:
+
+            def a2av(out, inp, out_splits, in_splits):
+                group.device_alltoallv_single(out, inp, out_splits, in_splits, False)
+
+        self.a2av = a2av
+        self.flags = torch.zeros(FLAGS, dtype=torch.int64, device=device)
+
+    def exchange_header(self, rows: torch.Tensor) -> torch.Tensor:
+        """The construction's agreement check (eager, host read allowed)."""
+        return exchange_counts(self.a2av, rows.to(self.device)).cpu()
+
+    def dispatch(self, x, idx, weights, wire, return_scales, **sizes):
+        result = dispatch(
+            self.a2av, x, idx, weights, wire, return_scales, flags=self.flags, **sizes
+        )
+        return _Pending([], lambda: result)
+
+    def gather(self, y, plan, async_op):
+        rows = gather(self.a2av, y, plan)
+        return _Pending([], lambda: rows)
+
+    def scatter(self, z, values, plan, async_op):
+        result = scatter(self.a2av, z, values, plan)
+        return _Pending([], lambda: result)

@@ -1,0 +1,214 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""GPU tier of fastcomms.moe's device transport (issue 53; NOTE [moe device transport] in
+python/fastcomms/_moe_device.py): 2 and 4 ranks sharing GPU 0 as MPS clients, on nvlink
+communicators whose inner NCCL communicator is never made (hint nvlink.lazy_nccl: NCCL refuses
+two ranks on one GPU), so the group takes the device transport (device_alltoallv_single).
+
+Every result is compared bit for bit with the collective transport on the same data (the same
+calls on CPU over torch's gloo group of the same ranks; test_moe.py holds that one to a
+torch.distributed.all_to_all_single reference): rows, counts, offsets, weights, sources, FP8 rows
+and scales, the combine, and the gradients of x and topk_weights; uniform, skewed and dropped
+routing, k = 1, 2, 4, 8, a rank with no tokens. No host sync: dispatch and combine run under
+``torch.cuda.set_sync_debug_mode("error")``, whose armed control (a ``.tolist()`` of the counts)
+must raise. A CUDA graph captures one dispatch + expert + combine and is replayed with new routing
+copied into the same topk tensors, each replay against the collective transport. A refusal (an
+expert id out of range) gives an empty dispatch on every rank and check_errors() raises it on
+every rank. Skipped (saying why) without CUDA, MPS or an nvlink build."""
+
+import datetime
+import traceback
+
+import pytest
+import torch
+from conftest import _hang_guard, init_rank, spawn
+from test_ulysses_gpu import mps_daemon  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh; ranks as MPS clients)",
+)
+
+
+def _comm(rank, size, path):
+    import fastcomms
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    store = init_rank(rank, size, path)  # torch.distributed over gloo: the reference
+    comm = fastcomms.new_comm(
+        "nvlink",
+        torch.device("cuda", 0),
+        "moedev",
+        store=dist.PrefixStore("fc", store),
+        timeout=datetime.timedelta(seconds=60),
+        hints={"nvlink.lazy_nccl": "1"},
+    )
+    return store, comm
+
+
+def _run(ep, x, idx, w, wire=None, scales=False, grad=True):
+    """dispatch, a row-wise expert using meta.weights, combine, and a backward: every result."""
+    H, dt = ep.hidden, x.dtype
+    grad = grad and not scales  # (FP8 rows kept: not differentiable)
+    xg = x.clone().requires_grad_(grad)
+    wg = w.clone().requires_grad_(grad)
+    recv_x, meta, handle = ep.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
+    res = {"recv_x": recv_x, "scales": meta.scales}
+    for f in ("counts", "offsets", "weights", "src"):
+        res[f] = getattr(meta, f)
+    if not scales:
+        y = recv_x * (1 + meta.weights).unsqueeze(1).to(dt)
+        out = ep.combine(y, handle)
+        res["out"] = out
+        if grad:
+            (out.float() * torch.arange(H, device=out.device)).sum().backward()
+            res["x.grad"], res["w.grad"] = xg.grad, wg.grad
+    return {k: (v.detach().cpu() if v is not None else None) for k, v in res.items()}
+
+
+def _compare(a, b, where):
+    from test_moe import _same
+
+    assert a.keys() == b.keys(), where
+    for k in a:
+        assert (a[k] is None and b[k] is None) or _same(a[k], b[k]), (where, k)
+
+
+def _exact_worker(rank, size, path, errq):
+    _hang_guard()
+    try:
+        import torch.distributed as dist
+        from fastcomms.moe import ExpertParallelGroup
+        from test_moe import _inputs
+
+        store, comm = _comm(rank, size, path)
+        dev = torch.device("cuda", 0)
+        E, H, M, checks = 16, 64, 48, 0
+        bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+        for dt in (bf16, f16, f32):
+            gpu = ExpertParallelGroup(comm, E, H, max_tokens_per_rank=M, dtype=dt)
+            cpu = ExpertParallelGroup(dist.group.WORLD, E, H, max_tokens_per_rank=M, dtype=dt)
+            assert gpu.transport == "device", gpu.transport_reason
+            assert cpu.transport == "collective"
+            cases = [(1, "uniform"), (2, "skew"), (4, "drops"), (8, "uniform"), (8, "skew")]
+            for i, (k, mode) in enumerate(cases):
+                T = 0 if (rank == size - 1 and k == 4) else 30 + rank
+                x, idx, w = _inputs(200 + i, rank, T, k, E, H, dt, mode)
+                where = f"[rank {rank}/{size}] {dt} k={k} {mode} T={T}"
+                a = _run(cpu, x, idx, w)
+                b = _run(gpu, x.to(dev), idx.to(dev), w.to(dev))
+                _compare(a, b, where)
+                checks += 1
+            if dt != f32:
+                for wire in (torch.float8_e4m3fn, torch.float8_e5m2):
+                    x, idx, w = _inputs(300, rank, 37, 3, E, H, dt, "drops")
+                    for scales in (False, True):
+                        a = _run(cpu, x, idx, w, wire, scales)
+                        b = _run(gpu, x.to(dev), idx.to(dev), w.to(dev), wire, scales)
+                        _compare(a, b, f"[rank {rank}] FP8 {wire} return_scales={scales}")
+                        checks += 1
+            gpu.check_errors()  # nothing flagged
+        # a refusal: an empty dispatch on every rank, raised by check_errors on every rank
+        ep = ExpertParallelGroup(comm, E, H, max_tokens_per_rank=M, dtype=f32)
+        idx = torch.zeros(8, 2, dtype=torch.int64, device=dev)
+        idx[:, 1] = 1
+        if rank == size - 1:
+            idx[2, 1] = E
+        recv_x, meta, handle = ep.dispatch(torch.randn(8, H, device=dev), idx)
+        assert int(meta.counts.sum()) == 0
+        with pytest.raises(ValueError, match=rf"rank {size - 1}'s topk_idx names expert {E}"):
+            ep.check_errors()
+        comm.finalize()
+        print(f"[rank {rank}/{size}] moe device transport: {checks} cases bit-exact")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def _graph_worker(rank, size, path, errq):
+    """No host sync in dispatch + combine (sync debug mode, armed control), then one CUDA graph
+    captured and replayed with new routing copied into the same topk tensors."""
+    _hang_guard()
+    try:
+        import torch.distributed as dist
+        from fastcomms.moe import ExpertParallelGroup
+        from test_moe import _inputs
+
+        store, comm = _comm(rank, size, path)
+        dev = torch.device("cuda", 0)
+        E, H, M, T, k, dt = 16, 128, 64, 64, 4, torch.bfloat16
+        gpu = ExpertParallelGroup(comm, E, H, max_tokens_per_rank=M, dtype=dt)
+        cpu = ExpertParallelGroup(dist.group.WORLD, E, H, max_tokens_per_rank=M, dtype=dt)
+        assert gpu.transport == "device", gpu.transport_reason
+
+        def step(x, idx, w):
+            recv_x, meta, handle = gpu.dispatch(x, idx, w)
+            y = recv_x * (1 + meta.weights).unsqueeze(1).to(dt)
+            return recv_x, meta.counts, gpu.combine(y, handle)
+
+        x, idx, w = (t.to(dev) for t in _inputs(400, rank, T, k, E, H, dt, "uniform"))
+        step(x, idx, w)  # eager warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(2):
+                recv_x, counts, out = step(x, idx, w)
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                counts.tolist()  # the control: a host read of the counts
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        _compare(
+            _run(cpu, *(t.cpu() for t in (x, idx, w)), grad=False),
+            _run(gpu, x, idx, w, grad=False),
+            "eager under sync debug mode",
+        )
+        # the graph: static inputs, routing replaced between replays
+        with torch.no_grad():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                step(x, idx, w)  # warm-up on the capture's side stream
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                g_recv, g_counts, g_out = step(x, idx, w)
+            for i, mode in enumerate(("skew", "drops", "uniform", "skew")):
+                x2, idx2, w2 = _inputs(500 + i, rank, T, k, E, H, dt, mode)
+                x.copy_(x2)
+                idx.copy_(idx2)
+                w.copy_(w2)
+                g.replay()
+                torch.cuda.synchronize()
+                want = _run(cpu, x2, idx2, w2, grad=False)
+                n = int(want["offsets"][-1])
+                from test_moe import _same
+
+                where = f"[rank {rank}/{size}] replay {i} ({mode})"
+                assert _same(g_recv.cpu()[:n], want["recv_x"][:n]), where
+                assert torch.equal(g_counts.cpu(), want["counts"]), where
+                assert _same(g_out.cpu(), want["out"]), where
+        gpu.check_errors()
+        comm.finalize()
+        print(f"[rank {rank}/{size}] moe device: no host sync; graph replayed 4 routings exactly")
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def _needs_nvlink():
+    import fastcomms
+
+    if not fastcomms.is_backend_built("nvlink"):
+        pytest.skip("this build has no nvlink backend")
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_moe_device_bit_exact(mps_daemon, size):  # noqa: F811
+    _needs_nvlink()
+    spawn(_exact_worker, size, timeout=300)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_moe_device_no_sync_and_graph(mps_daemon, size):  # noqa: F811
+    _needs_nvlink()
+    spawn(_graph_worker, size, timeout=300)

@@ -1,0 +1,187 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""fastcomms.moe dispatch and combine (issue 53) on its figure's shape: 4096 tokens x 4096
+hidden bf16 per rank, top-8 of 64 experts, uniform routing (k distinct experts at random) and
+skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
+
+- ``device dispatch`` / ``device combine``: a group over a fastcomms nvlink communicator (the
+  device transport: NOTE [moe device transport], no host sync); ``device graph``: one dispatch +
+  combine captured in a CUDA graph and replayed (launch cost gone);
+- ``collective dispatch`` / ``collective combine``: a group over torch's NCCL default group (the
+  collective transport: NCCL all-to-alls, one host sync per dispatch); needs one GPU per rank
+  (NCCL refuses ranks sharing a GPU), else printed as skipped with the reason.
+
+Before timing, the device transport's rows and combine are compared bit for bit with the
+collective transport's where both run. Rounds interleave the variants; each round times
+``--iters`` calls with CUDA events after a host barrier; medians of the rounds after one warm-up
+round, the slowest rank's. Ranks are spawned on GPU rank % device_count; with ranks sharing one
+GPU run it under tools/gpu/mps.sh (every figure is then an HBM copy, not a link figure). A
+benchmark, not a test. Prints an ``env`` line, then one JSON line per (routing, variant).
+
+Usage: python3 tools/gpu/bench_moe.py [--nproc 2] [--rounds 7] [--iters 10] [--tokens 4096]
+       [--hidden 4096] [--experts 64] [--topk 8]"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+from _bench_common import print_env, spawn_ranks
+
+
+def _routing(kind, tokens, experts, k, gen):
+    if kind == "uniform":
+        return torch.rand(tokens, experts, generator=gen).argsort(1)[:, :k]
+    w = 1.0 / (torch.arange(experts, dtype=torch.float64) + 1)
+    return torch.multinomial(w.expand(tokens, experts), k, replacement=False, generator=gen)
+
+
+def _timed(fn, iters, barrier):
+    barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters  # µs per call
+
+
+def _rank(rank, world, path, args, outq):
+    import fastcomms
+    from fastcomms.moe import ExpertParallelGroup
+
+    ngpu = torch.cuda.device_count()
+    shared = ngpu < world  # ranks share GPUs: MPS clients, no NCCL
+    torch.cuda.set_device(rank % ngpu)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    store = dist.FileStore(path, world)
+    backend = "gloo" if shared else "nccl"
+    kw = {} if shared else {"device_id": dev}
+    dist.init_process_group(
+        backend, store=dist.PrefixStore("torch", store), rank=rank, world_size=world, **kw
+    )
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(world)
+    comm = fastcomms.new_comm(
+        "nvlink",
+        dev,
+        "bench_moe",
+        store=dist.PrefixStore("fc", store),
+        timeout=datetime.timedelta(seconds=120),
+        hints={"nvlink.lazy_nccl": "1"} if shared else None,
+    )
+    ctrl = dist.new_group(backend="gloo") if not shared else None
+
+    def barrier():
+        torch.cuda.synchronize()
+        dist.barrier(group=ctrl)
+
+    T, H, E, k, dt = args.tokens, args.hidden, args.experts, args.topk, torch.bfloat16
+    groups = {"device": ExpertParallelGroup(comm, E, H, max_tokens_per_rank=T, dtype=dt)}
+    assert groups["device"].transport == "device", groups["device"].transport_reason
+    skipped = {}
+    if shared:
+        why = "ranks share a GPU: NCCL refuses duplicate GPUs"
+        skipped["collective dispatch"] = skipped["collective combine"] = why
+    else:
+        groups["collective"] = ExpertParallelGroup(None, E, H, max_tokens_per_rank=T, dtype=dt)
+    gen = torch.Generator().manual_seed(rank)
+    rows = []
+    for kind in ("uniform", "skewed"):
+        x = torch.randn(T, H, generator=gen).to(dev, dt)
+        idx = _routing(kind, T, E, k, gen).to(dev)
+        w = torch.rand(T, k, generator=gen).to(dev)
+        res, variants = {}, {}
+        with torch.no_grad():
+            for name, g in groups.items():
+                recv_x, meta, handle = g.dispatch(x, idx, w)
+                out = g.combine(recv_x, handle)
+                res[name] = (recv_x, meta.offsets, out)
+
+                def disp(g=g, x=x, idx=idx, w=w):
+                    g.dispatch(x, idx, w)
+
+                def comb(g=g, y=recv_x, h=handle):
+                    g.combine(y, h)
+
+                variants[f"{name} dispatch"], variants[f"{name} combine"] = disp, comb
+            if "collective" in res:  # the same bits on both transports
+                a, b = res["device"], res["collective"]
+                n = int(a[1][-1])
+                assert torch.equal(a[1], b[1]), f"{kind}: offsets differ"
+                assert torch.equal(a[0][:n].view(torch.int16), b[0][:n].view(torch.int16))
+                assert torch.equal(a[2].view(torch.int16), b[2].view(torch.int16))
+            g = groups["device"]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                recv_x, meta, handle = g.dispatch(x, idx, w)
+                g.combine(recv_x, handle)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                recv_x, meta, handle = g.dispatch(x, idx, w)
+                g.combine(recv_x, handle)
+            variants["device graph (dispatch + combine)"] = graph.replay
+            times = {n: [] for n in variants}
+            for r in range(args.rounds + 1):
+                for name, fn in variants.items():
+                    t = _timed(fn, args.iters, barrier)
+                    if r > 0:
+                        times[name].append(t)
+        for name, ts in times.items():
+            rows.append(
+                {"routing": kind, "variant": name, "rank": rank, "median_us": statistics.median(ts)}
+            )
+        for name, why in skipped.items():
+            rows.append({"routing": kind, "variant": name, "rank": rank, "skipped": why})
+        barrier()
+    groups["device"].check_errors()
+    comm.finalize()
+    outq.put(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--topk", type=int, default=8)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure", file=sys.stderr)
+        return 2
+    print_env(args.nproc)
+    print("shape", json.dumps(vars(args)))
+    got = spawn_ranks(_rank, args.nproc, args, timeout=900)
+    by = {}
+    for rows in got:
+        for row in rows:
+            by.setdefault((row["routing"], row["variant"]), []).append(row)
+    for (routing, variant), rs in by.items():
+        if "skipped" in rs[0]:
+            print(json.dumps({"routing": routing, "variant": variant, "skipped": rs[0]["skipped"]}))
+            continue
+        print(
+            json.dumps(
+                {
+                    "routing": routing,
+                    "variant": variant,
+                    "median_us_slowest_rank": round(max(r["median_us"] for r in rs), 1),
+                    "per_rank_us": [
+                        round(r["median_us"], 1) for r in sorted(rs, key=lambda r: r["rank"])
+                    ],
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
