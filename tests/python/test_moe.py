@@ -121,7 +121,7 @@ def _ref_combine(x_seen, idx, w, out_dtype, y_dtype):
 
 # -- the checks ----------------------------------------------------------------------------------
 def _wire_ref(x, wire):
-    from fastcomms._fp8 import dequantize_reference, quantize_reference
+    from fp8_reference import dequantize_reference, quantize_reference
 
     q, s = quantize_reference(x, wire)
     return q, s, dequantize_reference(q, s, x.dtype)

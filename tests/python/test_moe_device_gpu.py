@@ -16,12 +16,16 @@ expert id out of range) gives an empty dispatch on every rank and check_errors()
 every rank. Skipped (saying why) without CUDA, MPS or an nvlink build."""
 
 import datetime
+import os
 import traceback
 
 import pytest
 import torch
 from conftest import _hang_guard, init_rank, spawn
 from test_ulysses_gpu import mps_daemon  # noqa: F401  (the fixture)
+
+# NOTE [moe device transport opt-in] (fastcomms/moe.py): the ranks spawned here inherit it
+os.environ["FASTCOMMS_MOE_DEVICE"] = "1"
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),

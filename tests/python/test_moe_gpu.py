@@ -110,8 +110,11 @@ def _worker(rank, size, path, errq):
                 # transport (test_moe_device_gpu.py), torch's NCCL group the collective one
                 # (or the collective one where the device all-to-all-v's setup refused: it says so)
                 ours = isinstance(gpu_ep.group, fastcomms.TorchComm)
+                device_on = os.environ.get("FASTCOMMS_MOE_DEVICE") == "1"  # opt-in for now
                 want = (
-                    "device" if ours and "refused" not in gpu_ep.transport_reason else "collective"
+                    "device"
+                    if ours and device_on and "refused" not in gpu_ep.transport_reason
+                    else "collective"
                 )
                 assert gpu_ep.device == dev and gpu_ep.transport == want, gpu_ep.transport_reason
                 for k, mode in ((1, "uniform"), (2, "skew"), (4, "drops"), (8, "uniform")):
