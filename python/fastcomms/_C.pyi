@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'build_info', 'built_backends', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'select_transport', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -172,6 +172,10 @@ class Comm:
         ...
     def broadcast(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: bool, arg3: datetime.timedelta | None, arg4: collections.abc.Mapping[str, str] | None) -> Work:
         ...
+    def device_alltoallv_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, async_op: bool) -> typing.Any:
+        """
+        torchcomms' device_alltoallv_single: split sizes are int64 CUDA tensors (rows of dim 0), never read by the host
+        """
     def finalize(self) -> None:
         ...
     def gather(self, arg0: collections.abc.Sequence[torch.Tensor], arg1: torch.Tensor, arg2: typing.SupportsInt, arg3: bool, arg4: datetime.timedelta | None, arg5: collections.abc.Mapping[str, str] | None) -> Work:
@@ -273,6 +277,23 @@ class ForwardingBackend(torch._C._distributed_c10d.Backend):
     @property
     def impl(self) -> typing.Any:
         ...
+class StoreWindow:
+    def bytes(self) -> int:
+        ...
+    def check_errors(self) -> None:
+        ...
+    def deregister(self) -> None:
+        ...
+    def put(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: typing.SupportsInt) -> None:
+        ...
+    def register_buffer(self, arg0: torch.Tensor) -> None:
+        ...
+    def remote(self, arg0: typing.SupportsInt, arg1: collections.abc.Sequence[typing.SupportsInt], arg2: torch.Tensor) -> torch.Tensor:
+        ...
+    def signal(self, arg0: typing.SupportsInt) -> None:
+        ...
+    def wait_signal(self, arg0: typing.SupportsInt, arg1: typing.SupportsInt) -> None:
+        ...
 class ValueError(builtins.ValueError, builtins.RuntimeError):
     pass
 class TypeError(builtins.TypeError, builtins.RuntimeError):
@@ -286,6 +307,22 @@ def _auth_store_set(arg0: typing.Any, arg1: str, arg2: str, arg3: bytes) -> None
 def _compiled_fast_calls() -> int:
     """
     Compiled communicator calls comm_call_'s C++ kernel ran itself
+    """
+def _device_alltoallv_check(comm: typing.Any) -> None:
+    """
+    Raises what the device all-to-all-v flagged since the last check
+    """
+def _device_alltoallv_info(comm: typing.Any) -> typing.Any:
+    """
+    The communicator's device all-to-all-v group, or None before its first call
+    """
+def _device_alltoallv_prepare(comm: typing.Any, max_output_bytes: typing.SupportsInt) -> None:
+    """
+    Collective: (re)makes the communicator's device all-to-all-v buffers
+    """
+def _device_alltoallv_single(comm: typing.Any, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, timeout_ms: typing.SupportsInt = 0) -> None:
+    """
+    Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)
     """
 def _fast_calls() -> int:
     """
@@ -307,9 +344,23 @@ def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
     ...
+def arm_device_faults(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
+    """
+    Tests only: sets the device window's fault bits.
+    """
 def build_info() -> dict:
     ...
 def built_backends() -> list[str]:
+    ...
+def deregister_local_buffer(arg0: typing.Any, arg1: typing.SupportsInt) -> None:
+    """
+    Frees a handle from register_local_buffer.
+    """
+def device_window(arg0: typing.Any, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> int:
+    """
+    A device pointer to the window's fastcomms::device::DeviceWindow (collective at first).
+    """
+def device_window_layout() -> dict[str, int]:
     ...
 def has_transport(arg0: str) -> bool:
     ...
@@ -329,8 +380,16 @@ def nvlink_matrix(arg0: collections.abc.Sequence[typing.SupportsInt]) -> tuple[d
     ...
 def process_group_transport(arg0: torch.distributed.distributed_c10d.ProcessGroup, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt) -> UlyssesTransport:
     ...
+def register_local_buffer(arg0: typing.Any, arg1: torch.Tensor) -> int:
+    """
+    A device pointer to a fastcomms::device::RegisteredBuffer over the tensor's bytes.
+    """
 def select_transport(rank: typing.SupportsInt, size: typing.SupportsInt, device_index: typing.SupportsInt, store: typing.Any, name: str, timeout: datetime.timedelta, transport: str, require_nvlink: bool, who: collections.abc.Sequence[str], gather: typing.Any = None, pg: typing.Any = None) -> tuple:
     ...
+def store_window(arg0: typing.SupportsInt, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: str, arg5: typing.SupportsInt) -> StoreWindow:
+    """
+    Collective: a CUDA IPC window over a FileStore folder, with no communicator.
+    """
 def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
     ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:

@@ -12,11 +12,11 @@
 #include <mutex>
 
 #include "binding.hpp"
-#include "py_common.hpp"
-#include "tensors.hpp"
 #include "fastcomms/core/communicator.hpp"
 #include "fastcomms/core/device_alltoallv.hpp"
 #include "fastcomms/core/store.hpp"
+#include "py_common.hpp"
+#include "tensors.hpp"
 
 namespace py = pybind11;
 

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "binding.hpp"
-#include "py_common.hpp"
-#include "tensors.hpp"
 #include "fastcomms/core/store.hpp"
 #include "fastcomms/core/store_window.hpp"
 #include "fastcomms/device/window.hpp"
+#include "py_common.hpp"
+#include "tensors.hpp"
 
 namespace py = pybind11;
 
