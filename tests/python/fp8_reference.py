@@ -19,15 +19,15 @@ bytes on every device:
 from __future__ import annotations
 
 import torch
+from fastcomms._fp8_wire import VALUE_DTYPES, _name, check_value_dtype, check_wire_dtype
+
+__all__ = ["FP8_MAX", "VALUE_DTYPES", "dequantize_reference", "quantize_reference"]
 
 #: The largest finite value of each wire format.
 FP8_MAX: dict[torch.dtype, float] = {
     torch.float8_e4m3fn: 448.0,
     torch.float8_e5m2: 57344.0,
 }
-
-#: The dtypes that can be sent as FP8 (and that FP8 is dequantized into).
-VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # The positive quiet NaN of each output dtype, as its bits.
 _NAN_BITS = {
@@ -36,25 +36,6 @@ _NAN_BITS = {
     torch.float32: (torch.int32, 0x7FC00000),
 }
 _FP8_NAN = 0x7F
-
-
-def _name(dtype: object) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def check_value_dtype(dtype: object, what: str) -> None:
-    """Raises TypeError unless ``dtype`` is float16, bfloat16 or float32."""
-    if dtype not in VALUE_DTYPES:
-        raise TypeError(f"fp8: {what} must be float16, bfloat16 or float32, got {_name(dtype)}")
-
-
-def check_wire_dtype(wire_dtype: object) -> None:
-    """Raises TypeError unless ``wire_dtype`` is torch.float8_e4m3fn or torch.float8_e5m2."""
-    if wire_dtype not in FP8_MAX:
-        raise TypeError(
-            "fp8: wire_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got "
-            f"{_name(wire_dtype)}"
-        )
 
 
 def _check_tensor(t: object, what: str) -> torch.Tensor:
