@@ -3,8 +3,8 @@
 the graph of every import python/fastcomms' modules make, at import time and inside functions
 (``import``, ``from ... import``, ``importlib.import_module`` of a package module; not ``if
 TYPE_CHECKING:``), has no cycle. A deferred import inside a function that says why on its line
-(``# deferred: <why>``) is left out of the graph; test_imports.py checks the import-time graph
-alone and imports every public module in a fresh process. Also: what other modules attach to a
+(``# deferred: <why>``) is left out of the graph (an import-time import never is);
+test_imports.py imports every public module in a fresh process. Also: what other modules attach to a
 communicator is held by it and let go by finalize() and abort() (NOTE [communicator
 attachments])."""
 

@@ -1,130 +1,18 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""No import circles (issue 54, NOTE [no import circles] in python/fastcomms/ulysses.py): the
-graph of the imports python/fastcomms' modules run when they are imported (module level, class
-bodies and if/try blocks; not function bodies, not ``if TYPE_CHECKING:``) has no cycle; every
-public module imports as the first import of a fresh process; and a module whose import failed
-after it registered an opaque class imports on a retry in the same process."""
+"""Imports as users start them (issue 54): every public module imports as the first import of a
+fresh process; and a module whose import failed after it registered an opaque class imports on a
+retry in the same process. The import graph itself (no circles, function-level imports included)
+is test_import_graph.py's."""
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures
 import os
 import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PKG = os.path.join(ROOT, "python", "fastcomms")
-EXTENSIONS = {"fastcomms._C", "fastcomms._built"}  # built, not in the tree
-
-
-def _modules() -> dict[str, str]:
-    out = {}
-    for d, _, files in os.walk(PKG):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                name = os.path.relpath(path, os.path.dirname(PKG))[:-3].replace(os.sep, ".")
-                out[name.removesuffix(".__init__")] = path
-    return out
-
-
-def _at_import(tree: ast.Module):
-    """The import statements that run when the module is imported."""
-    stack = list(tree.body)
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            continue
-        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
-            stack.extend(n.orelse)
-            continue
-        if isinstance(n, ast.Import | ast.ImportFrom):
-            yield n
-            continue
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            stack.extend(getattr(n, field, None) or [])
-
-
-def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
-    """module -> the package modules its import runs. ``from . import name`` names the submodule
-    where there is one, else the package (whose attribute it reads); the implicit import of a
-    parent package is Python's own order, not an edge."""
-    known = set(modules) | EXTENSIONS
-    graph = {}
-    for mod, path in modules.items():
-        package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
-        deps = set()
-        for n in _at_import(ast.parse(open(path).read(), path)):
-            if isinstance(n, ast.Import):
-                deps.update(a.name for a in n.names if a.name.split(".")[0] == "fastcomms")
-                continue
-            if n.level:
-                base = package.split(".")[: len(package.split(".")) - (n.level - 1)]
-                target = ".".join(base + ([n.module] if n.module else []))
-            else:
-                target = n.module or ""
-            if target.split(".")[0] != "fastcomms":
-                continue
-            for a in n.names:
-                sub = f"{target}.{a.name}"
-                deps.add(sub if sub in known else target)
-        graph[mod] = {d for d in deps if d in modules and d != mod}
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
-def test_no_import_circles():
-    graph = import_graph(_modules())
-    assert graph["fastcomms.sequence_parallel"] >= {
-        "fastcomms._ulysses",
-        "fastcomms.ring",
-    }  # it sees
-    found = cycles(graph)
-    assert not found, "import circles (module -> what it imports of the circle):\n" + "\n".join(
-        f"  {m} -> {sorted(graph[m] & set(c))}" for c in found for m in c
-    )
-
-
-def test_the_check_finds_a_circle():
-    """The armed control: the re-export that made the circle (the module sequence_parallel builds
-    on importing sequence_parallel at its bottom, as ulysses did before the face) is found."""
-    graph = import_graph(_modules())
-    graph["fastcomms._ulysses"] = graph["fastcomms._ulysses"] | {"fastcomms.sequence_parallel"}
-    assert ["fastcomms._ulysses", "fastcomms.sequence_parallel"] in cycles(graph)
-
+from test_import_graph import _modules
 
 PUBLIC = sorted(
     m for m in _modules() if not any(p.startswith("_") for p in m.split("."))
