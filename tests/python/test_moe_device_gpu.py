@@ -24,9 +24,6 @@ import torch
 from conftest import _hang_guard, init_rank, spawn
 from test_ulysses_gpu import mps_daemon  # noqa: F401  (the fixture)
 
-# NOTE [moe device transport opt-in] (fastcomms/moe.py): the ranks spawned here inherit it
-os.environ["FASTCOMMS_MOE_DEVICE"] = "1"
-
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="needs a CUDA device (the GPU tier runs in scripts/gpu.sh; ranks as MPS clients)",
@@ -34,6 +31,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def _comm(rank, size, path):
+    # NOTE [moe device transport opt-in] (fastcomms/moe.py): on in this rank only
+    os.environ["FASTCOMMS_MOE_DEVICE"] = "1"
     import fastcomms
     import torch.distributed as dist
 
