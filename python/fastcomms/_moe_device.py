@@ -22,8 +22,10 @@ operands), computed without reading a value on the host:
   source rank, source position, slot (NOTE [moe row order]); counts are a scatter_add of ones;
 - combine: the reverse path, the rows sent back in arrival order and put into their home slots by
   the permutation the collective's ``slot_order`` is.
-Rows past the ones in use are masked on the GPU (bytes times 0/1), so they hold what the
-collective transport's hold (zeros; src -1).
+Rows are moved by the row kernels (NOTE [moe row kernels]): a gather bounded by a count the
+GPU holds, so a dispatch reads the rows it has, not the rows its worst case could have; rows of
+recv_x past the ones in use are zeroed (as the collective transport's are; src -1), so that a
+dense expert over every row gets no garbage into its gradients.
 
 NOTE [moe device refusals]: a refusal (more tokens than max_tokens_per_rank, an expert id out of
 range, an expert twice in a token's top-k) cannot raise at the call without reading the routing
@@ -55,33 +57,41 @@ _DHEADER = 5
 FLAGS = 5
 
 
-def _keep_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """t with the rows where keep is False set to zero bytes (bit-exact: no arithmetic on the
-    values)."""
-    n = t.shape[0]
-    if n == 0 or t.numel() == 0:
-        return t
-    b = t.contiguous().view(torch.uint8).reshape(n, -1)
-    b = b * keep.to(torch.uint8).unsqueeze(1)
-    return b.view(t.dtype).reshape(t.shape)
-
-
 def _pick(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """t[i] along dim 0 for a 0-dim index tensor, without indexing by a tensor scalar (which
     may be read on the host)."""
     return t.index_select(0, i.reshape(1)).squeeze(0)
 
 
-def _rows_of(t: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """t's rows at index as their bytes (any dtype, FP8 too), rows where keep is False zero."""
-    b = t.contiguous().view(torch.uint8).reshape(t.shape[0], -1).index_select(0, index)
-    if b.numel():
-        b = b * keep.to(torch.uint8).unsqueeze(1)
-    return b.view(t.dtype).reshape(index.shape[0], *t.shape[1:])
-
-
 def _arange(n, device):
     return torch.arange(n, device=device)
+
+
+def _bytes2d(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A contiguous t as (rows, bytes per row) uint8."""
+    return t.view(torch.uint8).reshape(rows, t.numel() * t.element_size() // max(rows, 1))
+
+
+def _gather(dst, src, index, count=None, zero_rest=True):
+    """dst[i] = src[index[i]] (uint8 rows) for i < count, a zero row for index < 0; rows from count
+    on zeroed (zero_rest) or left as they are. ``count`` a (1,) int64 tensor or None (all rows).
+    CUDA: the row kernel (NOTE [moe row kernels]: the count is read on the GPU, rows past it cost
+    no read); CPU: torch ops (tests), rows from count on zeroed either way."""
+    n = dst.shape[0]
+    if n == 0 or dst.shape[1] == 0:
+        return dst
+    if dst.is_cuda:
+        from . import _C
+
+        _C._moe_gather_rows(dst, src, index, count, zero_rest)
+        return dst
+    keep = (index >= 0) & (index < src.shape[0])
+    if count is not None:
+        keep &= _arange(n, dst.device) < count
+    if src.shape[0] == 0:
+        return dst.zero_()
+    rows = src.index_select(0, index.clamp(0, src.shape[0] - 1))
+    return dst.copy_(rows * keep.to(torch.uint8).unsqueeze(1))
 
 
 @dataclasses.dataclass
@@ -100,6 +110,7 @@ class DevicePlan:
     slot_order: torch.Tensor  # (T * k,) flat slots in the order gather's rows come back
     back_splits: torch.Tensor  # (P,) rows gather receives from each peer
     back_keep: torch.Tensor  # (T * k,) bool: rows of gather's receive buffer in use
+    slot_src: torch.Tensor  # (T * k,) row of gather's receive buffer of each flat slot, or -1
     # expert side
     recv_splits: torch.Tensor  # (P,) tokens received from each peer
     row_tok: torch.Tensor  # (capacity,) received token of each grouped row
@@ -107,6 +118,8 @@ class DevicePlan:
     row_keep: torch.Tensor  # (capacity,) bool: rows in use
     back_rows: torch.Tensor  # (capacity,) grouped rows in arrival order (gather's send)
     rows_from: torch.Tensor  # (P,) grouped rows per source rank (gather's send splits)
+    send_total: torch.Tensor  # (1,) rows sent (send_splits' sum)
+    row_total: torch.Tensor  # (1,) grouped rows in use (rows_from's sum)
 
 
 def verdict(idx, num_experts, max_tokens):
@@ -218,7 +231,8 @@ def dispatch(
         _C._fp8_quantize(x, q, scales)  # NOTE [fp8 wire]
         x = q
     row_bytes = H * x.element_size()
-    data = x.view(torch.uint8).reshape(T, row_bytes).index_select(0, send_tok)
+    S = send_tok.shape[0]
+    send_total = send_splits.sum().reshape(1)
     loc = torch.where(owner[send_tok] == send_dest.unsqueeze(1), local[send_tok], -1)
     w = weights.float() if weights is not None else torch.ones((T, k), device=dev)
     meta = torch.cat(
@@ -230,7 +244,10 @@ def dispatch(
         ],
         dim=1,
     )
-    send = torch.cat([data, meta.view(torch.uint8)], dim=1)
+    meta_bytes = meta.view(torch.uint8)
+    send = torch.empty((S, row_bytes + meta_bytes.shape[1]), dtype=torch.uint8, device=dev)
+    _gather(send[:, :row_bytes], _bytes2d(x.contiguous(), T), send_tok, send_total, False)
+    send[:, row_bytes:].copy_(meta_bytes)
     recv = torch.empty((R, send.shape[1]), dtype=torch.uint8, device=dev)
     a2av(recv, send, recv_splits, send_splits)
     # home side of the way back: by owner rank, then flat slot t * k + j
@@ -240,7 +257,10 @@ def dispatch(
         0, back, torch.ones_like(back)
     )
     back_splits = back_all[:P]
-    back_keep = _arange(T * k, dev) < back_splits.sum()
+    back_total = back_splits.sum()
+    back_keep = _arange(T * k, dev) < back_total
+    back_pos = torch.empty_like(slot_order).scatter_(0, slot_order, _arange(T * k, dev))
+    slot_src = torch.where(back_pos < back_total, back_pos, -1)
     # expert side
     row_ok = _arange(R, dev) < recv_splits.sum()
     src_rank = torch.searchsorted(recv_splits.cumsum(0), _arange(R, dev), right=True)
@@ -277,21 +297,27 @@ def dispatch(
         slot_order=slot_order,
         back_splits=back_splits,
         back_keep=back_keep,
+        slot_src=slot_src,
         recv_splits=recv_splits,
         row_tok=row_tok,
         row_slot=row_slot,
         row_keep=row_keep,
         back_rows=back_rows,
         rows_from=rows_from,
+        send_total=send_total,
+        row_total=total.reshape(1),
     )
-    tok = recv[:, :row_bytes].contiguous().view(x.dtype)  # (R, H) as sent
+    rows = recv[:, :row_bytes]  # (R, H) as sent, as bytes
+    out_dtype = x.dtype
     if wire is not None and not return_scales:
         from . import _C
 
+        tok = rows.contiguous().view(x.dtype)
         deq = torch.empty(tok.shape, dtype=value_dtype, device=dev)
         _C._fp8_dequantize(tok, sc.contiguous(), deq)
-        tok = deq
-    recv_x = _rows_of(tok, row_tok, row_keep)
+        rows, out_dtype = _bytes2d(deq, R), value_dtype
+    recv_x = torch.empty((capacity, H), dtype=out_dtype, device=dev)
+    _gather(_bytes2d(recv_x, capacity), rows, row_tok, plan.row_total)
     row_w = torch.where(row_keep, rw[row_tok, row_slot], 0.0)
     src = torch.stack([src_rank[row_tok], pos[row_tok]], 1)
     src = torch.where(row_keep.unsqueeze(1), src, -1)
@@ -305,12 +331,14 @@ def gather(a2av, y, plan: DevicePlan):
     """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
     C = y.shape[1]
     width = C * y.element_size()
-    send = y.contiguous().view(torch.uint8).reshape(y.shape[0], width)
-    send = send.index_select(0, plan.back_rows)
+    dev = y.device
+    send = torch.empty((plan.capacity, width), dtype=torch.uint8, device=dev)
+    _gather(send, _bytes2d(y.contiguous(), y.shape[0]), plan.back_rows, plan.row_total, False)
     n = plan.tokens * plan.k
-    recv = torch.empty((n, width), dtype=torch.uint8, device=y.device)
+    recv = torch.empty((n, width), dtype=torch.uint8, device=dev)
     a2av(recv, send, plan.back_splits, plan.rows_from)
-    full = torch.zeros_like(recv).index_copy_(0, plan.slot_order, _keep_rows(recv, plan.back_keep))
+    full = torch.empty((n, width), dtype=torch.uint8, device=dev)
+    _gather(full, recv, plan.slot_src)  # every slot: its row, or zeros (dropped)
     return full.view(y.dtype).view(plan.tokens, plan.k, C)
 
 
@@ -320,14 +348,17 @@ def scatter(a2av, z, values, plan: DevicePlan):
     C = z.shape[1]
     width = C * z.element_size()
     S = plan.send_tok.shape[0]
-    rows = z.contiguous().view(torch.uint8).reshape(z.shape[0], width)
-    rows = rows.index_select(0, plan.send_tok)
+    dev = z.device
     vals = values.float().index_select(0, plan.send_tok).contiguous().view(torch.uint8)
-    send = torch.cat([rows, vals.reshape(S, 4 * plan.k)], dim=1)
-    recv = torch.empty((plan.recv_rows, send.shape[1]), dtype=torch.uint8, device=z.device)
+    send = torch.empty((S, width + 4 * plan.k), dtype=torch.uint8, device=dev)
+    _gather(
+        send[:, :width], _bytes2d(z.contiguous(), z.shape[0]), plan.send_tok, plan.send_total, False
+    )
+    send[:, width:].copy_(vals.reshape(S, 4 * plan.k))
+    recv = torch.empty((plan.recv_rows, send.shape[1]), dtype=torch.uint8, device=dev)
     a2av(recv, send, plan.recv_splits, plan.send_splits)
-    data = recv[:, :width].contiguous().view(z.dtype)
-    out = _rows_of(data, plan.row_tok, plan.row_keep)
+    out = torch.empty((plan.capacity, C), dtype=z.dtype, device=dev)
+    _gather(_bytes2d(out, plan.capacity), recv[:, :width], plan.row_tok, plan.row_total)
     v = recv[:, width:].contiguous().view(torch.float32)
     row_v = torch.where(plan.row_keep, v[plan.row_tok, plan.row_slot], 0.0)
     return out, row_v

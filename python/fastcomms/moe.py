@@ -123,10 +123,21 @@ def _acc_dtype(*dtypes):
     return acc
 
 
+_ROW_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _weighted_sum(rows, weights, dropped, out_dtype):
     """rows (T, k, H), weights (T, k), dropped (T, k) bool -> (T, H) in out_dtype."""
     acc_dtype = _acc_dtype(rows.dtype, out_dtype)
     w = weights.to(acc_dtype).masked_fill(dropped, 0)
+    T, k, H = rows.shape
+    if rows.is_cuda and acc_dtype == torch.float32 and out_dtype in _ROW_KERNEL_DTYPES:
+        if rows.dtype in _ROW_KERNEL_DTYPES:  # NOTE [moe row kernels]: one pass, same bits
+            from . import _C
+
+            out = torch.empty((T, H), dtype=out_dtype, device=rows.device)
+            _C._moe_weighted_sum(out, rows.reshape(T * k, H), None, w.contiguous())
+            return out
     acc = torch.zeros((rows.shape[0], rows.shape[2]), dtype=acc_dtype, device=rows.device)
     for j in range(rows.shape[1]):
         acc = acc + w[:, j : j + 1] * rows[:, j].to(acc_dtype)
@@ -209,14 +220,12 @@ def _choose_transport(group, rank, size, device, max_output_bytes):
         why = f"{device.type} tensors over a {backend} group: the collective path (all-to-alls)"
         return CollectiveTransport(group, rank, size, device), why
     ours = isinstance(group, TorchComm) and group.get_backend().startswith(("nvlink", "nccl"))
-    if ours and os.environ.get("FASTCOMMS_MOE_DEVICE", "0") != "1":
-        # NOTE [moe device transport opt-in]: the device transport gives the collective one's
-        # bits on CPU (an injected all-to-all-v, test_moe.py) but its GPU tier
-        # (test_moe_device_gpu.py) has not run on a GPU yet; until it has, it is opt-in.
+    if ours and os.environ.get("FASTCOMMS_MOE_DEVICE", "1") == "0":
+        # NOTE [moe device transport opt-out]: the device transport is the default where it can
+        # serve; FASTCOMMS_MOE_DEVICE=0 keeps the collective one (to compare, or to bisect)
         why = (
             f"CUDA tensors over a {backend} group: the collective path (NCCL all-to-alls, one host "
-            "sync per dispatch); the device path (no host sync, CUDA graphs) is opt-in with "
-            "FASTCOMMS_MOE_DEVICE=1 until its GPU tier has run"
+            "sync per dispatch), chosen by FASTCOMMS_MOE_DEVICE=0"
         )
         return CollectiveTransport(group, rank, size, device), why
     if ours:

@@ -110,7 +110,7 @@ def _worker(rank, size, path, errq):
                 # transport (test_moe_device_gpu.py), torch's NCCL group the collective one
                 # (or the collective one where the device all-to-all-v's setup refused: it says so)
                 ours = isinstance(gpu_ep.group, fastcomms.TorchComm)
-                device_on = os.environ.get("FASTCOMMS_MOE_DEVICE") == "1"  # opt-in for now
+                device_on = os.environ.get("FASTCOMMS_MOE_DEVICE", "1") != "0"  # the default
                 want = (
                     "device"
                     if ours and device_on and "refused" not in gpu_ep.transport_reason

@@ -18,7 +18,7 @@ GPU run it under tools/gpu/mps.sh (every figure is then an HBM copy, not a link 
 benchmark, not a test. Prints an ``env`` line, then one JSON line per (routing, variant).
 
 Usage: python3 tools/gpu/bench_moe.py [--nproc 2] [--rounds 7] [--iters 10] [--tokens 4096]
-       [--hidden 4096] [--experts 64] [--topk 8]"""
+       [--hidden 4096] [--experts 64] [--topk 8] [--profile]"""
 
 import argparse
 import datetime
@@ -48,6 +48,25 @@ def _timed(fn, iters, barrier):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000.0 / iters  # µs per call
+
+
+def _profile(rank, fn, barrier):
+    """--profile: each rank's CUDA kernels of one device dispatch + combine, by total time (rank
+    0 prints them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    barrier()
+    if rank == 0:
+        table = prof.key_averages().table(
+            sort_by="cuda_time_total", row_limit=25, max_name_column_width=60
+        )
+        print(table, file=sys.stderr, flush=True)
 
 
 def _rank(rank, world, path, args, outq):
@@ -126,6 +145,8 @@ def _rank(rank, world, path, args, outq):
                 recv_x, meta, handle = g.dispatch(x, idx, w)
                 g.combine(recv_x, handle)
             variants["device graph (dispatch + combine)"] = graph.replay
+            if args.profile and kind == "uniform":
+                _profile(rank, lambda: (disp(), comb()), barrier)
             times = {n: [] for n in variants}
             for r in range(args.rounds + 1):
                 for name, fn in variants.items():
@@ -153,6 +174,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--profile", action="store_true", help="print rank 0's kernels of one call")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure", file=sys.stderr)

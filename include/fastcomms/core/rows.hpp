@@ -1,0 +1,52 @@
+// Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+/// @file
+/// NOTE [moe row kernels]: the MoE device transport (python/fastcomms/_moe_device.py) moves rows
+/// whose number only the GPU knows. Two kernels serve it, with torch's semantics where torch has
+/// the op and without a host read where it has none:
+/// - gather_rows_device: dst row i = src row index[i] for i < *count (a count in device memory,
+///   e.g. a splits tensor's sum), a zero row for an index < 0; rows from *count on are zeroed
+///   (`zero_rest`: the user's buffers, whose unused rows must not poison a dense expert's
+///   gradient) or left unwritten (send buffers, of which only *count rows travel);
+/// - weighted_sum_rows_device: the combine's sum of k rows per token, float32, slot order, each
+///   product and sum rounded on its own (bit for bit the collective transport's torch loop), the
+///   rows read through an index straight from a receive buffer.
+/// Core knows this interface only; the CUDA kernels (include/fastcomms/cuda/rows.hpp) register
+/// themselves from backends/ipc, so the binding, which may see neither, reaches them here.
+
+#include <cstdint>
+#include <functional>
+
+#include "fastcomms/core/tensor.hpp"
+
+namespace fastcomms {
+
+/// The registered launchers (void* stream: a cudaStream_t).
+struct RowKernels {
+  std::function<void(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                     int64_t src_rows, int64_t width, const int64_t* index, int64_t n,
+                     const int64_t* count, bool zero_rest, void* stream)>
+      gather;
+  std::function<void(void* out, DType out_type, const void* src, DType in_type, int64_t src_pitch,
+                     int64_t src_rows, const int64_t* index, const float* w, int64_t tokens,
+                     int64_t k, int64_t d, void* stream)>
+      weighted_sum;
+};
+
+/// Called once by the CUDA layer's registration.
+void register_row_kernels(RowKernels kernels);
+/// Whether this build registered them.
+bool has_row_kernels();
+
+/// See NOTE [moe row kernels]. Throws kUnsupported without CUDA kernels.
+void gather_rows_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                        int64_t src_rows, int64_t width, const int64_t* index, int64_t n,
+                        const int64_t* count, bool zero_rest, void* stream);
+/// See NOTE [moe row kernels]; in_type and out_type are float16, bfloat16 or float32 (else
+/// kTypeError). Throws kUnsupported without CUDA kernels.
+void weighted_sum_rows_device(void* out, DType out_type, const void* src, DType in_type,
+                              int64_t src_pitch, int64_t src_rows, const int64_t* index,
+                              const float* w, int64_t tokens, int64_t k, int64_t d, void* stream);
+
+}  // namespace fastcomms
