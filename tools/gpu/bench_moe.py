@@ -8,7 +8,10 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
   combine captured in a CUDA graph and replayed (launch cost gone);
 - ``collective dispatch`` / ``collective combine``: a group over torch's NCCL default group (the
   collective transport: NCCL all-to-alls, one host sync per dispatch); needs one GPU per rank
-  (NCCL refuses ranks sharing a GPU), else printed as skipped with the reason.
+  (NCCL refuses ranks sharing a GPU), else printed as skipped with the reason;
+- ``device dispatch fp8``: the device dispatch with ``wire_dtype=torch.float8_e4m3fn`` (rows
+  quantized before the move, dequantized after);
+- ``host time per call``: the Python call's own time (GPU drained before each call), medians.
 
 Before timing, the device transport's rows and combine are compared bit for bit with the
 collective transport's where both run. Rounds interleave the variants; each round times
@@ -48,6 +51,29 @@ def _timed(fn, iters, barrier):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000.0 / iters  # µs per call
+
+
+def _host_cost(g, x, idx, w, barrier, iters=50):
+    """Host time of one eager call (the Python call returning, the GPU not waited for):
+    median over `iters` calls, each after the GPU drained, so no call waits on a full queue."""
+    import time
+
+    out = {}
+    for name in ("dispatch", "combine"):
+        ts = []
+        for _ in range(iters):
+            recv_x, meta, handle = g.dispatch(x, idx, w)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if name == "dispatch":
+                g.dispatch(x, idx, w)
+            else:
+                g.combine(recv_x, handle)
+            ts.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+        out[f"device {name}: host time per call"] = statistics.median(ts)
+    barrier()
+    return out
 
 
 def _profile(rank, fn, barrier):
@@ -127,6 +153,12 @@ def _rank(rank, world, path, args, outq):
                     g.combine(y, h)
 
                 variants[f"{name} dispatch"], variants[f"{name} combine"] = disp, comb
+                if name == "device":
+
+                    def disp8(g=g, x=x, idx=idx, w=w):
+                        g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn)
+
+                    variants["device dispatch fp8 (e4m3, dequantized)"] = disp8
             if "collective" in res:  # the same bits on both transports
                 a, b = res["device"], res["collective"]
                 n = int(a[1][-1])
@@ -147,6 +179,7 @@ def _rank(rank, world, path, args, outq):
             variants["device graph (dispatch + combine)"] = graph.replay
             if args.profile and kind == "uniform":
                 _profile(rank, lambda: (disp(), comb()), barrier)
+            host = _host_cost(groups["device"], x, idx, w, barrier)
             times = {n: [] for n in variants}
             for r in range(args.rounds + 1):
                 for name, fn in variants.items():
@@ -157,6 +190,8 @@ def _rank(rank, world, path, args, outq):
             rows.append(
                 {"routing": kind, "variant": name, "rank": rank, "median_us": statistics.median(ts)}
             )
+        for name, us in host.items():
+            rows.append({"routing": kind, "variant": name, "rank": rank, "median_us": us})
         for name, why in skipped.items():
             rows.append({"routing": kind, "variant": name, "rank": rank, "skipped": why})
         barrier()
