@@ -46,8 +46,8 @@ void gather_rows_device(void* dst, int64_t dst_pitch, const void* src, int64_t s
   FASTCOMMS_CHECK(dst_pitch >= width && src_pitch >= width, kInvalidArgument,
                   "gather_rows: a row pitch is below the row width (", width, " bytes): dst ",
                   dst_pitch, ", src ", src_pitch);
-  get("gather_rows").gather(dst, dst_pitch, src, src_pitch, src_rows, width, index, n, count,
-                            zero_rest, stream);
+  get("gather_rows")
+      .gather(dst, dst_pitch, src, src_pitch, src_rows, width, index, n, count, zero_rest, stream);
 }
 
 void weighted_sum_rows_device(void* out, DType out_type, const void* src, DType in_type,

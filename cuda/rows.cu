@@ -20,8 +20,9 @@ constexpr int64_t kMaxBlocks = 8192;
 template <class V>
 __global__ void gather_rows_kernel(char* __restrict__ dst, int64_t dst_pitch,
                                    const char* __restrict__ src, int64_t src_pitch,
-                                   int64_t src_rows, int64_t units, const int64_t* __restrict__ index,
-                                   int64_t n, const int64_t* __restrict__ count, bool zero_rest) {
+                                   int64_t src_rows, int64_t units,
+                                   const int64_t* __restrict__ index, int64_t n,
+                                   const int64_t* __restrict__ count, bool zero_rest) {
   int64_t lim = n;
   if (count != nullptr) lim = max(int64_t{0}, min(n, *count));
   const int64_t end = zero_rest ? n : lim;
@@ -111,9 +112,8 @@ void launch_sum(void* out, const void* src, int64_t src_pitch, int64_t src_rows,
                 cudaStream_t stream) {
   using S = typename In::Storage;
   constexpr int kVec = 16 / static_cast<int>(sizeof(S));
-  const bool vec = d % kVec == 0 &&
-                   access_bytes({reinterpret_cast<uint64_t>(src),
-                                 static_cast<uint64_t>(src_pitch)}) == 16;
+  const bool vec = d % kVec == 0 && access_bytes({reinterpret_cast<uint64_t>(src),
+                                                  static_cast<uint64_t>(src_pitch)}) == 16;
   const auto blocks = static_cast<unsigned>(std::min(tokens, kMaxBlocks));
   auto* o = static_cast<typename Out::Storage*>(out);
   const auto* s = static_cast<const char*>(src);
@@ -136,14 +136,14 @@ void sum_to(void* out, RowValue out_type, const void* src, int64_t src_pitch, in
             cudaStream_t stream) {
   switch (out_type) {
     case RowValue::kFloat16:
-      return launch_sum<In, detail::F16Value>(out, src, src_pitch, src_rows, index, w, tokens, k,
-                                              d, stream);
+      return launch_sum<In, detail::F16Value>(out, src, src_pitch, src_rows, index, w, tokens, k, d,
+                                              stream);
     case RowValue::kBFloat16:
       return launch_sum<In, detail::BF16Value>(out, src, src_pitch, src_rows, index, w, tokens, k,
                                                d, stream);
     case RowValue::kFloat32:
-      return launch_sum<In, detail::F32Value>(out, src, src_pitch, src_rows, index, w, tokens, k,
-                                              d, stream);
+      return launch_sum<In, detail::F32Value>(out, src, src_pitch, src_rows, index, w, tokens, k, d,
+                                              stream);
   }
   throw Error(ErrorCode::kInvalidArgument, "weighted_sum_rows: unknown output type");
 }
@@ -184,8 +184,8 @@ void weighted_sum_rows(void* out, RowValue out_type, const void* src, RowValue i
       return sum_to<detail::F16Value>(out, out_type, src, src_pitch, src_rows, index, w, tokens, k,
                                       d, stream);
     case RowValue::kBFloat16:
-      return sum_to<detail::BF16Value>(out, out_type, src, src_pitch, src_rows, index, w, tokens,
-                                       k, d, stream);
+      return sum_to<detail::BF16Value>(out, out_type, src, src_pitch, src_rows, index, w, tokens, k,
+                                       d, stream);
     case RowValue::kFloat32:
       return sum_to<detail::F32Value>(out, out_type, src, src_pitch, src_rows, index, w, tokens, k,
                                       d, stream);

@@ -33,5 +33,4 @@ PYBIND11_MODULE(_C, m) {
   fp::bind_c10d(m);
   fp::bind_device_window(m);
   fp::bind_device_a2a(m);
-  fp::bind_moe(m);
 }

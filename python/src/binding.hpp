@@ -39,9 +39,8 @@ void bind_compiled(pybind11::module_& m);
 void bind_c10d(pybind11::module_& m);
 /// The device API of windows (get_device_window, register_local_buffer, store windows, ...).
 void bind_device_window(pybind11::module_& m);
-/// device_alltoallv_single's entry points (NOTE [device all-to-all-v]).
+/// device_alltoallv_single's entry points (NOTE [device all-to-all-v]) and the MoE row kernels
+/// (NOTE [moe row kernels]).
 void bind_device_a2a(pybind11::module_& m);
-/// The MoE device transport's row kernels (NOTE [moe row kernels]).
-void bind_moe(pybind11::module_& m);
 
 }  // namespace fastcomms::python
