@@ -1,6 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """GPU tier of fastcomms.moe's device transport (issue 53; NOTE [moe device transport] in
-python/fastcomms/_moe_device.py): 2 and 4 ranks sharing GPU 0 as MPS clients, on nvlink
+python/fastcomms/_moe_device.py): 2, 4 and 8 ranks sharing GPU 0 as MPS clients, on nvlink
 communicators whose inner NCCL communicator is never made (hint nvlink.lazy_nccl: NCCL refuses
 two ranks on one GPU), so the group takes the device transport (device_alltoallv_single).
 
@@ -282,7 +282,7 @@ def _needs_nvlink():
         pytest.skip("this build has no nvlink backend")
 
 
-@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("size", [2, 4, 8])
 def test_moe_device_bit_exact(mps_daemon, size):  # noqa: F811
     _needs_nvlink()
     spawn(_exact_worker, size, timeout=300)
