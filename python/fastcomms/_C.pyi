@@ -334,6 +334,16 @@ def _fp8_has_cuda_kernels() -> bool:
     ...
 def _fp8_quantize(arg0: torch.Tensor, arg1: torch.Tensor, arg2: torch.Tensor) -> None:
     ...
+def _moe_gather_rows(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, count: torch.Tensor | None = None, zero_rest: bool = False) -> None:
+    """
+    dst[i] = src[index[i]] for i < count (read on the GPU), zeros for index < 0; rows from count on zeroed (zero_rest) or untouched
+    """
+def _moe_has_row_kernels() -> bool:
+    ...
+def _moe_weighted_sum(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor | None, w: torch.Tensor) -> None:
+    """
+    out[t] = sum_j w[t, j] * src[index[t * k + j]] in float32, slot order, no FMA
+    """
 def _register_comm_call(arg0: typing.Any) -> None:
     """
     Registers comm_call_'s kernel (NOTE [compiled calls in C++])
