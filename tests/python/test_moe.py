@@ -528,3 +528,27 @@ def moe_world(comm, rank, size):
 
 def test_moe_world(world):
     world(moe_world, 4)
+
+
+# -- the row kernels' host side (NOTE [moe row kernels]) ------------------------------------------
+def test_gather_rows_cpu_semantics():
+    """The CPU twin of the row gather: rows below the count copied, index -1 a zero row, rows from
+    the count on zero; the kernel's binding refuses CPU tensors, naming the argument."""
+    import fastcomms._C as C
+    from fastcomms._moe_device import _gather
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    src = torch.randint(0, 256, (7, 12), dtype=torch.uint8, generator=g)
+    index = torch.tensor([3, -1, 0, 6, 2, 5], dtype=torch.int64)
+    for count in (None, 0, 4, 6, 9):
+        dst = torch.full((6, 12), 0xA5, dtype=torch.uint8)
+        c = None if count is None else torch.tensor([count])
+        _gather(dst, src, index, c)
+        n = 6 if count is None else min(count, 6)
+        for i in range(6):
+            want = src[index[i]] if i < n and index[i] >= 0 else torch.zeros(12, dtype=torch.uint8)
+            assert torch.equal(dst[i], want), (count, i)
+    with pytest.raises(ValueError, match="dst must be a CUDA tensor"):
+        C._moe_gather_rows(torch.empty(6, 12, dtype=torch.uint8), src, index, None, True)
+    with pytest.raises(ValueError, match="out must be a CUDA tensor"):
+        C._moe_weighted_sum(torch.empty(2, 4), torch.empty(6, 4), None, torch.empty(2, 3))
