@@ -18,7 +18,7 @@ from torch._C._distributed_c10d import _register_work  # an AsyncCollectiveTenso
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
-from . import _C, _comm, _fp8_wire, _torch_compat
+from . import _C, _comm, _torch_compat
 from ._comm import TorchComm, _OpaqueBase
 from ._options import _DEFAULT_TIMEOUT
 from ._work import UlyssesWork, _RegisteredWork, _Scoped
@@ -125,7 +125,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             )
         self.transport = kind if kind in ("nvlink", "hierarchical") else "collective"
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
-        _fp8_wire.groups[self._id] = self  # NOTE [fp8 wire op]
 
     @staticmethod
     def _resolve_device(device, default):
@@ -337,8 +336,10 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         x.record_stream(s)
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
-            if wire_dtype is not None:
-                _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire_dtype, gid=self._lane_id)
+            if wire_dtype is not None:  # NOTE [fp8 wire exchange]
+                _C.ulysses_all_to_all_4d_fp8_out(
+                    x, out, self._lane_id, mode, seq, heads, kv, wire_dtype
+                )
             else:
                 _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
@@ -425,7 +426,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
-        _fp8_wire.groups.pop(self._id, None)
         for gid in (self._id, self._lane_id):
             if gid is not None:
                 _C._ulysses_unregister(gid)
@@ -551,13 +551,23 @@ def _call(g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire):
     if gid is None:
         g._live()
     if wire is not None or return_scales or grad_wire is not None:
-        # NOTE [fp8 wire op]: one op too (quantize, two exchanges, dequantize)
-        return _fp8_wire.call(g, x, mode, seq, heads, kv, out, wire, return_scales, grad_wire)
+        # NOTE [fp8 wire exchange] (C++): the op's .fp8 / .fp8_out overloads
+        fp8 = (x, gid, mode, seq, heads, kv, wire, return_scales, grad_wire)
+        if compiling:
+            got = _OP.fp8(*fp8)
+        else:
+            if _pending:
+                _finish_done()
+            if out is not None:
+                return _C.ulysses_all_to_all_4d_fp8_out(x, out, *fp8[1:])
+            plain = _plain_eager(x)
+            got = _C.ulysses_all_to_all_4d_fp8(*fp8) if plain else _OP.fp8(*fp8)
+        return tuple(got) if return_scales else got[0]
     if compiling:  # NOTE [ulysses custom op]
         return _OP(x, gid, mode, seq, heads, kv)
     if _pending:
         _finish_done()
-    if out is not None:
+    if out is not None:  # the op's .out overload, through the dispatcher
         return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
     if _plain_eager(x):  # NOTE [host cost per call]
         return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)
