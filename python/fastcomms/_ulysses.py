@@ -2,7 +2,8 @@
 """The Ulysses group and its functional form; ``fastcomms.ulysses`` is the public face (it
 re-exports these with the ring exchange and the 2-D group). The exchange is one C++ op (NOTE
 [ulysses op in c++] in python/src/ulysses_op.cpp); this module forwards to it and holds what stays
-in Python: the choice of transport, the async form and FP8 on the wire."""
+in Python: the choice of transport and the async form's streams and lend ring (its checks are
+C++'s: NOTE [async ulysses checks])."""
 
 from __future__ import annotations
 
@@ -270,41 +271,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         point. ``kv_replicas`` (not with ``lend``) and ``wire_dtype``: as in ``all_to_all_4d``."""
         seq, heads, kv = self._args(seq_splits, head_splits, kv_replicas)
         summed = mode == 1 and kv > 1
-        where = f"[rank {self._rank}/{self._size}] all_to_all_4d_async"
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise RuntimeError(
-                f"{where}: the async form is not differentiable; x requires grad under grad mode"
-            )
-        if lend and (out is not None or summed or self.transport != "nvlink"):
-            raise ValueError(
-                f"{where}: lend=True "
-                + (
-                    "returns a buffer of the group's ring; out= cannot be given with it"
-                    if out is not None
-                    else "with mode 1 and kv_replicas > 1 is not supported (the replicas are "
-                    "summed into a new tensor)"
-                    if summed
-                    else f"needs the NVLink transport; this group uses {self.transport} "
-                    f"({self.transport_reason})"
-                )
-            )
-        f = torch._C._functorch  # one exchange per batch row would hang ranks that disagree
-        if isinstance(x, torch.Tensor) and (f.is_batchedtensor(x) or f.is_legacy_batchedtensor(x)):
-            raise RuntimeError(
-                f"{where}: torch.vmap (or autograd.grad(is_grads_batched=True)) over the Ulysses "
-                "all-to-all is not supported: it would issue one collective per batch row and "
-                "ranks that disagree on the batch would hang; loop over the batch explicitly or "
-                "fold it into the tensor's batch dimension"
-            )
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{where}: x must be a 4-D tensor (b, s, h, d), got {got}")
+        t = self._live()  # NOTE [async ulysses checks] (C++): grad, lend, vmap, shape, meta
+        _C.ulysses_async_check(self._id, x, mode, kv, lend, out is not None, self.transport_reason)
         x = x.contiguous()
-        if x.is_meta:
-            raise ValueError(
-                f"{where}: x is a meta tensor (no data to move); use all_to_all_4d for shapes"
-            )
-        t = self._live()
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()

@@ -107,9 +107,19 @@ UlyssesArgs make_args(int64_t mode, at::OptionalIntArrayRef seq, at::OptionalInt
   return a;
 }
 
-std::string where(const UlyssesTransport& t) {
-  return detail::cat("[rank ", t.rank(), "/", t.size(), "] all_to_all_4d: ");
+std::string where(const UlyssesTransport& t, const char* op = "all_to_all_4d") {
+  return detail::cat("[rank ", t.rank(), "/", t.size(), "] ", op, ": ");
 }
+
+// One exchange per batch row would hang ranks that disagree on the batch.
+bool batched(const at::Tensor& x) {
+  return x.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+         x.key_set().has(c10::DispatchKey::Batched);
+}
+constexpr const char* kVmapRefusal =
+    "torch.vmap (or autograd.grad(is_grads_batched=True)) is not supported: every rank must issue "
+    "each exchange once, and ranks that disagree on the batch would hang; loop over the batch "
+    "explicitly or fold it into the tensor's batch dimension";
 
 std::string dtype_str(at::ScalarType s) {
   switch (s) {
@@ -142,8 +152,8 @@ std::string dtype_str(at::ScalarType s) {
   }
 }
 
-void check_x(const UlyssesTransport& t, const at::Tensor& x) {
-  FASTCOMMS_CHECK(x.dim() == 4, kInvalidArgument, where(t),
+void check_x(const UlyssesTransport& t, const at::Tensor& x, const char* op = "all_to_all_4d") {
+  FASTCOMMS_CHECK(x.dim() == 4, kInvalidArgument, where(t, op),
                   "x must be a 4-D tensor (b, s, h, d), got ", x.sym_sizes());
 }
 
@@ -559,11 +569,7 @@ at::Tensor& fp8_out_autograd_kernel(const at::Tensor& x, int64_t group, int64_t 
 void refuse_batched(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t group = (*stack)[1].toInt();
   const UlyssesTransportPtr t = groups().get(group);
-  TORCH_CHECK(false, where(*t),
-              "torch.vmap (or autograd.grad(is_grads_batched=True)) is not supported: every "
-              "rank must issue each exchange once, and ranks that disagree on the batch "
-              "would hang; loop over the batch explicitly or fold it into the tensor's batch "
-              "dimension");
+  TORCH_CHECK(false, where(*t), kVmapRefusal);
 }
 
 // -- the collective path over a torch.distributed ProcessGroup -----------------------------------
@@ -706,6 +712,39 @@ void bind_ulysses_op(py::module_& m) {
       py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
       py::arg("heads"), py::arg("kv_replicas"), py::arg("wire_dtype"),
       py::arg("return_scales") = false, py::arg("grad_wire_dtype") = py::none());
+  // NOTE [async ulysses checks]: the async form's refusals, before anything is allocated or
+  // ordered. The form is no op (it returns an AsyncCollectiveTensor of a stream-ordered call), so
+  // these and the transport's are its checks; the messages are the op's.
+  m.def(
+      "ulysses_async_check",
+      [](int64_t group, const at::Tensor& x, int64_t mode, int64_t kv, bool lend, bool has_out,
+         const std::string& reason) {
+        const UlyssesTransportPtr t = groups().get(group);
+        const char* op = "all_to_all_4d_async";
+        const std::string w = where(*t, op);
+        if (at::GradMode::is_enabled() && x.requires_grad())
+          throw Error(ErrorCode::kUnsupported,
+                      w + "the async form is not differentiable; x requires grad under grad mode");
+        if (lend) {  // the ring's windows are NVLink windows of the exchange's own shape
+          FASTCOMMS_CHECK(!has_out, kInvalidArgument, w,
+                          "lend=True returns a buffer of the group's ring; out= cannot be given "
+                          "with it");
+          FASTCOMMS_CHECK(!(mode == 1 && kv > 1), kInvalidArgument, w,
+                          "lend=True with mode 1 and kv_replicas > 1 is not supported (the "
+                          "replicas are summed into a new tensor)");
+          const std::string kind = t->kind();
+          FASTCOMMS_CHECK(kind == "nvlink", kInvalidArgument, w,
+                          "lend=True needs the NVLink transport; this group uses ",
+                          kind == "hierarchical" ? kind : std::string("collective"), " (", reason,
+                          ")");
+        }
+        if (batched(x)) throw Error(ErrorCode::kUnsupported, w + kVmapRefusal);
+        check_x(*t, x, op);
+        FASTCOMMS_CHECK(!x.is_meta(), kInvalidArgument, w,
+                        "x is a meta tensor (no data to move); use all_to_all_4d for shapes");
+      },
+      py::arg("group"), py::arg("x"), py::arg("mode"), py::arg("kv_replicas"), py::arg("lend"),
+      py::arg("has_out"), py::arg("transport_reason"));
   // The collective path over a torch.distributed ProcessGroup.
   m.def("process_group_transport", [](c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
                                       int device_index) {

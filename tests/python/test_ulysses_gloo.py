@@ -256,6 +256,13 @@ def async_and_transport(comm, rank, size):
     x = torch.randn(2, seq[rank], sum(heads), 5)
     with pytest.raises(ValueError, match="lend=True needs the NVLink transport"):
         g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True)
+    # NOTE [async ulysses checks]: the async form's refusals, one place (C++)
+    with pytest.raises(ValueError, match="lend=True returns a buffer of the group's ring"):
+        g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True, out=x)
+    with pytest.raises(ValueError, match=r"\] all_to_all_4d_async: x is a meta tensor"):
+        g.all_to_all_4d_async(x.to("meta"), seq_splits=seq, head_splits=heads)
+    with pytest.raises(ValueError, match=r"\] all_to_all_4d_async: x must be a 4-D tensor"):
+        g.all_to_all_4d_async(x[0], seq_splits=seq, head_splits=heads)
     # vmap (and batched gradients) would issue one collective per row: refused, never hung
     with pytest.raises(RuntimeError, match="torch.vmap"):
         torch.vmap(lambda t: g.all_to_all_4d(t, seq_splits=seq, head_splits=heads))(x[None])
