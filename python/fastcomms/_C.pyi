@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_out', 'ulysses_fp8_fused', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_async_check', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -402,9 +402,13 @@ def store_window(arg0: typing.SupportsInt, arg1: typing.SupportsInt, arg2: typin
     """
 def ulysses_all_to_all_4d(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
     ...
+def ulysses_all_to_all_4d_fp8(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, wire_dtype: torch.dtype | None, return_scales: bool = False, grad_wire_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    ...
+def ulysses_all_to_all_4d_fp8_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, wire_dtype: torch.dtype | None, return_scales: bool = False, grad_wire_dtype: torch.dtype | None = None) -> torch.Tensor:
+    ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
     ...
-def ulysses_fp8_fused(x: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, out: torch.Tensor, scales: torch.Tensor | None, wire: typing.SupportsInt) -> bool:
+def ulysses_async_check(group: typing.SupportsInt, x: torch.Tensor, mode: typing.SupportsInt, kv_replicas: typing.SupportsInt, lend: bool, has_out: bool, transport_reason: str) -> None:
     ...
 def ulysses_geometry(shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, rank: typing.SupportsInt, size: typing.SupportsInt, kv_replicas: typing.SupportsInt = 1) -> tuple:
     ...

@@ -2,7 +2,8 @@
 """The Ulysses group and its functional form; ``fastcomms.ulysses`` is the public face (it
 re-exports these with the ring exchange and the 2-D group). The exchange is one C++ op (NOTE
 [ulysses op in c++] in python/src/ulysses_op.cpp); this module forwards to it and holds what stays
-in Python: the choice of transport, the async form and FP8 on the wire."""
+in Python: the choice of transport and the async form's streams and lend ring (its checks are
+C++'s: NOTE [async ulysses checks])."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch._C._distributed_c10d import _register_work  # an AsyncCollectiveTenso
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
-from . import _C, _comm, _fp8_wire, _torch_compat
+from . import _C, _comm, _torch_compat
 from ._comm import TorchComm, _OpaqueBase
 from ._options import _DEFAULT_TIMEOUT
 from ._work import UlyssesWork, _RegisteredWork, _Scoped
@@ -125,7 +126,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             )
         self.transport = kind if kind in ("nvlink", "hierarchical") else "collective"
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
-        _fp8_wire.groups[self._id] = self  # NOTE [fp8 wire op]
 
     @staticmethod
     def _resolve_device(device, default):
@@ -271,41 +271,9 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         point. ``kv_replicas`` (not with ``lend``) and ``wire_dtype``: as in ``all_to_all_4d``."""
         seq, heads, kv = self._args(seq_splits, head_splits, kv_replicas)
         summed = mode == 1 and kv > 1
-        where = f"[rank {self._rank}/{self._size}] all_to_all_4d_async"
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise RuntimeError(
-                f"{where}: the async form is not differentiable; x requires grad under grad mode"
-            )
-        if lend and (out is not None or summed or self.transport != "nvlink"):
-            raise ValueError(
-                f"{where}: lend=True "
-                + (
-                    "returns a buffer of the group's ring; out= cannot be given with it"
-                    if out is not None
-                    else "with mode 1 and kv_replicas > 1 is not supported (the replicas are "
-                    "summed into a new tensor)"
-                    if summed
-                    else f"needs the NVLink transport; this group uses {self.transport} "
-                    f"({self.transport_reason})"
-                )
-            )
-        f = torch._C._functorch  # one exchange per batch row would hang ranks that disagree
-        if isinstance(x, torch.Tensor) and (f.is_batchedtensor(x) or f.is_legacy_batchedtensor(x)):
-            raise RuntimeError(
-                f"{where}: torch.vmap (or autograd.grad(is_grads_batched=True)) over the Ulysses "
-                "all-to-all is not supported: it would issue one collective per batch row and "
-                "ranks that disagree on the batch would hang; loop over the batch explicitly or "
-                "fold it into the tensor's batch dimension"
-            )
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{where}: x must be a 4-D tensor (b, s, h, d), got {got}")
+        t = self._live()  # NOTE [async ulysses checks] (C++): grad, lend, vmap, shape, meta
+        _C.ulysses_async_check(self._id, x, mode, kv, lend, out is not None, self.transport_reason)
         x = x.contiguous()
-        if x.is_meta:
-            raise ValueError(
-                f"{where}: x is a meta tensor (no data to move); use all_to_all_4d for shapes"
-            )
-        t = self._live()
         if not x.is_cuda:  # CPU: the transport's own async path
             if _pending:
                 _finish_done()
@@ -337,8 +305,10 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         x.record_stream(s)
         out.record_stream(s)
         with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
-            if wire_dtype is not None:
-                _fp8_wire.call(self, x, mode, seq, heads, kv, out, wire_dtype, gid=self._lane_id)
+            if wire_dtype is not None:  # NOTE [fp8 wire exchange]
+                _C.ulysses_all_to_all_4d_fp8_out(
+                    x, out, self._lane_id, mode, seq, heads, kv, wire_dtype
+                )
             else:
                 _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
         if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
@@ -425,7 +395,6 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
-        _fp8_wire.groups.pop(self._id, None)
         for gid in (self._id, self._lane_id):
             if gid is not None:
                 _C._ulysses_unregister(gid)
@@ -551,13 +520,23 @@ def _call(g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire):
     if gid is None:
         g._live()
     if wire is not None or return_scales or grad_wire is not None:
-        # NOTE [fp8 wire op]: one op too (quantize, two exchanges, dequantize)
-        return _fp8_wire.call(g, x, mode, seq, heads, kv, out, wire, return_scales, grad_wire)
+        # NOTE [fp8 wire exchange] (C++): the op's .fp8 / .fp8_out overloads
+        fp8 = (x, gid, mode, seq, heads, kv, wire, return_scales, grad_wire)
+        if compiling:
+            got = _OP.fp8(*fp8)
+        else:
+            if _pending:
+                _finish_done()
+            if out is not None:
+                return _C.ulysses_all_to_all_4d_fp8_out(x, out, *fp8[1:])
+            plain = _plain_eager(x)
+            got = _C.ulysses_all_to_all_4d_fp8(*fp8) if plain else _OP.fp8(*fp8)
+        return tuple(got) if return_scales else got[0]
     if compiling:  # NOTE [ulysses custom op]
         return _OP(x, gid, mode, seq, heads, kv)
     if _pending:
         _finish_done()
-    if out is not None:
+    if out is not None:  # the op's .out overload, through the dispatcher
         return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
     if _plain_eager(x):  # NOTE [host cost per call]
         return _C.ulysses_all_to_all_4d(x, gid, mode, seq, heads, kv)

@@ -6,7 +6,11 @@
 
 #include <string>
 
+#include "fastcomms/ulysses/fp8.hpp"
+#include "fp8_rows.hpp"
+
 #ifdef FASTCOMMS_WITH_CUDA
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -223,6 +227,65 @@ PyWork transport_call(UlyssesTransport& tr, const at::Tensor& x, const at::Tenso
   }
   release_finished();
   return PyWork(std::move(w), {x, out});
+}
+
+// -- FP8 rows (bind_fp8.cpp's test entry points and the Ulysses op's FP8 overloads) ------------
+namespace {
+void fp8_check(const char* what, const at::Tensor& wide, const at::Tensor& q,
+               const at::Tensor& scales) {
+  FASTCOMMS_CHECK(wide.dim() >= 1, kInvalidArgument, what,
+                  ": tensors need at least one dimension, got a 0-d tensor");
+  FASTCOMMS_CHECK(q.sizes() == wide.sizes(), kInvalidArgument, what, ": q has shape ", q.sizes(),
+                  ", expected ", wide.sizes());
+  FASTCOMMS_CHECK(scales.sizes() == wide.sizes().slice(0, wide.dim() - 1), kInvalidArgument, what,
+                  ": scales has shape ", scales.sizes(), ", expected ",
+                  wide.sizes().slice(0, wide.dim() - 1));
+  FASTCOMMS_CHECK(scales.scalar_type() == at::kFloat, kTypeError, what,
+                  ": scales must be float32, got ", c10::toString(scales.scalar_type()));
+  FASTCOMMS_CHECK(wide.device() == q.device() && wide.device() == scales.device(), kInvalidArgument,
+                  what, ": tensors on ", wide.device().str(), ", ", q.device().str(), " and ",
+                  scales.device().str(), ", expected one device");
+  FASTCOMMS_CHECK(wide.is_contiguous() && q.is_contiguous() && scales.is_contiguous(),
+                  kInvalidArgument, what, ": tensors must be contiguous");
+  FASTCOMMS_CHECK(wide.is_cpu() || wide.is_cuda(), kInvalidArgument, what,
+                  ": tensors must live on cpu or cuda, got ", wide.device().str());
+}
+}  // namespace
+
+void fp8_quantize(const char* what, const at::Tensor& x, const at::Tensor& q,
+                  const at::Tensor& scales) {
+  fp8_check(what, x, q, scales);
+  const DType in = to_dtype(x.scalar_type()), wire = to_dtype(q.scalar_type());
+  const int64_t rows = scales.numel(), d = x.size(-1);
+  if (x.is_cpu()) {
+    fp8_quantize_rows(x.data_ptr(), in, rows, d, q.data_ptr(), wire, scales.data_ptr<float>());
+    return;
+  }
+#ifdef FASTCOMMS_WITH_CUDA
+  c10::DeviceGuard guard(x.device());
+  fp8_quantize_rows_device(x.data_ptr(), in, rows, d, q.data_ptr(), wire, scales.data_ptr<float>(),
+                           current_stream(Device{DeviceType::kCUDA, x.device().index()}));
+#else
+  throw Error(ErrorCode::kUnsupported, detail::cat(what, ": this build has no CUDA"));
+#endif
+}
+
+void fp8_dequantize(const char* what, const at::Tensor& q, const at::Tensor& scales,
+                    const at::Tensor& out) {
+  fp8_check(what, out, q, scales);
+  const DType wire = to_dtype(q.scalar_type()), dt = to_dtype(out.scalar_type());
+  const int64_t rows = scales.numel(), d = out.size(-1);
+  if (out.is_cpu()) {
+    fp8_dequantize_rows(q.data_ptr(), wire, scales.data_ptr<float>(), rows, d, out.data_ptr(), dt);
+    return;
+  }
+#ifdef FASTCOMMS_WITH_CUDA
+  c10::DeviceGuard guard(out.device());
+  fp8_dequantize_rows_device(q.data_ptr(), wire, scales.data_ptr<float>(), rows, d, out.data_ptr(),
+                             dt, current_stream(Device{DeviceType::kCUDA, out.device().index()}));
+#else
+  throw Error(ErrorCode::kUnsupported, detail::cat(what, ": this build has no CUDA"));
+#endif
 }
 
 }  // namespace fastcomms::python

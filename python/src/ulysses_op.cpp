@@ -13,8 +13,9 @@
 // custom class, and Dynamo guards on it as a constant. fastcomms.ulysses reaches the op one way:
 // `_C.ulysses_all_to_all_4d` (a typed dispatcher call, no torch.ops lookup: NOTE [host cost per
 // call] in ulysses.py) in plain eager mode, `torch.ops.fastcomms.ulysses_all_to_all_4d` where a
-// tracer or a mode must see the call. `out=` calls take `_C.ulysses_all_to_all_4d_out`, which
-// runs the same kernel body into the caller's buffer (not differentiable, so not an op).
+// tracer or a mode must see the call. The family's other overloads: `.out` (the caller's
+// buffer; refused under grad mode), `.fp8` (FP8 on the wire: NOTE [fp8 wire exchange]) and
+// `.fp8_out`, each with the same kernels per key and reached the same two ways.
 //
 // NOTE [ulysses op errors]: a kernel's argument and dtype errors leave it as c10::ValueError /
 // c10::TypeError, which torch's entry points (torch.ops, the compiler) turn into ValueError /
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "binding.hpp"
+#include "fp8_rows.hpp"
 #include "tensors.hpp"
 
 namespace py = pybind11;
@@ -105,12 +107,53 @@ UlyssesArgs make_args(int64_t mode, at::OptionalIntArrayRef seq, at::OptionalInt
   return a;
 }
 
-std::string where(const UlyssesTransport& t) {
-  return detail::cat("[rank ", t.rank(), "/", t.size(), "] all_to_all_4d: ");
+std::string where(const UlyssesTransport& t, const char* op = "all_to_all_4d") {
+  return detail::cat("[rank ", t.rank(), "/", t.size(), "] ", op, ": ");
 }
 
-void check_x(const UlyssesTransport& t, const at::Tensor& x) {
-  FASTCOMMS_CHECK(x.dim() == 4, kInvalidArgument, where(t),
+// One exchange per batch row would hang ranks that disagree on the batch.
+bool batched(const at::Tensor& x) {
+  return x.key_set().has(c10::DispatchKey::FuncTorchBatched) ||
+         x.key_set().has(c10::DispatchKey::Batched);
+}
+constexpr const char* kVmapRefusal =
+    "torch.vmap (or autograd.grad(is_grads_batched=True)) is not supported: every rank must issue "
+    "each exchange once, and ranks that disagree on the batch would hang; loop over the batch "
+    "explicitly or fold it into the tensor's batch dimension";
+
+std::string dtype_str(at::ScalarType s) {
+  switch (s) {
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kFloat8_e4m3fn:
+      return "float8_e4m3fn";
+    case at::kFloat8_e5m2:
+      return "float8_e5m2";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(s);
+  }
+}
+
+void check_x(const UlyssesTransport& t, const at::Tensor& x, const char* op = "all_to_all_4d") {
+  FASTCOMMS_CHECK(x.dim() == 4, kInvalidArgument, where(t, op),
                   "x must be a 4-D tensor (b, s, h, d), got ", x.sym_sizes());
 }
 
@@ -129,6 +172,21 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> shapes(const UlyssesTransp
   std::vector<int64_t> exch(o.begin(), o.end()), result = exch;
   if (a.mode == 1 && a.kv_replicas > 1) result[2] /= a.kv_replicas;  // NOTE [kv replicas]
   return {exch, result};
+}
+
+// The refusals of `out=` the transport cannot make (a summed result, FP8 rows): the result's
+// shape in x's dtype (contiguous where the caller writes it as rows), and data where x has data.
+void check_out(const UlyssesTransport& t, const at::Tensor& x, const at::Tensor& out,
+               const std::vector<int64_t>& result, bool contiguous) {
+  FASTCOMMS_CHECK(
+      out.sizes() == at::IntArrayRef(result) && out.dtype() == x.dtype() &&
+          (!contiguous || out.is_contiguous()),
+      kInvalidArgument, where(t), "out is ", out.sizes(), " ", dtype_str(out.scalar_type()),
+      contiguous && !out.is_contiguous() ? " (not contiguous)" : "", ", expected ",
+      contiguous ? "a contiguous " : "", at::IntArrayRef(result), " ", dtype_str(x.scalar_type()));
+  FASTCOMMS_CHECK(out.is_meta() == x.is_meta(), kInvalidArgument, where(t), "x is on ",
+                  x.device().str(), " but out is on ", out.device().str(),
+                  "; pass both on meta for shapes, or both with data");
 }
 
 // Moves x into `dst` (the exchange's shape) on the caller's current stream; CUDA transports
@@ -156,14 +214,7 @@ at::Tensor run(const at::Tensor& x_in, int64_t group, int64_t mode, at::Optional
     const UlyssesArgs a = make_args(mode, seq, heads, kv);
     const bool summed = mode == 1 && kv > 1;
     const auto [exch, result] = shapes(*t, concrete_shape(x), x.element_size(), a);
-    if (out) {  // the refusals the transport cannot make: a summed result, shapes only
-      FASTCOMMS_CHECK(out->sizes() == at::IntArrayRef(result) && out->dtype() == x.dtype(),
-                      kInvalidArgument, where(*t), "out is ", out->sizes(), " ", out->dtype(),
-                      ", expected ", at::IntArrayRef(result), " ", x.dtype());
-      FASTCOMMS_CHECK(out->is_meta() == x.is_meta(), kInvalidArgument, where(*t), "x is on ",
-                      x.device().str(), " but out is on ", out->device().str(),
-                      "; pass both on meta for shapes, or both with data");
-    }
+    if (out) check_out(*t, x, *out, result, false);
     if (x.is_meta()) return out ? *out : at::empty(result, x.options());
     if (!summed) {
       at::Tensor dst = out ? *out : at::empty(result, x.options());
@@ -175,6 +226,109 @@ at::Tensor run(const at::Tensor& x_in, int64_t group, int64_t mode, at::Optional
     at::Tensor dst = out ? *out : at::empty(result, x.options());
     sum_replicas(tmp, kv, dst);
     return dst;
+  });
+}
+
+// -- FP8 on the wire --------------------------------------------------------------------------
+// NOTE [fp8 wire exchange]: a call with `wire_dtype` quantizes x's rows of d values (one float32
+// scale per (token, head) row), moves the FP8 rows and the scales as two exchanges of the same
+// geometry (the scales padded to 16 bytes a row on the peer-to-peer paths) and dequantizes into
+// x's dtype (or returns both, `return_scales`): exactly quantize -> exchange -> dequantize of the
+// torch reference (tests/python/fp8_reference.py; the numerics are NOTE [fp8 wire] in
+// include/fastcomms/ulysses/fp8.hpp). Mode 1 with kv replicas exchanges the virtual heads and sums
+// each head's replicas after dequantizing. On CUDA the transport may quantize as it writes into
+// the peers' windows and dequantize in its copy-out (NOTE [fp8 fused push]); where it has no such
+// path for the call it says so and the three steps run. Backward: the gradient in its own dtype
+// by the plain op in the other mode, or FP8 again with `grad_wire_dtype`.
+bool is_wire(at::ScalarType s) { return s == at::kFloat8_e4m3fn || s == at::kFloat8_e5m2; }
+
+// Every check of an FP8 call, before anything runs or is traced.
+void check_fp8(const UlyssesTransport& t, const at::Tensor& x, int64_t mode, int64_t kv,
+               std::optional<at::ScalarType> wire, bool return_scales,
+               std::optional<at::ScalarType> grad_wire, bool has_out) {
+  FASTCOMMS_CHECK(wire.has_value(), kInvalidArgument, where(t),
+                  "return_scales and grad_wire_dtype need wire_dtype");
+  const at::ScalarType v = x.scalar_type();
+  FASTCOMMS_CHECK(v == at::kHalf || v == at::kBFloat16 || v == at::kFloat, kTypeError, where(t),
+                  "x's dtype with wire_dtype must be float16, bfloat16 or float32, got ",
+                  dtype_str(v));
+  FASTCOMMS_CHECK(is_wire(*wire), kTypeError, where(t),
+                  "wire_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ",
+                  dtype_str(*wire));
+  FASTCOMMS_CHECK(!grad_wire || is_wire(*grad_wire), kTypeError, where(t),
+                  "grad_wire_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ",
+                  grad_wire ? dtype_str(*grad_wire) : "");
+  // The FP8 rows are new tensors of the wire dtype, and mode 1 with replicas sums after
+  // dequantizing: neither has FP8 rows to hand back.
+  FASTCOMMS_CHECK(!return_scales || (!has_out && !(mode == 1 && kv > 1)), kInvalidArgument,
+                  where(t),
+                  "return_scales=True returns new FP8 rows and scales; it takes no out= and no "
+                  "mode 1 with kv_replicas > 1 (whose replicas are summed after dequantizing)");
+}
+
+std::vector<at::Tensor> run_fp8(const at::Tensor& x_in, int64_t group, int64_t mode,
+                                at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
+                                int64_t kv, std::optional<at::ScalarType> wire_arg,
+                                bool return_scales, std::optional<at::ScalarType> grad_wire,
+                                const std::optional<at::Tensor>& out) {
+  return torch_errors([&]() -> std::vector<at::Tensor> {
+    const UlyssesTransportPtr t = groups().get(group);
+    check_x(*t, x_in);
+    check_fp8(*t, x_in, mode, kv, wire_arg, return_scales, grad_wire, out.has_value());
+    const at::ScalarType wire = *wire_arg;
+    const at::Tensor x = x_in.contiguous();
+    const bool summed = mode == 1 && kv > 1;
+    const int64_t k = summed ? 1 : kv;  // summed: the virtual heads as sent, summed below
+    const auto in = concrete_shape(x);
+    const auto result = shapes(*t, in, x.element_size(), make_args(mode, seq, heads, kv)).second;
+    const UlyssesArgs a = make_args(mode, seq, heads, k);
+    const std::vector<int64_t> exch = shapes(*t, in, x.element_size(), a).first;
+    const std::vector<int64_t> exch_rows(exch.begin(), exch.end() - 1);
+    if (out) check_out(*t, x, *out, result, true);
+    if (x.is_meta()) {
+      if (return_scales)
+        return {at::empty(exch, x.options().dtype(wire)),
+                at::empty(exch_rows, x.options().dtype(at::kFloat))};
+      return {out ? *out : at::empty(result, x.options())};
+    }
+    const auto into = [&](at::IntArrayRef shape) {
+      return out && !summed ? *out : at::empty(shape, x.options());
+    };
+    at::Tensor got;
+    if (x.is_cuda()) {  // NOTE [fp8 fused push]
+      const at::Tensor dst = return_scales ? at::empty(exch, x.options().dtype(wire)) : into(exch);
+      const at::Tensor so =
+          return_scales ? at::empty(exch_rows, x.options().dtype(at::kFloat)) : at::Tensor();
+      const TensorView xv = view(x), dv = view(dst);
+      std::optional<TensorView> sv;
+      if (so.defined()) sv = view(so);
+      void* stream = current_stream(xv.device);
+      bool done = false;
+      without_gil([&] {
+        done = t->all_to_all_4d_fp8(xv, dv, sv ? &*sv : nullptr, a, to_dtype(wire), stream);
+      });
+      if (done && return_scales) return {dst, so};
+      if (done) got = dst;
+    }
+    if (!got.defined()) {
+      const at::Tensor q = at::empty(x.sizes(), x.options().dtype(wire));
+      const at::Tensor scales = at::empty(x.sizes().slice(0, 3), x.options().dtype(at::kFloat));
+      fp8_quantize("all_to_all_4d", x, q, scales);
+      at::Tensor s = scales.unsqueeze(-1);
+      const std::string kind = t->kind();
+      if (kind == "nvlink" || kind == "hierarchical")  // peer-to-peer rows: 16-byte units
+        s = at::constant_pad_nd(s, {0, 3}, 0);
+      const at::Tensor qo = run(q, group, mode, seq, heads, k, std::nullopt);
+      const at::Tensor so =
+          run(s, group, mode, seq, heads, k, std::nullopt).select(-1, 0).contiguous();
+      if (return_scales) return {qo, so};
+      got = into(qo.sizes());
+      fp8_dequantize("all_to_all_4d", qo, so, got);
+    }
+    if (!summed) return {got};
+    at::Tensor dst = out ? *out : at::empty(result, x.options());
+    sum_replicas(got, kv, dst);
+    return {dst};
   });
 }
 
@@ -195,13 +349,63 @@ at::Tensor meta_kernel(const at::Tensor& x, int64_t group, int64_t mode,
   });
 }
 
+// `.out`: CPU, CUDA and Meta alike (run() stops after its checks for meta tensors).
+at::Tensor& out_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                       at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads, int64_t kv,
+                       at::Tensor& out) {
+  run(x, group, mode, seq, heads, kv, out);
+  return out;
+}
+
+// `.fp8` and `.fp8_out`: CPU, CUDA and Meta alike (NOTE [fp8 wire exchange]).
+std::vector<at::Tensor> fp8_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                                   at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
+                                   int64_t kv, std::optional<at::ScalarType> wire,
+                                   bool return_scales, std::optional<at::ScalarType> grad_wire) {
+  return run_fp8(x, group, mode, seq, heads, kv, wire, return_scales, grad_wire, std::nullopt);
+}
+
+at::Tensor& fp8_out_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                           at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads, int64_t kv,
+                           std::optional<at::ScalarType> wire, bool return_scales,
+                           std::optional<at::ScalarType> grad_wire, at::Tensor& out) {
+  run_fp8(x, group, mode, seq, heads, kv, wire, return_scales, grad_wire, out);
+  return out;
+}
+
 using Signature = at::Tensor(const at::Tensor&, int64_t, int64_t, at::OptionalIntArrayRef,
                              at::OptionalIntArrayRef, int64_t);
+using OutSignature = at::Tensor&(const at::Tensor&, int64_t, int64_t, at::OptionalIntArrayRef,
+                                 at::OptionalIntArrayRef, int64_t, at::Tensor&);
+using Fp8Signature = std::vector<at::Tensor>(const at::Tensor&, int64_t, int64_t,
+                                             at::OptionalIntArrayRef, at::OptionalIntArrayRef,
+                                             int64_t, std::optional<at::ScalarType>, bool,
+                                             std::optional<at::ScalarType>);
+using Fp8OutSignature = at::Tensor&(const at::Tensor&, int64_t, int64_t, at::OptionalIntArrayRef,
+                                    at::OptionalIntArrayRef, int64_t, std::optional<at::ScalarType>,
+                                    bool, std::optional<at::ScalarType>, at::Tensor&);
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find(const char* overload) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow("fastcomms::ulysses_all_to_all_4d", overload)
+      .typed<Sig>();
+}
 
 const c10::TypedOperatorHandle<Signature>& op() {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("fastcomms::ulysses_all_to_all_4d", "")
-                                 .typed<Signature>();
+  static const auto handle = find<Signature>("");
+  return handle;
+}
+const c10::TypedOperatorHandle<OutSignature>& out_op() {
+  static const auto handle = find<OutSignature>("out");
+  return handle;
+}
+const c10::TypedOperatorHandle<Fp8Signature>& fp8_op() {
+  static const auto handle = find<Fp8Signature>("fp8");
+  return handle;
+}
+const c10::TypedOperatorHandle<Fp8OutSignature>& fp8_out_op() {
+  static const auto handle = find<Fp8OutSignature>("fp8_out");
   return handle;
 }
 
@@ -261,14 +465,111 @@ at::Tensor autograd_kernel(const at::Tensor& x, int64_t group, int64_t mode,
   return result;
 }
 
+// NOTE [fp8 wire exchange]: backward is the other mode with the same splits, the gradient in its
+// own dtype (the plain op) or as grad_wire (this op again, so double backward stays FP8).
+at::Tensor fp8_backward_exchange(const at::Tensor& g, int64_t group, int64_t mode,
+                                 at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
+                                 int64_t kv, std::optional<at::ScalarType> grad_wire) {
+  if (!grad_wire) return op().call(g.contiguous(), group, mode, seq, heads, kv);
+  return fp8_op().call(g.contiguous(), group, mode, seq, heads, kv, grad_wire, false, grad_wire)[0];
+}
+
+class UlyssesFp8Function : public torch::autograd::Function<UlyssesFp8Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, int64_t group, int64_t mode,
+                                                std::optional<std::vector<int64_t>> seq,
+                                                std::optional<std::vector<int64_t>> heads,
+                                                int64_t kv, std::optional<at::ScalarType> wire,
+                                                std::optional<at::ScalarType> grad_wire) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["kv"] = kv;
+    if (seq) ctx->saved_data["seq"] = *seq;
+    if (heads) ctx->saved_data["heads"] = *heads;
+    if (grad_wire) ctx->saved_data["grad_wire"] = *grad_wire;
+    at::AutoDispatchBelowADInplaceOrView below;
+    return fp8_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, wire, false, grad_wire);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto& d = ctx->saved_data;
+    std::optional<std::vector<int64_t>> seq, heads;
+    std::optional<at::ScalarType> grad_wire;
+    if (d.count("seq")) seq = d.at("seq").toIntVector();
+    if (d.count("heads")) heads = d.at("heads").toIntVector();
+    if (d.count("grad_wire")) grad_wire = d.at("grad_wire").toScalarType();
+    at::Tensor g = fp8_backward_exchange(grads[0], d.at("group").toInt(), 1 - d.at("mode").toInt(),
+                                         as_ref(seq), as_ref(heads), d.at("kv").toInt(), grad_wire);
+    return {g,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// out= and the FP8 rows with their scales are not differentiable: refused under grad mode.
+[[noreturn]] void refuse_grad(int64_t group, const char* what) {
+  const UlyssesTransportPtr t = groups().get(group);
+  throw Error(ErrorCode::kUnsupported,
+              where(*t) + what + " not differentiable; x requires grad under grad mode");
+}
+
+std::vector<at::Tensor> fp8_autograd_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                                            at::OptionalIntArrayRef seq,
+                                            at::OptionalIntArrayRef heads, int64_t kv,
+                                            std::optional<at::ScalarType> wire, bool return_scales,
+                                            std::optional<at::ScalarType> grad_wire) {
+  const bool grad = at::GradMode::is_enabled() && x.requires_grad();
+  if (grad && return_scales) refuse_grad(group, "out= and return_scales=True are");
+  std::vector<at::Tensor> result;
+  if (grad) {
+    result =
+        UlyssesFp8Function::apply(x, group, mode, to_vec(seq), to_vec(heads), kv, wire, grad_wire);
+  } else {
+    at::AutoDispatchBelowADInplaceOrView below;
+    result = fp8_op().call(x, group, mode, seq, heads, kv, wire, return_scales, grad_wire);
+  }
+  const at::Tensor& tangent = x._fw_grad(/*level=*/0);
+  if (tangent.defined() && !return_scales) {  // forward-mode AD: the tangent as the gradient
+    at::Tensor t_out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      t_out = fp8_backward_exchange(tangent, group, mode, seq, heads, kv, grad_wire);
+    }
+    result[0]._set_fw_grad(t_out, /*level=*/0, /*is_inplace_op=*/false);
+  }
+  return result;
+}
+
+at::Tensor& out_autograd_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                                at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
+                                int64_t kv, at::Tensor& out) {
+  if (at::GradMode::is_enabled() && x.requires_grad()) refuse_grad(group, "out= is");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return out_op().call(x, group, mode, seq, heads, kv, out);
+}
+
+at::Tensor& fp8_out_autograd_kernel(const at::Tensor& x, int64_t group, int64_t mode,
+                                    at::OptionalIntArrayRef seq, at::OptionalIntArrayRef heads,
+                                    int64_t kv, std::optional<at::ScalarType> wire,
+                                    bool return_scales, std::optional<at::ScalarType> grad_wire,
+                                    at::Tensor& out) {
+  if (at::GradMode::is_enabled() && x.requires_grad())
+    refuse_grad(group, "out= and return_scales=True are");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return fp8_out_op().call(x, group, mode, seq, heads, kv, wire, return_scales, grad_wire, out);
+}
+
 void refuse_batched(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t group = (*stack)[1].toInt();
   const UlyssesTransportPtr t = groups().get(group);
-  TORCH_CHECK(false, where(*t),
-              "torch.vmap (or autograd.grad(is_grads_batched=True)) is not supported: every "
-              "rank must issue each exchange once, and ranks that disagree on the batch "
-              "would hang; loop over the batch explicitly or fold it into the tensor's batch "
-              "dimension");
+  TORCH_CHECK(false, where(*t), kVmapRefusal);
 }
 
 // -- the collective path over a torch.distributed ProcessGroup -----------------------------------
@@ -377,41 +678,73 @@ void bind_ulysses_op(py::module_& m) {
       [](const at::Tensor& x, at::Tensor out, int64_t group, int64_t mode,
          std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
          int64_t kv) {
-        if (at::GradMode::is_enabled() && x.requires_grad()) {
-          const UlyssesTransportPtr t = groups().get(group);
-          throw Error(ErrorCode::kUnsupported,
-                      where(*t) + "out= is not differentiable; x requires grad under grad mode");
-        }
-        at::Tensor y = run(x, group, mode, as_ref(seq), as_ref(heads), kv, out);
+        out_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, out);
         release_finished();
-        return y;
+        return out;
       },
       py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
       py::arg("heads"), py::arg("kv_replicas") = 1);
-  // FP8 on the wire fused into the transfer where the group's transport has such a path
-  // (fastcomms._fp8_wire, NOTE [fp8 fused push]); False when it has none for this call. `wire`:
-  // 0 float8_e4m3fn, 1 float8_e5m2; `scales` given: out holds the FP8 rows.
+  // FP8 on the wire (NOTE [fp8 wire exchange]): `.fp8` returns [y] or [fp8 rows, scales].
   m.def(
-      "ulysses_fp8_fused",
+      "ulysses_all_to_all_4d_fp8",
       [](const at::Tensor& x, int64_t group, int64_t mode, std::optional<std::vector<int64_t>> seq,
-         std::optional<std::vector<int64_t>> heads, int64_t kv, const at::Tensor& out,
-         std::optional<at::Tensor> scales, int64_t wire) {
-        const UlyssesTransportPtr t = groups().get(group);
-        const UlyssesArgs a = make_args(mode, as_ref(seq), as_ref(heads), kv);
-        const TensorView xv = view(x), ov = view(out);
-        std::optional<TensorView> sv;
-        if (scales) sv = view(*scales);
-        void* stream = current_stream(xv.device);
-        bool done = false;
-        without_gil([&] {
-          done =
-              t->all_to_all_4d_fp8(xv, ov, sv ? &*sv : nullptr, a,
-                                   wire == 0 ? DType::kFloat8E4M3FN : DType::kFloat8E5M2, stream);
-        });
-        return done;
+         std::optional<std::vector<int64_t>> heads, int64_t kv, std::optional<at::ScalarType> wire,
+         bool return_scales, std::optional<at::ScalarType> grad_wire) {
+        auto y = fp8_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, wire, return_scales,
+                               grad_wire);
+        release_finished();
+        return y;
       },
       py::arg("x"), py::arg("group"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
-      py::arg("kv_replicas"), py::arg("out"), py::arg("scales"), py::arg("wire"));
+      py::arg("kv_replicas"), py::arg("wire_dtype"), py::arg("return_scales") = false,
+      py::arg("grad_wire_dtype") = py::none());
+  m.def(
+      "ulysses_all_to_all_4d_fp8_out",
+      [](const at::Tensor& x, at::Tensor out, int64_t group, int64_t mode,
+         std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
+         int64_t kv, std::optional<at::ScalarType> wire, bool return_scales,
+         std::optional<at::ScalarType> grad_wire) {
+        fp8_out_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, wire, return_scales,
+                          grad_wire, out);
+        release_finished();
+        return out;
+      },
+      py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
+      py::arg("heads"), py::arg("kv_replicas"), py::arg("wire_dtype"),
+      py::arg("return_scales") = false, py::arg("grad_wire_dtype") = py::none());
+  // NOTE [async ulysses checks]: the async form's refusals, before anything is allocated or
+  // ordered. The form is no op (it returns an AsyncCollectiveTensor of a stream-ordered call), so
+  // these and the transport's are its checks; the messages are the op's.
+  m.def(
+      "ulysses_async_check",
+      [](int64_t group, const at::Tensor& x, int64_t mode, int64_t kv, bool lend, bool has_out,
+         const std::string& reason) {
+        const UlyssesTransportPtr t = groups().get(group);
+        const char* op = "all_to_all_4d_async";
+        const std::string w = where(*t, op);
+        if (at::GradMode::is_enabled() && x.requires_grad())
+          throw Error(ErrorCode::kUnsupported,
+                      w + "the async form is not differentiable; x requires grad under grad mode");
+        if (lend) {  // the ring's windows are NVLink windows of the exchange's own shape
+          FASTCOMMS_CHECK(!has_out, kInvalidArgument, w,
+                          "lend=True returns a buffer of the group's ring; out= cannot be given "
+                          "with it");
+          FASTCOMMS_CHECK(!(mode == 1 && kv > 1), kInvalidArgument, w,
+                          "lend=True with mode 1 and kv_replicas > 1 is not supported (the "
+                          "replicas are summed into a new tensor)");
+          const std::string kind = t->kind();
+          FASTCOMMS_CHECK(kind == "nvlink", kInvalidArgument, w,
+                          "lend=True needs the NVLink transport; this group uses ",
+                          kind == "hierarchical" ? kind : std::string("collective"), " (", reason,
+                          ")");
+        }
+        if (batched(x)) throw Error(ErrorCode::kUnsupported, w + kVmapRefusal);
+        check_x(*t, x, op);
+        FASTCOMMS_CHECK(!x.is_meta(), kInvalidArgument, w,
+                        "x is a meta tensor (no data to move); use all_to_all_4d for shapes");
+      },
+      py::arg("group"), py::arg("x"), py::arg("mode"), py::arg("kv_replicas"), py::arg("lend"),
+      py::arg("has_out"), py::arg("transport_reason"));
   // The collective path over a torch.distributed ProcessGroup.
   m.def("process_group_transport", [](c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
                                       int device_index) {
@@ -422,30 +755,51 @@ void bind_ulysses_op(py::module_& m) {
 
 }  // namespace fastcomms::python
 
+// The op's four overloads (NOTE [ulysses op in c++]) share the checks (check_x, check_out,
+// check_fp8, the plan's), the Meta kernels and the refusals (grad with out=, vmap).
 TORCH_LIBRARY(fastcomms, m) {
   m.def(
       "ulysses_all_to_all_4d(Tensor x, int group, int mode, int[]? seq_splits, "
       "int[]? head_splits, int kv_replicas=1) -> Tensor");
+  m.def(
+      "ulysses_all_to_all_4d.out(Tensor x, int group, int mode, int[]? seq_splits, "
+      "int[]? head_splits, int kv_replicas=1, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "ulysses_all_to_all_4d.fp8(Tensor x, int group, int mode, int[]? seq_splits, "
+      "int[]? head_splits, int kv_replicas, ScalarType? wire_dtype, bool return_scales=False, "
+      "ScalarType? grad_wire_dtype=None) -> Tensor[]");
+  m.def(
+      "ulysses_all_to_all_4d.fp8_out(Tensor x, int group, int mode, int[]? seq_splits, "
+      "int[]? head_splits, int kv_replicas, ScalarType? wire_dtype, bool return_scales=False, "
+      "ScalarType? grad_wire_dtype=None, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
-TORCH_LIBRARY_IMPL(fastcomms, CPU, m) {
-  m.impl("ulysses_all_to_all_4d", &fastcomms::python::kernel);
-}
-TORCH_LIBRARY_IMPL(fastcomms, CUDA, m) {
-  m.impl("ulysses_all_to_all_4d", &fastcomms::python::kernel);
-}
-TORCH_LIBRARY_IMPL(fastcomms, Meta, m) {
-  m.impl("ulysses_all_to_all_4d", &fastcomms::python::meta_kernel);
-}
+#define FASTCOMMS_ULYSSES_KERNELS(KEY, PLAIN)                                    \
+  TORCH_LIBRARY_IMPL(fastcomms, KEY, m) {                                        \
+    m.impl("ulysses_all_to_all_4d", &fastcomms::python::PLAIN);                  \
+    m.impl("ulysses_all_to_all_4d.out", &fastcomms::python::out_kernel);         \
+    m.impl("ulysses_all_to_all_4d.fp8", &fastcomms::python::fp8_kernel);         \
+    m.impl("ulysses_all_to_all_4d.fp8_out", &fastcomms::python::fp8_out_kernel); \
+  }
+FASTCOMMS_ULYSSES_KERNELS(CPU, kernel)
+FASTCOMMS_ULYSSES_KERNELS(CUDA, kernel)
+FASTCOMMS_ULYSSES_KERNELS(Meta, meta_kernel)
+#undef FASTCOMMS_ULYSSES_KERNELS
+
 TORCH_LIBRARY_IMPL(fastcomms, Autograd, m) {
   m.impl("ulysses_all_to_all_4d", &fastcomms::python::autograd_kernel);
+  m.impl("ulysses_all_to_all_4d.out", &fastcomms::python::out_autograd_kernel);
+  m.impl("ulysses_all_to_all_4d.fp8", &fastcomms::python::fp8_autograd_kernel);
+  m.impl("ulysses_all_to_all_4d.fp8_out", &fastcomms::python::fp8_out_autograd_kernel);
 }
-TORCH_LIBRARY_IMPL(fastcomms, FuncTorchBatched, m) {
-  m.impl("ulysses_all_to_all_4d",
-         torch::CppFunction::makeFromBoxedFunction<&fastcomms::python::refuse_batched>());
-}
-// autograd.grad(is_grads_batched=True) batches through the legacy Batched key.
-TORCH_LIBRARY_IMPL(fastcomms, Batched, m) {
-  m.impl("ulysses_all_to_all_4d",
-         torch::CppFunction::makeFromBoxedFunction<&fastcomms::python::refuse_batched>());
-}
+// torch.vmap, and autograd.grad(is_grads_batched=True) through the legacy Batched key.
+#define FASTCOMMS_ULYSSES_REFUSE(KEY)                                                          \
+  TORCH_LIBRARY_IMPL(fastcomms, KEY, m) {                                                      \
+    for (const char* name : {"ulysses_all_to_all_4d", "ulysses_all_to_all_4d.out",             \
+                             "ulysses_all_to_all_4d.fp8", "ulysses_all_to_all_4d.fp8_out"})    \
+      m.impl(name,                                                                             \
+             torch::CppFunction::makeFromBoxedFunction<&fastcomms::python::refuse_batched>()); \
+  }
+FASTCOMMS_ULYSSES_REFUSE(FuncTorchBatched)
+FASTCOMMS_ULYSSES_REFUSE(Batched)
+#undef FASTCOMMS_ULYSSES_REFUSE

@@ -19,9 +19,32 @@ bytes on every device:
 from __future__ import annotations
 
 import torch
-from fastcomms._fp8_wire import VALUE_DTYPES, _name, check_value_dtype, check_wire_dtype
 
 __all__ = ["FP8_MAX", "VALUE_DTYPES", "dequantize_reference", "quantize_reference"]
+
+#: The dtypes that can be sent as FP8 (and that FP8 is dequantized into), and the wire formats.
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WIRE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _name(dtype: object) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_value_dtype(dtype: object, what: str) -> None:
+    """The reference's own argument check: float16, bfloat16 or float32."""
+    if dtype not in VALUE_DTYPES:
+        raise TypeError(f"fp8: {what} must be float16, bfloat16 or float32, got {_name(dtype)}")
+
+
+def check_wire_dtype(wire_dtype: object) -> None:
+    """The reference's own argument check: torch.float8_e4m3fn or torch.float8_e5m2."""
+    if wire_dtype not in WIRE_DTYPES:
+        raise TypeError(
+            "fp8: wire_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got "
+            f"{_name(wire_dtype)}"
+        )
+
 
 #: The largest finite value of each wire format.
 FP8_MAX: dict[torch.dtype, float] = {

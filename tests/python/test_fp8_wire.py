@@ -109,7 +109,7 @@ def fp8_wire(comm, rank, size):
         (gx,) = torch.autograd.grad(y, x, gy)
         assert _same(gx, _ref(pg, gy, torch.float8_e5m2, 1, None, None)[0]), "fp8 backward"
         # torch.compile(fullgraph=True): the method and the functional form trace as one op (NOTE
-        # [fp8 wire op]); forward and backward (FP8 gradient) as eager, return_scales too
+        # [fp8 wire exchange]); forward and backward (FP8 gradient) as eager, return_scales too
         method = torch.compile(
             lambda t: g.all_to_all_4d(
                 t, wire_dtype=torch.float8_e4m3fn, grad_wire_dtype=torch.float8_e5m2
@@ -139,6 +139,19 @@ def fp8_wire(comm, rank, size):
             g.all_to_all_4d(x.detach(), return_scales=True)
         with pytest.raises(RuntimeError, match="not differentiable"):
             g.all_to_all_4d(x, wire_dtype=torch.float8_e4m3fn, return_scales=True)
+        with pytest.raises(TypeError, match="grad_wire_dtype must be torch.float8_e4m3fn"):
+            g.all_to_all_4d(x.detach(), wire_dtype=torch.float8_e4m3fn, grad_wire_dtype=x.dtype)
+        with pytest.raises(ValueError, match="it takes no out="):
+            g.all_to_all_4d(
+                x.detach(), wire_dtype=torch.float8_e5m2, return_scales=True, out=torch.empty(0)
+            )
+        with pytest.raises(ValueError, match=r"out is \[1, 2, 5\] float32, expected a contiguous"):
+            g.all_to_all_4d(x.detach(), wire_dtype=torch.float8_e5m2, out=torch.empty(1, 2, 5))
+        # meta tensors: the op's Meta kernel (the plan's shapes), the FP8 rows and scales too
+        m = x.detach().to("meta")
+        assert g.all_to_all_4d(m, wire_dtype=torch.float8_e4m3fn).shape == y.shape
+        q, s = g.all_to_all_4d(m, wire_dtype=torch.float8_e4m3fn, return_scales=True)
+        assert q.dtype == torch.float8_e4m3fn and q.shape == y.shape and s.shape == y.shape[:-1]
     finally:
         g.destroy()
         pg.destroy()

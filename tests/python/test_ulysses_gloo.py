@@ -107,6 +107,13 @@ def autograd(comm, rank, size):
     assert torch.equal(tangent, g.all_to_all_4d(t, mode=0, seq_splits=seq, head_splits=heads))
     with pytest.raises(RuntimeError, match="out= is not differentiable"):
         g.all_to_all_4d(x, mode=0, seq_splits=seq, head_splits=heads, out=torch.empty_like(y))
+    # the op's .out overload, through the dispatcher as torch.ops reaches it (NOTE [ulysses op in
+    # c++]); refused under grad mode there too
+    op, z = torch.ops.fastcomms.ulysses_all_to_all_4d, torch.empty_like(y)
+    op.out(x.detach(), g._id, 0, seq, heads, 1, out=z)
+    assert torch.equal(z, y.detach())
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        op.out(x, g._id, 0, seq, heads, 1, out=z)
 
 
 def validation(comm, rank, size):
@@ -249,6 +256,13 @@ def async_and_transport(comm, rank, size):
     x = torch.randn(2, seq[rank], sum(heads), 5)
     with pytest.raises(ValueError, match="lend=True needs the NVLink transport"):
         g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True)
+    # NOTE [async ulysses checks]: the async form's refusals, one place (C++)
+    with pytest.raises(ValueError, match="lend=True returns a buffer of the group's ring"):
+        g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads, lend=True, out=x)
+    with pytest.raises(ValueError, match=r"\] all_to_all_4d_async: x is a meta tensor"):
+        g.all_to_all_4d_async(x.to("meta"), seq_splits=seq, head_splits=heads)
+    with pytest.raises(ValueError, match=r"\] all_to_all_4d_async: x must be a 4-D tensor"):
+        g.all_to_all_4d_async(x[0], seq_splits=seq, head_splits=heads)
     # vmap (and batched gradients) would issue one collective per row: refused, never hung
     with pytest.raises(RuntimeError, match="torch.vmap"):
         torch.vmap(lambda t: g.all_to_all_4d(t, seq_splits=seq, head_splits=heads))(x[None])

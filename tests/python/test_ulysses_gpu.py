@@ -714,7 +714,7 @@ def _fp8_fused_worker(store, rank, world):
         got, _fp8.dequantize_reference(qo, bad, torch.bfloat16)
     ), "armed control: a perturbed scale went unnoticed"
     checks += 2
-    # torch.compile(fullgraph=True): the one op of NOTE [fp8 wire op], the fused path inside it;
+    # torch.compile(fullgraph=True): the op of NOTE [fp8 wire exchange], the fused path inside it;
     # forward and the FP8 backward as eager
     x = torch.randn((1, 16, 2 * world, 32), generator=gen).to(dev).requires_grad_(True)
     kw = {"wire_dtype": torch.float8_e4m3fn, "grad_wire_dtype": torch.float8_e5m2}
