@@ -143,8 +143,8 @@ void FlightRecorder::attach(const std::shared_ptr<Communicator>& comm, DumpFn du
     try {
       if (*dump_fn) (*dump_fn)(rank);
     } catch (...) {  // a failed dump must not replace the error that asked for it
-      FASTCOMMS_LOG(kError, "[rank ", rank, "] the flight recorder's dump failed: ",
-                    log::current_exception_text());
+      FASTCOMMS_LOG(kError, "[rank ", rank,
+                    "] the flight recorder's dump failed: ", log::current_exception_text());
     }
   };
   std::vector<RemovableHandle> hs;
@@ -200,8 +200,8 @@ bool FlightRecorder::enabled() const {
   return enabled_;
 }
 
-void FlightRecorder::record(const std::string& comm, const std::string& backend, int rank,
-                            int size, int64_t timeout_ms, const std::string& op, uint64_t op_id,
+void FlightRecorder::record(const std::string& comm, const std::string& backend, int rank, int size,
+                            int64_t timeout_ms, const std::string& op, uint64_t op_id,
                             bool async_op, Shapes shapes) {
   if (op == "finalize" || op == "new_window" || max_ == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
@@ -226,7 +226,8 @@ std::vector<FlightRecorder::Group> FlightRecorder::groups() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Group> out;
   for (const auto& [name, g] : groups_) out.push_back(g);
-  std::sort(out.begin(), out.end(), [](const Group& a, const Group& b) { return a.pg_id < b.pg_id; });
+  std::sort(out.begin(), out.end(),
+            [](const Group& a, const Group& b) { return a.pg_id < b.pg_id; });
   return out;
 }
 

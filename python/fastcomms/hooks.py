@@ -227,52 +227,42 @@ class FlightRecorderHook(_Registered):
 
 
 class NanCheckHook(_Registered):
-    """torchcomms' NaN check: before every operation, raises ``RuntimeError("NaN detected in
-    <input|output> tensor for '<op>' on comm '<name>': ...")`` where a floating tensor it reads
+    """torchcomms' NaN check: raises ``RuntimeError("NaN detected in <input|output> tensor for
+    '<op>' on comm '<name>': ...")`` where a floating tensor an operation reads
     (``check_inputs``, default on; an in-place tensor counts as input) or, with
     ``check_outputs=True``, a floating tensor it writes (a ``recv`` buffer, the outputs; also the
-    in-place tensor) holds a NaN. Costs one reduction per checked tensor."""
+    in-place tensor) holds a NaN. A C++ hook on the communicator (NOTE [NaN check on the device]):
+    a CPU tensor is checked before its operation, which the NaN stops; a CUDA tensor is reduced on
+    the device without a host sync, and the NaN is raised by the communicator's next operation
+    (its own ran). Costs one reduction per checked tensor."""
 
     def __init__(self, check_inputs: bool = True, check_outputs: bool = False) -> None:
         super().__init__()
         self._check_inputs, self._check_outputs = bool(check_inputs), bool(check_outputs)
+        self._nc = _C.NanCheck(self._check_inputs, self._check_outputs)
         self._registered_count = 0
 
     def register_with_comm(self, comm: Any) -> None:
-        name = comm.get_name()
-        check_in, check_out = self._check_inputs, self._check_outputs
+        if isinstance(comm._c, _C.Comm):
+            self._nc.attach(comm._c)
+        else:  # a backend written in Python: the same check, from its Python hooks
+            name = comm.get_name()
 
-        def check(t, label: str, op: str) -> None:
-            if isinstance(t, list | tuple):
-                for x in t:
-                    check(x, label, op)
-            elif (
-                isinstance(t, torch.Tensor)
-                and t.is_floating_point()
-                and t.numel()
-                and bool(torch.isnan(t).any())
-            ):
-                raise RuntimeError(
-                    f"NaN detected in {label} tensor for '{op}' on comm '{name}': "
-                    f"{tuple(t.shape)} {str(t.dtype).split('.')[-1]}"
-                )
+            def floating(ts):
+                return [t for t in ts if t.is_floating_point()]
 
-        def pre(op, op_id, args):
-            opname = getattr(op, "value", str(op))
-            fields = getattr(args, "_fields", ())
-            if "tensor" in fields:  # send reads it, recv writes it, the rest do both (in place)
-                reads = opname != "recv"
-                writes = opname != "send"
-                if (check_in and reads) or (check_out and writes):
-                    check(args.tensor, "output" if not reads else "input", opname)
-                return
-            if check_in and "input" in fields:
-                check(args.input, "input", opname)
-            if check_out and "output" in fields:
-                check(args.output, "output", opname)
+            def pre(op, op_id, args):
+                ins, outs = _io(args)
+                opname = getattr(op, "value", str(op))
+                self._nc.check(opname, name, floating(ins), floating(outs))
 
-        self._handles.append(comm.register_pre_hook(pre))
+            self._handles.append(comm.register_pre_hook(pre))
         self._registered_count += 1
+
+    def unregister(self) -> None:
+        """Stops checking."""
+        super().unregister()
+        self._nc.detach()
 
     def is_enabled(self) -> bool:
         """Whether it was registered with a communicator (torchcomms')."""
