@@ -206,6 +206,8 @@ const char* op_name(OpKind op) noexcept {
       return "new_window";
     case OpKind::kFinalize:
       return "finalize";
+    case OpKind::kAllGatherPExec:
+      return "all_gather_p_exec";
     case OpKind::kCount:
       break;
   }

@@ -23,15 +23,28 @@ struct Communicator::Hooks {
   std::map<uint64_t, PreHook> pre;
   std::map<uint64_t, PostHook> post;
   std::map<uint64_t, AbortHook> abort;
-  /// The hooks registered now (copies, so they run without the lock).
-  template <typename Fn>
-  std::vector<Fn> now(const std::map<uint64_t, Fn>& map) {
+  std::map<uint64_t, ErrorHook> error;
+  /// The hooks an op runs: those registered when it starts (copies, so they run without the
+  /// lock; one lock, and no allocation where none is registered).
+  struct Now {
+    std::vector<PreHook> pre;
+    std::vector<PostHook> post;
+    std::vector<ErrorHook> error;
+  };
+  Now now() {
+    Now n;
     std::lock_guard<std::mutex> lock(mu);
-    std::vector<Fn> fns;
-    for (auto& [id, fn] : map) fns.push_back(fn);
+    for (auto& [id, fn] : pre) n.pre.push_back(fn);
+    for (auto& [id, fn] : post) n.post.push_back(fn);
+    for (auto& [id, fn] : error) n.error.push_back(fn);
+    return n;
+  }
+  std::vector<AbortHook> abort_hooks() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<AbortHook> fns;
+    for (auto& [id, fn] : abort) fns.push_back(fn);
     return fns;
   }
-  std::vector<AbortHook> abort_hooks() { return now(abort); }
 };
 
 uint64_t next_op_id() {
@@ -41,14 +54,47 @@ uint64_t next_op_id() {
 
 template <typename Body>
 auto Communicator::hooked(OpInfo info, Body&& body) {
-  const std::vector<PreHook> pre = hooks_->now(hooks_->pre);
-  const std::vector<PostHook> post = hooks_->now(hooks_->post);
-  for (auto& fn : pre) fn(info);
-  auto result = body();
-  if constexpr (std::is_same_v<decltype(result), WorkPtr>) info.work = result.get();
-  for (auto& fn : post) fn(info);
+  const Hooks::Now hooks = hooks_->now();
+  for (auto& fn : hooks.pre) fn(info);
+  using Result = decltype(body());
+  Result result{};
+  if (hooks.error.empty()) {
+    result = body();
+  } else {
+    try {
+      result = body();
+    } catch (const Error& e) {
+      for (auto& fn : hooks.error) {
+        try {
+          fn(info, e);
+        } catch (...) {  // the op's own error is the one the caller gets
+          FASTCOMMS_LOG(kError, prefix(info.op),
+                        "an error hook raised: ", log::current_exception_text());
+        }
+      }
+      throw;
+    }
+  }
+  if (hooks.post.empty()) return result;
+  if constexpr (std::is_same_v<Result, WorkPtr>) info.work = result;
+  if constexpr (std::is_same_v<Result, std::shared_ptr<Communicator>>) info.new_comm = &result;
+  for (auto& fn : hooks.post) fn(info);
   return result;
 }
+
+namespace {
+// NOTE [hook op record]: what hooks are told of an op's tensors and arguments.
+std::span<const TensorView> one(const TensorView& t) { return {&t, 1}; }
+OpInfo record(std::span<const TensorView> in, std::span<const TensorView> out, int peer = -1,
+              const ReduceOp* r = nullptr) {
+  OpInfo i{};
+  i.inputs = in;
+  i.outputs = out;
+  i.peer = peer;
+  i.reduce = r;
+  return i;
+}
+}  // namespace
 
 namespace {
 // NOTE [authenticated rendezvous]: every rank says whether it authenticates; each rank reads rank
@@ -207,8 +253,10 @@ void Communicator::abort() {
   backend_->abort();
 }
 
-void Communicator::finalize() {
-  hooked(OpInfo{OpKind::kFinalize, 0, false, nullptr}, [&] {
+void Communicator::finalize(const void* frontend) {
+  OpInfo rec{OpKind::kFinalize, 0, false, nullptr};
+  rec.frontend = frontend;
+  hooked(std::move(rec), [&] {
     if (finalized_.exchange(true) || aborted_) return false;
     backend_->finalize();
     // NOTE [store keys released at finalize]
@@ -238,7 +286,7 @@ void Communicator::tensor_deregister(const TensorView& t) {
   backend_->deregister_memory(t.data, where);
 }
 
-std::shared_ptr<Window> Communicator::new_window() {
+std::shared_ptr<Window> Communicator::new_window(const void* frontend) {
   const std::string where = detail::cat("[rank ", rank_, "/", size_, " ", name(), " new_window] ");
   FASTCOMMS_CHECK(!aborted_, kAborted, where, "the communicator was aborted");
   FASTCOMMS_CHECK(!finalized_, kInvalidArgument, where, "the communicator was finalized");
@@ -249,8 +297,9 @@ std::shared_ptr<Window> Communicator::new_window() {
   ctx.op_id = next_op_id();
   ctx.timeout = options_.timeout;
   ctx.prefix = where;
-  return hooked(OpInfo{ctx.op, ctx.op_id, false, nullptr},
-                [&] { return backend_->new_window(ctx); });
+  OpInfo rec{ctx.op, ctx.op_id, false, nullptr};
+  rec.frontend = frontend;
+  return hooked(std::move(rec), [&] { return backend_->new_window(ctx); });
 }
 
 // NOTE [persistent all-gather]
@@ -310,7 +359,7 @@ WorkPtr Communicator::all_gather_p_exec(AllGatherP& h, const TensorView& input,
   FASTCOMMS_CHECK(output.numel() == input.numel() * size_, kInvalidArgument, where, "input has ",
                   input.numel(), " elements, expected the handle's output ", output.numel(),
                   " / size ", size_, " = ", output.numel() / size_);
-  return all_gather_single(output, input, o);
+  return all_gather_single_as(OpKind::kAllGatherPExec, output, input, o);
 }
 
 void Communicator::all_gather_p_free(AllGatherP& h) {
@@ -506,7 +555,7 @@ void Communicator::check_through_store(const OpContext& ctx) {
 
 template <typename Fn, typename PeerFn>
 WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp,
-                          PeerFn peers) {
+                          PeerFn peers, OpInfo rec) {
   check_usable(op);
   OpContext ctx;
   ctx.op = op;
@@ -531,7 +580,12 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   if constexpr (!std::is_same_v<PeerFn, std::nullptr_t>) {
     if (in_band || store_check) peers(ctx);
   }
-  return hooked(OpInfo{op, ctx.op_id, ctx.async_op, nullptr}, [&] {
+  // (all_gather_p_exec runs as the all_gather_single it is, and hooks see it by its own name)
+  if (rec.op != OpKind::kAllGatherPExec) rec.op = op;
+  rec.op_id = ctx.op_id;
+  rec.async_op = ctx.async_op;
+  rec.frontend = o.frontend;
+  return hooked(std::move(rec), [&] {
     WorkPtr work;
     try {
       {
@@ -557,14 +611,18 @@ WorkPtr Communicator::send(const TensorView& t, int dst, const CallOptions& o) {
   const OpKind op = OpKind::kSend;
   check_peer(op, "dst", dst, false);
   check_tensor(op, "tensor", t);
-  return run(op, o, [&](const OpContext& c) { return backend_->send(t, dst, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->send(t, dst, c); }, {}, nullptr,
+      record(one(t), {}, dst));
 }
 
 WorkPtr Communicator::recv(const TensorView& t, int src, const CallOptions& o) {
   const OpKind op = OpKind::kRecv;
   check_peer(op, "src", src, false);
   check_tensor(op, "tensor", t);
-  return run(op, o, [&](const OpContext& c) { return backend_->recv(t, src, c); });
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->recv(t, src, c); }, {}, nullptr,
+      record({}, one(t), src));
 }
 
 // NOTE [self pairs in a batch]: a batch may send to and receive from this rank itself, as in
@@ -602,7 +660,10 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops, const CallOptions
     check_tensor(op, "tensor", p.tensor);
   }
   check_self_pairs(op, ops);
-  return run(op, o, [&](const OpContext& c) { return backend_->batch_p2p(ops, c); });
+  OpInfo rec{};
+  rec.num_ops = ops.size();
+  return run(
+      op, o, [&](const OpContext& c) { return backend_->batch_p2p(ops, c); }, {}, nullptr, rec);
 }
 
 WorkPtr Communicator::broadcast(const TensorView& t, int root, const CallOptions& o) {
@@ -611,7 +672,7 @@ WorkPtr Communicator::broadcast(const TensorView& t, int root, const CallOptions
   check_tensor(op, "tensor", t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->broadcast(t, root, c); },
-      fingerprint(t.dtype, t.numel(), root));
+      fingerprint(t.dtype, t.numel(), root), nullptr, record(one(t), one(t), root));
 }
 
 WorkPtr Communicator::all_reduce(const TensorView& t, const ReduceOp& r, const CallOptions& o) {
@@ -620,7 +681,7 @@ WorkPtr Communicator::all_reduce(const TensorView& t, const ReduceOp& r, const C
   check_reduce(op, r, t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_reduce(t, r, c); },
-      fingerprint(t.dtype, t.numel(), -1, &r));
+      fingerprint(t.dtype, t.numel(), -1, &r), nullptr, record(one(t), one(t), -1, &r));
 }
 
 WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
@@ -631,7 +692,7 @@ WorkPtr Communicator::reduce(const TensorView& t, int root, const ReduceOp& r,
   check_reduce(op, r, t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->reduce(t, root, r, c); },
-      fingerprint(t.dtype, t.numel(), root, &r));
+      fingerprint(t.dtype, t.numel(), root, &r), nullptr, record(one(t), one(t), root, &r));
 }
 
 namespace {
@@ -657,7 +718,7 @@ WorkPtr Communicator::all_gather(const std::vector<TensorView>& outputs, const T
   });
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_gather(outputs, input, c); },
-      fingerprint(input.dtype, input.numel()));
+      fingerprint(input.dtype, input.numel()), nullptr, record(one(input), outputs));
 }
 
 WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -677,12 +738,20 @@ WorkPtr Communicator::all_gather_v(const std::vector<TensorView>& outputs, const
       [&](OpContext& c) {
         c.peer_out.assign(size_, input.nbytes());
         for (const TensorView& t : outputs) c.peer_in.push_back(t.nbytes());
-      });
+      },
+      record(one(input), outputs));
 }
 
 WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorView& input,
                                         const CallOptions& o) {
+  return all_gather_single_as(OpKind::kAllGatherSingle, output, input, o);
+}
+
+WorkPtr Communicator::all_gather_single_as(OpKind hook_op, const TensorView& output,
+                                           const TensorView& input, const CallOptions& o) {
   const OpKind op = OpKind::kAllGatherSingle;
+  OpInfo rec = record(one(input), one(output));
+  rec.op = hook_op;
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
   check_same_dtype(op, "output", output, input.dtype);
@@ -691,7 +760,7 @@ WorkPtr Communicator::all_gather_single(const TensorView& output, const TensorVi
                   " elements, expected input.numel() * size = ", input.numel(), " * ", size_);
   return run(
       op, o, [&](const OpContext& c) { return backend_->all_gather_single(output, input, c); },
-      fingerprint(input.dtype, input.numel()));
+      fingerprint(input.dtype, input.numel()), nullptr, rec);
 }
 
 WorkPtr Communicator::reduce_scatter(const TensorView& output,
@@ -709,7 +778,8 @@ WorkPtr Communicator::reduce_scatter(const TensorView& output,
   });
   return run(
       op, o, [&](const OpContext& c) { return backend_->reduce_scatter(output, inputs, r, c); },
-      fingerprint(output.dtype, output.numel(), -1, &r));
+      fingerprint(output.dtype, output.numel(), -1, &r), nullptr,
+      record(inputs, one(output), -1, &r));
 }
 
 WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
@@ -731,7 +801,8 @@ WorkPtr Communicator::reduce_scatter_v(const TensorView& output,
       [&](OpContext& c) {
         for (const TensorView& t : inputs) c.peer_out.push_back(t.nbytes());
         c.peer_in.assign(size_, output.nbytes());
-      });
+      },
+      record(inputs, one(output), -1, &r));
 }
 
 WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const TensorView& input,
@@ -747,7 +818,8 @@ WorkPtr Communicator::reduce_scatter_single(const TensorView& output, const Tens
   return run(
       op, o,
       [&](const OpContext& c) { return backend_->reduce_scatter_single(output, input, r, c); },
-      fingerprint(output.dtype, output.numel(), -1, &r));
+      fingerprint(output.dtype, output.numel(), -1, &r), nullptr,
+      record(one(input), one(output), -1, &r));
 }
 
 WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorView& input,
@@ -769,7 +841,7 @@ WorkPtr Communicator::all_to_all_single(const TensorView& output, const TensorVi
       [&](const OpContext& c) {
         return backend_->all_to_all_v_single(output, input, out_splits, in_splits, c);
       },
-      fingerprint(input.dtype, input.numel()));
+      fingerprint(input.dtype, input.numel()), nullptr, record(one(input), one(output)));
 }
 
 WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const TensorView& input,
@@ -805,6 +877,9 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
   };
   const auto out_s = resolve(output_splits, output, "output_split_sizes", "output");
   const auto in_s = resolve(input_splits, input, "input_split_sizes", "input");
+  OpInfo rec = record(one(input), one(output));
+  rec.input_splits = in_s;
+  rec.output_splits = out_s;
   return run(
       op, o,
       [&](const OpContext& c) {
@@ -816,7 +891,8 @@ WorkPtr Communicator::all_to_all_v_single(const TensorView& output, const Tensor
           c.peer_out.push_back(in_s[q] * input.row_bytes());
           c.peer_in.push_back(out_s[q] * output.row_bytes());
         }
-      });
+      },
+      rec);
 }
 
 WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
@@ -840,7 +916,8 @@ WorkPtr Communicator::all_to_all(const std::vector<TensorView>& outputs,
           c.peer_out.push_back(inputs[q].nbytes());
           c.peer_in.push_back(outputs[q].nbytes());
         }
-      });
+      },
+      record(inputs, outputs));
 }
 
 WorkPtr Communicator::barrier(const CallOptions& o) {
@@ -863,7 +940,7 @@ WorkPtr Communicator::scatter(const TensorView& output, const std::vector<Tensor
   }
   return run(
       op, o, [&](const OpContext& c) { return backend_->scatter(output, inputs, root, c); },
-      fingerprint(output.dtype, output.numel(), root));
+      fingerprint(output.dtype, output.numel(), root), nullptr, record(inputs, one(output), root));
 }
 
 WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const TensorView& input,
@@ -882,7 +959,7 @@ WorkPtr Communicator::gather(const std::vector<TensorView>& outputs, const Tenso
   }
   return run(
       op, o, [&](const OpContext& c) { return backend_->gather(outputs, input, root, c); },
-      fingerprint(input.dtype, input.numel(), root));
+      fingerprint(input.dtype, input.numel(), root), nullptr, record(one(input), outputs, root));
 }
 
 WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& input, int root,
@@ -905,12 +982,14 @@ WorkPtr Communicator::gather_single(const TensorView& output, const TensorView& 
   return run(
       OpKind::kGatherSingle, o,
       [&](const OpContext& c) { return backend_->gather(outs, input, root, c); },
-      fingerprint(input.dtype, input.numel(), root));
+      fingerprint(input.dtype, input.numel(), root), nullptr,
+      record(one(input), one(output), root));
 }
 
 std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
                                                   const std::string& name,
-                                                  const CommOptions* options) {
+                                                  const CommOptions* options,
+                                                  const void* frontend) {
   const OpKind op = OpKind::kSplit;
   check_usable(op);
   std::vector<int> sorted = ranks;
@@ -921,7 +1000,11 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
     FASTCOMMS_CHECK(i == 0 || sorted[i] != sorted[i - 1], kInvalidArgument, prefix(op), "rank ",
                     sorted[i], " appears twice in ranks");
   }
-  return hooked(OpInfo{op, next_op_id(), false, nullptr}, [&]() -> std::shared_ptr<Communicator> {
+  OpInfo rec{op, next_op_id(), false, nullptr};
+  rec.frontend = frontend;
+  rec.ranks = ranks;
+  rec.name = &name;
+  return hooked(std::move(rec), [&]() -> std::shared_ptr<Communicator> {
     const uint64_t split_id = split_counter_.fetch_add(1) + 1;
     const auto it = std::find(ranks.begin(), ranks.end(), rank_);
     if (it == ranks.end()) {
@@ -970,6 +1053,9 @@ RemovableHandle Communicator::register_post_hook(PostHook fn) {
 }
 RemovableHandle Communicator::register_abort_hook(AbortHook fn) {
   return add_hook(hooks_, hooks_->mu, hooks_->next_id, hooks_->abort, std::move(fn));
+}
+RemovableHandle Communicator::register_error_hook(ErrorHook fn) {
+  return add_hook(hooks_, hooks_->mu, hooks_->next_id, hooks_->error, std::move(fn));
 }
 
 }  // namespace fastcomms

@@ -50,7 +50,7 @@ void AsyncWork::fail(std::exception_ptr error) {
 
 void AsyncWork::on_timeout(std::function<void()> fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  on_timeout_ = std::move(fn);
+  on_timeout_.push_back(std::move(fn));
 }
 
 bool AsyncWork::wait_until(std::chrono::steady_clock::time_point until) {
@@ -63,21 +63,25 @@ bool AsyncWork::wait_until(std::chrono::steady_clock::time_point until) {
 
 void AsyncWork::wait() {
   if (!wait_until(deadline_)) {
-    std::function<void()> hook;
+    std::vector<std::function<void()>> hooks;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      hook = std::move(on_timeout_);
-      on_timeout_ = nullptr;
+      hooks.swap(on_timeout_);
     }
-    if (hook) hook();
+    for (auto& hook : hooks) hook();
     fail(std::make_exception_ptr(
         Error(ErrorCode::kTimeout, what_ + "timed out: the op did not complete in time")));
   }
   std::exception_ptr err;
+  std::vector<std::function<void()>> hooks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     err = error_;
+    // A backend that times the op out itself (its worker failed it with a timeout) ends this
+    // wait in a timeout too: the hooks run here, on the waiting thread, never on the worker.
+    if (status_ == WorkStatus::kTimedOut) hooks.swap(on_timeout_);
   }
+  for (auto& hook : hooks) hook();
   if (err) std::rethrow_exception(err);
 }
 

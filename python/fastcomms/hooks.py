@@ -7,7 +7,7 @@ clog log, NOTE [clog]), all built on the communicator's pre/post/abort hooks
 
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
 import json
 import os
@@ -18,6 +18,8 @@ import weakref
 from typing import Any
 
 import torch
+
+from . import _C
 
 __all__ = ["FlightRecorderHook", "NanCheckHook", "clog"]
 
@@ -49,8 +51,6 @@ _DTYPE_NAMES = {
     torch.complex64: "ComplexFloat",
     torch.complex128: "ComplexDouble",
 }
-_P2P_OPS = ("send", "recv", "batch_op_issue")
-_NOT_RECORDED = ("finalize", "new_window")
 
 
 def _sizes_and_dtypes(tensors):
@@ -79,6 +79,14 @@ class _Registered:
         self._handles = []
 
 
+def _dump_for(ref, rank: int) -> None:
+    """The C++ recorder's dump at an abort or a timeout (weakly held: the communicators'
+    hooks must not keep the Python recorder alive)."""
+    fr = ref()
+    if fr is not None:
+        fr.dump_file(rank)
+
+
 class FlightRecorderHook(_Registered):
     """Records the last ``max_entries`` operations of the communicators it is registered with,
     in torch's flight-recorder trace format (version "2.10": ``pg_config``, ``pg_status`` and
@@ -86,10 +94,12 @@ class FlightRecorderHook(_Registered):
     ``p2p_seq_id``, ``op_id``, ``profiling_name`` "<backend>:<op>", input/output sizes and
     dtypes, ``time_created_ns``, ``state`` "scheduled"/"started"/"completed", ``is_p2p``,
     ``retired``, ``timeout_ms``), so torch's analyzer (``torch.distributed.flight_recorder``)
-    reads its dumps. An async op's state is read from its work at dump time; a sync op is
-    complete when it returns (on CUDA: ordered on the stream). ``dump_file`` writes the trace
-    pickled, as torch does, when asked, when a communicator aborts and when an operation times
-    out. ``isolated=True`` keeps one ring per communicator. Thread-safe."""
+    reads its dumps. The recording is C++ hooks on the communicator (NOTE [flight recorder in
+    C++]): every path a call takes is recorded and none is slowed to Python's pace. An async op's
+    state is read from its work at dump time; a sync op is complete when it returns (on CUDA:
+    ordered on the stream). ``dump_file`` writes the trace pickled, as torch does, when asked,
+    when a communicator aborts and when an operation times out. ``isolated=True`` keeps one ring
+    per communicator. Thread-safe."""
 
     VERSION = "2.10"
 
@@ -106,159 +116,71 @@ class FlightRecorderHook(_Registered):
         if max_entries == 0 and not isolated:
             max_entries = max(0, int(os.environ.get("TORCHCOMM_FR_BUFFER_SIZE", "2000")))
         self._max, self._isolated = int(max_entries), bool(isolated)
-        self._recorded = 0  # entries recorded since the last reset (torchcomms' size())
-        self._rings: dict[str, collections.deque] = {}
-        self._open: dict[int, dict] = {}  # op_id -> entry, until the op is issued
-        # op_id -> (its work, weakly; its entry), for async ops not yet known to be complete
-        self._works: dict[int, tuple[weakref.ref, dict]] = {}
-        self._lock = threading.Lock()
-        self._comms: dict[str, dict] = {}  # name -> pg_id, rank, ranks, backend, counters
-        self._records = itertools.count()
-
-    def _ring(self, comm_name: str) -> collections.deque:
-        key = comm_name if self._isolated else ""
-        return self._rings.setdefault(key, collections.deque(maxlen=self._max))
+        self._fr = _C.FlightRecorder(self._max, self._isolated)
+        self._attached = False
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
-        name = comm.get_name()
-        with self._lock:
-            info = self._comms.setdefault(
-                name,
-                {
-                    "pg_id": len(self._comms),
-                    "rank": comm.get_rank(),
-                    "ranks": list(range(comm.get_size())),
-                    "backend": comm.get_backend(),
-                    "collective_seq_id": 0,
-                    "p2p_seq_id": 0,
-                },
-            )
+        if isinstance(comm._c, _C.Comm):
+            self._fr.attach(comm._c, functools.partial(_dump_for, weakref.ref(self)))
+            self._attached = True
+            return
+        self._register_python_backend(comm)
+
+    def _register_python_backend(self, comm: Any) -> None:
+        """A backend written in Python has no C++ communicator to hook: its calls are recorded
+        from its Python hooks."""
+        name, backend = comm.get_name(), comm.get_backend()
+        rank, size = comm.get_rank(), comm.get_size()
         timeout_ms = max(1, int(comm.get_options().timeout.total_seconds() * 1000))
 
         def pre(op, op_id, args):
-            opname = getattr(op, "value", str(op))
-            if opname in _NOT_RECORDED or self._max == 0:
-                return
             ins, outs = _io(args)
             in_sizes, in_dtypes = _sizes_and_dtypes(ins)
             out_sizes, out_dtypes = _sizes_and_dtypes(outs)
-            p2p = opname in _P2P_OPS
-            with self._lock:
-                info["p2p_seq_id" if p2p else "collective_seq_id"] += 1
-                entry = {
-                    "record_id": next(self._records),
-                    "pg_id": info["pg_id"],
-                    "process_group": [name, info["backend"]],
-                    "collective_seq_id": 0 if p2p else info["collective_seq_id"],
-                    "p2p_seq_id": info["p2p_seq_id"] if p2p else 0,
-                    "op_id": op_id,
-                    "profiling_name": f"{info['backend']}:{opname}",
-                    "input_sizes": in_sizes,
-                    "input_dtypes": in_dtypes,
-                    "output_sizes": out_sizes,
-                    "output_dtypes": out_dtypes,
-                    "time_created_ns": time.time_ns(),
-                    "state": "scheduled",
-                    "is_p2p": p2p,
-                    "retired": False,
-                    "timeout_ms": timeout_ms,
-                    "frames": [],
-                    "async_op": bool(getattr(args, "async_op", False)),
-                }
-                self._ring(name).append(entry)
-                self._open[op_id] = entry
-                self._recorded += 1
-
-        def post(op_id, args):
-            child = getattr(args, "new_comm", None)
-            if child is not None:  # a split: its communicator is recorded too
-                self.register_with_comm(child)
-            with self._lock:
-                entry = self._open.pop(op_id, None)
-                if entry is None:
-                    return
-                entry["time_discovered_started_ns"] = time.time_ns()
-                if entry["async_op"]:
-                    entry["state"] = "started"
-                else:  # a sync op returned: done (on CUDA, in stream order)
-                    entry["state"], entry["retired"] = "completed", True
-                    entry["duration_ms"] = (time.time_ns() - entry["time_created_ns"]) / 1e6
-
-        def observe(event, op_id, payload):
-            if event == "timeout":
-                self.dump_file(info["rank"])
-                return
-            with self._lock:
-                if event == "waited":
-                    self._settle(op_id)
-                elif event == "issued":
-                    entry = self._open.get(op_id)  # (the post-hook has not run yet)
-                    if payload is not None and entry is not None and entry["async_op"]:
-                        self._works[op_id] = (weakref.ref(payload), entry)
-                        if len(self._works) > 2 * self._max * max(1, len(self._rings)):
-                            self._prune_works()
+            shapes = _C.FlightRecorderShapes(in_sizes, in_dtypes, out_sizes, out_dtypes)
+            opname = getattr(op, "value", str(op))
+            async_op = bool(getattr(args, "async_op", False))
+            self._fr.record(name, backend, rank, size, timeout_ms, opname, op_id, async_op, shapes)
 
         self._handles += [
             comm.register_pre_hook(pre),
-            comm.register_post_hook(post),
-            comm._observe(observe),
-            comm.register_abort_hook(lambda: self.dump_file(info["rank"])),
+            comm.register_post_hook(lambda op_id, args: self._fr.issued(op_id)),
+            comm.register_abort_hook(lambda: self.dump_file(rank)),
         ]
 
-    def _prune_works(self) -> None:
-        """Forgets the works of entries the rings no longer hold (the lock is held)."""
-        live = {id(e) for ring in self._rings.values() for e in ring}
-        self._works = {k: w for k, w in self._works.items() if id(w[1]) in live}
-
-    def _settle(self, op_id: int) -> None:
-        """An async op's entry completed once its work reads complete; a failed op stays
-        started, and a dropped work leaves its entry as it was (the lock is held)."""
-        ref, entry = self._works.get(op_id, (None, None))
-        work = ref() if ref is not None else None
-        if work is None:
-            self._works.pop(op_id, None)
-        elif work.status().name == "COMPLETED":
-            entry["state"], entry["retired"] = "completed", True
-            del self._works[op_id]
-
-    def _entries(self, include_completed: bool) -> list[dict]:
-        with self._lock:
-            self._prune_works()
-            for op_id in list(self._works):
-                self._settle(op_id)
-            entries = [
-                {k: v for k, v in e.items() if k != "async_op"}
-                for ring in self._rings.values()
-                for e in ring
-                if include_completed or not e["retired"]
-            ]
-        return sorted(entries, key=lambda e: e["record_id"])
+    def unregister(self) -> None:
+        """Stops (what was recorded stays)."""
+        super().unregister()
+        self._fr.detach()
+        self._attached = False
 
     def _trace(self, include_completed: bool, rank: int | None = None) -> dict:
-        entries = self._entries(include_completed)
-        with self._lock:
-            comms = {n: dict(i) for n, i in self._comms.items()}
+        entries = self._fr.entries(include_completed)
+        groups = self._fr.groups()
+        for e in entries:
+            e["process_group"] = list(e["process_group"])
         pg_config = {
-            n: {
-                "name": n,
-                "desc": i["backend"],
-                "ranks": "[" + ",".join(map(str, i["ranks"])) + "]",
+            g["name"]: {
+                "name": g["name"],
+                "desc": g["backend"],
+                "ranks": "[" + ",".join(map(str, range(g["size"]))) + "]",
             }
-            for n, i in comms.items()
+            for g in groups
         }
         pg_status = {}
-        for n, i in comms.items():
+        for g in groups:
+            n = g["name"]
             mine = [e for e in entries if e["process_group"][0] == n and not e["is_p2p"]]
             done = [e["collective_seq_id"] for e in mine if e["state"] == "completed"]
             started = [e["collective_seq_id"] for e in mine if e["state"] != "scheduled"]
             pg_status[n] = {
-                "last_enqueued_collective": i["collective_seq_id"],
+                "last_enqueued_collective": g["collective_seq_id"],
                 "last_started_collective": max(started, default=-1),
                 "last_completed_collective": max(done, default=-1),
             }
-        if rank is None and comms:
-            rank = next(iter(comms.values()))["rank"]
+        if rank is None and groups:
+            rank = groups[0]["rank"]
         trace = {"version": self.VERSION, "pg_config": pg_config, "pg_status": pg_status}
         if rank is not None:
             trace["rank"] = rank
@@ -290,72 +212,57 @@ class FlightRecorderHook(_Registered):
 
     def reset(self) -> None:
         """Drops every entry and restarts ``size()`` (the sequence ids go on)."""
-        with self._lock:
-            self._rings.clear()
-            self._open.clear()
-            self._works.clear()
-            self._recorded = 0
+        self._fr.reset()
 
     def is_enabled(self) -> bool:
         """Whether a communicator is registered."""
-        return bool(self._handles)
+        return bool(self._handles) or self._attached
 
     def size(self) -> int:
         """The entries recorded since the last ``reset()`` (torchcomms' count: it goes on past
         ``max_entries``, while the dump holds the last ``max_entries``)."""
-        with self._lock:
-            return self._recorded
+        return self._fr.size()
 
     __len__ = size
 
 
 class NanCheckHook(_Registered):
-    """torchcomms' NaN check: before every operation, raises ``RuntimeError("NaN detected in
-    <input|output> tensor for '<op>' on comm '<name>': ...")`` where a floating tensor it reads
+    """torchcomms' NaN check: raises ``RuntimeError("NaN detected in <input|output> tensor for
+    '<op>' on comm '<name>': ...")`` where a floating tensor an operation reads
     (``check_inputs``, default on; an in-place tensor counts as input) or, with
     ``check_outputs=True``, a floating tensor it writes (a ``recv`` buffer, the outputs; also the
-    in-place tensor) holds a NaN. Costs one reduction per checked tensor."""
+    in-place tensor) holds a NaN. A C++ hook on the communicator (NOTE [NaN check on the device]):
+    a CPU tensor is checked before its operation, which the NaN stops; a CUDA tensor is reduced on
+    the device without a host sync, and the NaN is raised by the communicator's next operation
+    (its own ran). Costs one reduction per checked tensor."""
 
     def __init__(self, check_inputs: bool = True, check_outputs: bool = False) -> None:
         super().__init__()
         self._check_inputs, self._check_outputs = bool(check_inputs), bool(check_outputs)
+        self._nc = _C.NanCheck(self._check_inputs, self._check_outputs)
         self._registered_count = 0
 
     def register_with_comm(self, comm: Any) -> None:
-        name = comm.get_name()
-        check_in, check_out = self._check_inputs, self._check_outputs
+        if isinstance(comm._c, _C.Comm):
+            self._nc.attach(comm._c)
+        else:  # a backend written in Python: the same check, from its Python hooks
+            name = comm.get_name()
 
-        def check(t, label: str, op: str) -> None:
-            if isinstance(t, list | tuple):
-                for x in t:
-                    check(x, label, op)
-            elif (
-                isinstance(t, torch.Tensor)
-                and t.is_floating_point()
-                and t.numel()
-                and bool(torch.isnan(t).any())
-            ):
-                raise RuntimeError(
-                    f"NaN detected in {label} tensor for '{op}' on comm '{name}': "
-                    f"{tuple(t.shape)} {str(t.dtype).split('.')[-1]}"
-                )
+            def floating(ts):
+                return [t for t in ts if t.is_floating_point()]
 
-        def pre(op, op_id, args):
-            opname = getattr(op, "value", str(op))
-            fields = getattr(args, "_fields", ())
-            if "tensor" in fields:  # send reads it, recv writes it, the rest do both (in place)
-                reads = opname != "recv"
-                writes = opname != "send"
-                if (check_in and reads) or (check_out and writes):
-                    check(args.tensor, "output" if not reads else "input", opname)
-                return
-            if check_in and "input" in fields:
-                check(args.input, "input", opname)
-            if check_out and "output" in fields:
-                check(args.output, "output", opname)
+            def pre(op, op_id, args):
+                ins, outs = _io(args)
+                opname = getattr(op, "value", str(op))
+                self._nc.check(opname, name, floating(ins), floating(outs))
 
-        self._handles.append(comm.register_pre_hook(pre))
+            self._handles.append(comm.register_pre_hook(pre))
         self._registered_count += 1
+
+    def unregister(self) -> None:
+        """Stops checking."""
+        super().unregister()
+        self._nc.detach()
 
     def is_enabled(self) -> bool:
         """Whether it was registered with a communicator (torchcomms')."""

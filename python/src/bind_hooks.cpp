@@ -2,20 +2,130 @@
 // Hooks on a communicator from Python (NOTE [one hook registry] in fastcomms/_comm.py): pre and
 // post hooks see the op's name, id and async flag; abort hooks run before an abort; a Python
 // backend draws its op ids from the same counter (NOTE [op ids]). Each registration returns its
-// remover.
+// remover. The flight recorder is C++ (NOTE [flight recorder in C++]); fastcomms.hooks wraps it.
 #include <pybind11/functional.h>
+#include <pybind11/stl.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "binding.hpp"
+#include "fastcomms/core/flight_recorder.hpp"
 #include "py_common.hpp"
 
 namespace py = pybind11;
 
 namespace fastcomms::python {
+namespace {
+
+// A Python callable held by C++ for as long as C++ needs it: called and dropped with the GIL
+// taken (a hook's copy may be dropped on any thread); after the interpreter is gone, left alone.
+std::shared_ptr<py::function> held(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* p) {
+    if (!usable()) return;  // (leaked: nothing may be released once Python is gone)
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+const char* state_name(FlightRecorder::State s) {
+  switch (s) {
+    case FlightRecorder::State::kScheduled:
+      return "scheduled";
+    case FlightRecorder::State::kStarted:
+      return "started";
+    case FlightRecorder::State::kCompleted:
+      break;
+  }
+  return "completed";
+}
+
+// An entry as torch's trace writes it (fastcomms.hooks.FlightRecorderHook's dump).
+py::dict entry_dict(const FlightRecorder::Entry& e) {
+  py::dict d;
+  d["record_id"] = e.record_id;
+  d["pg_id"] = e.pg_id;
+  d["process_group"] = py::make_tuple(e.comm, e.backend);
+  d["collective_seq_id"] = e.collective_seq_id;
+  d["p2p_seq_id"] = e.p2p_seq_id;
+  d["op_id"] = e.op_id;
+  d["profiling_name"] = e.backend + ":" + e.op;
+  d["input_sizes"] = e.input_sizes;
+  d["input_dtypes"] = e.input_dtypes;
+  d["output_sizes"] = e.output_sizes;
+  d["output_dtypes"] = e.output_dtypes;
+  d["time_created_ns"] = e.time_created_ns;
+  d["state"] = state_name(e.state);
+  d["is_p2p"] = e.is_p2p;
+  d["retired"] = e.retired;
+  d["timeout_ms"] = e.timeout_ms;
+  d["frames"] = py::list();
+  if (e.time_started_ns >= 0) d["time_discovered_started_ns"] = e.time_started_ns;
+  if (e.duration_ms >= 0) d["duration_ms"] = e.duration_ms;
+  return d;
+}
+
+void bind_flight_recorder(py::module_& m) {
+  using FR = FlightRecorder;
+  py::class_<FR::Shapes>(m, "FlightRecorderShapes")
+      .def(py::init([](std::vector<std::vector<int64_t>> is, std::vector<std::string> id,
+                       std::vector<std::vector<int64_t>> os, std::vector<std::string> od) {
+        return FR::Shapes{std::move(is), std::move(os), std::move(id), std::move(od)};
+      }));
+  py::class_<FR, std::shared_ptr<FR>>(m, "FlightRecorder",
+                                      "NOTE [flight recorder in C++]; fastcomms.hooks wraps it.")
+      .def(py::init<size_t, bool>(), py::arg("max_entries"), py::arg("isolated"))
+      .def(
+          "attach",
+          [](FR& f, const PyComm& c, py::function dump) {
+            auto fn = held(std::move(dump));
+            f.attach(c.comm, [fn](int rank) {
+              py::gil_scoped_acquire gil;
+              (*fn)(rank);
+            });
+          },
+          "Records the communicator's ops (and its splits'); dump(rank) at an abort or timeout.")
+      .def("detach", &FR::detach)
+      .def("enabled", &FR::enabled)
+      .def("size", &FR::size)
+      .def("reset", &FR::reset)
+      .def(
+          "record",
+          [](FR& f, const std::string& comm, const std::string& backend, int rank, int size,
+             int64_t timeout_ms, const std::string& op, uint64_t op_id, bool async_op,
+             FR::Shapes shapes) {
+            f.record(comm, backend, rank, size, timeout_ms, op, op_id, async_op, std::move(shapes));
+          },
+          "The pre-hook record of an op of a backend written in Python.")
+      .def("issued", [](FR& f, uint64_t op_id) { f.issued(op_id, nullptr); })
+      .def("entries",
+           [](FR& f, bool include_completed) {
+             py::list out;
+             for (const auto& e : f.entries(include_completed)) out.append(entry_dict(e));
+             return out;
+           })
+      .def("groups", [](const FR& f) {
+        py::list out;
+        for (const auto& g : f.groups()) {
+          py::dict d;
+          d["name"] = g.name;
+          d["backend"] = g.backend;
+          d["pg_id"] = g.pg_id;
+          d["rank"] = g.rank;
+          d["size"] = g.size;
+          d["collective_seq_id"] = g.collective_seq_id;
+          d["p2p_seq_id"] = g.p2p_seq_id;
+          out.append(d);
+        }
+        return out;
+      });
+}
+
+}  // namespace
 
 void bind_hooks(py::module_& m) {
+  bind_flight_recorder(m);
   reopen<PyComm>(m, "Comm")
       .def("register_pre_hook",
            [](PyComm& c, py::function fn) {

@@ -25,6 +25,7 @@ PYBIND11_MODULE(_C, m) {
   fp::bind_store(m);
   fp::bind_comm(m);  // before the components that add methods to Comm
   fp::bind_hooks(m);
+  fp::bind_nan_check(m);
   fp::bind_window(m);
   fp::bind_ulysses(m);
   fp::bind_ulysses_op(m);

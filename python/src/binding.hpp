@@ -25,6 +25,8 @@ void bind_store(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
 /// Hooks on a communicator (pre, post, abort) and the op ids Python backends draw.
 void bind_hooks(pybind11::module_& m);
+/// The NaN check, a C++ hook (NOTE [NaN check on the device]).
+void bind_nan_check(pybind11::module_& m);
 /// Windows (Comm.new_window, Window).
 void bind_window(pybind11::module_& m);
 /// Ulysses transports (UlyssesTransport, select_transport, geometry) and their async helpers.

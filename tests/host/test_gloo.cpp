@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "fastcomms/core/flight_recorder.hpp"
 #include "fastcomms/core/reduce_op.hpp"
 #include "harness.hpp"
 
@@ -550,6 +551,15 @@ TEST(Gloo, HooksSeeIncreasingOpIds) {
     auto h1 = comm.register_pre_hook([&](const OpInfo& i) {
       pre.push_back(i.op_id);
       EXPECT_EQ(i.work, nullptr);
+      if (i.op == OpKind::kAllReduce) {  // NOTE [hook op record]: the tensors, in place
+        EXPECT_EQ(i.inputs.size(), 1u);
+        EXPECT_EQ(i.outputs.size(), 1u);
+        EXPECT_EQ(i.inputs[0].numel(), 2);
+        EXPECT_EQ(i.inputs[0].data, i.outputs[0].data);
+        ASSERT_NE(i.reduce, nullptr);
+        EXPECT_EQ(i.reduce->type, RedOpType::kSum);
+        EXPECT_EQ(i.frontend, nullptr);
+      }
     });
     auto h2 = comm.register_post_hook([&](const OpInfo& i) {
       post.push_back(i.op_id);
@@ -570,6 +580,54 @@ TEST(Gloo, HooksSeeIncreasingOpIds) {
     EXPECT_LT(pre[0], pre[1]);
     EXPECT_EQ(post[0], pre[0]);
     EXPECT_LT(post[1], post[2]);
+  });
+}
+
+// NOTE [flight recorder in C++]: the recorder's entries come from the C++ hooks alone: sizes,
+// dtypes, sequence ids, states (a sync op completed, an async one once its work completes), the
+// ring's bound, and a split's communicator recorded from then on.
+TEST(Gloo, FlightRecorderRecordsFromTheHooks) {
+  run_threads(2, [&](Communicator& comm) {
+    auto fr = std::make_shared<FlightRecorder>(3, false);
+    std::atomic<int> dumps{0};
+    fr->attach(comm.shared_from_this(), [&](int) { ++dumps; });
+    HostTensor t(DType::kFloat32, 4);
+    comm.all_reduce(t.view(), ReduceOp::sum());
+    CallOptions async;
+    async.async_op = true;
+    auto w = comm.broadcast(t.view(), 0, async);
+    w->wait();
+    comm.barrier();
+    auto sub = comm.split({0, 1}, "fr_sub");
+    ASSERT_NE(sub, nullptr);
+    sub->barrier();
+    auto e = fr->entries(true);
+    ASSERT_EQ(e.size(), 3u);  // the last three of five
+    EXPECT_EQ(fr->size(), 5u);
+    EXPECT_EQ(e[0].op, "barrier");
+    EXPECT_EQ(e[1].op, "split");
+    EXPECT_EQ(e[2].op, "barrier");
+    EXPECT_EQ(e[2].comm, "fr_sub");
+    const auto all = fr->groups();
+    ASSERT_EQ(all.size(), 2u);
+    EXPECT_EQ(all[0].collective_seq_id, 4u);
+    fr->reset();
+    comm.all_reduce(t.view(), ReduceOp::sum());
+    w = comm.broadcast(t.view(), 0, async);
+    w->wait();
+    e = fr->entries(true);
+    ASSERT_EQ(e.size(), 2u);
+    EXPECT_EQ(e[0].input_sizes, std::vector<std::vector<int64_t>>{{4}});
+    EXPECT_EQ(e[0].input_dtypes, std::vector<std::string>{"Float"});
+    EXPECT_EQ(e[0].state, FlightRecorder::State::kCompleted);
+    EXPECT_EQ(e[1].state, FlightRecorder::State::kCompleted);  // read from its work
+    EXPECT_TRUE(e[1].async_op);
+    EXPECT_EQ(fr->entries(false).size(), 0u);
+    fr->detach();
+    comm.barrier();
+    EXPECT_EQ(fr->size(), 2u);
+    EXPECT_EQ(dumps.load(), 0);
+    sub->finalize();
   });
 }
 

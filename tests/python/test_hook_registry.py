@@ -119,3 +119,56 @@ def test_python_backend_draws_from_the_sequence():
     assert ids[1] == ids[0] + 1 and ids[0] > 0
     fake.finalize()
     assert ids[-1] == 0
+
+
+def test_flight_recorder_keeps_the_fast_paths(comms):
+    """NOTE [flight recorder in C++]: a recorder leaves the C++ paths on, and records the calls
+    they issue (the process group's all_reduce) with the eager ones."""
+    import json
+
+    from fastcomms import _C
+    from fastcomms.device_mesh import _create_torchcomm_process_group
+    from fastcomms.hooks import FlightRecorderHook
+
+    a, _ = comms
+    fr = FlightRecorderHook(max_entries=8)
+    fr.register_with_comm(a)
+    assert a._fast is not None and fr.is_enabled()
+    pg = _create_torchcomm_process_group(a, "fr_fast_pg")
+    x = torch.ones(3)
+    a.all_reduce(x, ReduceOp.SUM, False)
+    before = _C._fast_calls()
+    dist.all_reduce(x, group=pg)
+    assert _C._fast_calls() == before + 1  # the process group's C++ path ran it
+    entries = json.loads(fr.dump_json())["entries"]
+    assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"] * 2
+    assert [e["input_sizes"] for e in entries] == [[[3]]] * 2
+    assert all(e["state"] == "completed" for e in entries)
+    fr.unregister()
+    assert not fr.is_enabled()
+    a.barrier(False)
+    assert fr.size() == 2
+
+
+def test_nan_check_is_a_cpp_hook(comms):
+    """NOTE [NaN check on the device]: the check leaves the C++ paths on and checks the calls they
+    issue too; a CPU tensor's NaN stops its own op, with torchcomms' message."""
+    from fastcomms.device_mesh import _create_torchcomm_process_group
+    from fastcomms.hooks import NanCheckHook
+
+    a, _ = comms
+    check = NanCheckHook()
+    check.register_with_comm(a)
+    assert a._fast is not None and check.is_enabled()
+    bad = torch.tensor([1.0, float("nan"), 3.0])
+    msg = r"NaN detected in input tensor for 'all_reduce' on comm 'reg0': \(3,\) float32"
+    with pytest.raises(RuntimeError, match=msg):
+        a.all_reduce(bad, ReduceOp.SUM, False)
+    pg = _create_torchcomm_process_group(a, "nan_fast_pg")
+    with pytest.raises(RuntimeError, match="NaN detected in input tensor for 'all_reduce'"):
+        dist.all_reduce(bad, group=pg)
+    ok = torch.ones(2)
+    dist.all_reduce(ok, group=pg)
+    a.all_reduce(torch.ones(2, dtype=torch.int64), ReduceOp.SUM, False)  # not floating: unchecked
+    check.unregister()
+    a.all_reduce(bad, ReduceOp.SUM, False)  # unregistered

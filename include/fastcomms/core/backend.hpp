@@ -50,6 +50,9 @@ enum class OpKind : int {
   kSplit,
   kNewWindow,  ///< Not a backend op: hooks see it (Communicator::new_window).
   kFinalize,   ///< Not a backend op: hooks see it (Communicator::finalize), with op id 0.
+  /// Not a backend op: hooks see Communicator::all_gather_p_exec under its own name (the backend
+  /// runs an all_gather_single).
+  kAllGatherPExec,
   kCount,
 };
 

@@ -9,20 +9,45 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "fastcomms/core/backend.hpp"
 #include "fastcomms/core/options.hpp"
+#include "fastcomms/core/work.hpp"
+#include "fastcomms/error.hpp"
 
 namespace fastcomms {
 
-/// What a hook is told about an op.
+class Communicator;
+
+/// NOTE [hook op record]: what a hook is told about an op, the op's tensors included, so a hook
+/// written in C++ (the flight recorder, the NaN check) needs nothing else and runs on every path
+/// a call takes (the Python methods, the process group's and the compiled calls' C++ paths). The
+/// views and pointers are valid during the hook's call only. A tensor an op reads and writes (in
+/// place: all_reduce, broadcast, reduce) is in both inputs and outputs; a recv has only an
+/// output, a send only an input; batch and the ops without tensors have none.
 struct OpInfo {
-  OpKind op;         ///< Which op (kSplit, kNewWindow and kFinalize too).
-  uint64_t op_id;    ///< NOTE [op ids]: one increasing sequence per process; finalize's is 0.
-  bool async_op;     ///< Async or sync.
-  const Work* work;  ///< The issued op (post-hooks of ops with a Work only; else null).
+  OpKind op;       ///< Which op (kSplit, kNewWindow, kFinalize, kAllGatherPExec too).
+  uint64_t op_id;  ///< NOTE [op ids]: one increasing sequence per process; finalize: 0.
+  bool async_op;   ///< Async or sync.
+  WorkPtr work;    ///< The issued op (post-hooks of ops with a Work only; else null).
+  std::span<const TensorView> inputs = {};   ///< The tensors the op reads.
+  std::span<const TensorView> outputs = {};  ///< The tensors the op writes.
+  int peer = -1;                             ///< The root, or the peer of send/recv; -1: none.
+  const ReduceOp* reduce = nullptr;          ///< The reduction of a reducing op; else null.
+  /// all_to_all_v_single's split sizes (rows per peer; empty: even splits).
+  std::span<const int64_t> input_splits = {};
+  std::span<const int64_t> output_splits = {};
+  size_t num_ops = 0;                 ///< batch: how many sends and recvs.
+  std::span<const int> ranks = {};    ///< split: the ranks of the group this rank joins.
+  const std::string* name = nullptr;  ///< split: the new communicator's name as given.
+  /// The caller's own record of the call (CallOptions::frontend), opaque to the core; null for
+  /// an op the library issues for itself.
+  const void* frontend = nullptr;
+  /// split's post-hooks: the communicator the split made (null on a rank that joined none).
+  const std::shared_ptr<Communicator>* new_comm = nullptr;
 };
 
 /// NOTE [op ids]: the next op id of the process. Every communicator of the process numbers its
@@ -60,9 +85,10 @@ struct CallOptions {
   /// of the fingerprint (NOTE [call check]): the Ulysses layer passes its geometry, so calls whose
   /// byte counts agree but whose layouts differ are caught too. 0: none.
   uint64_t call_key = 0;
+  /// The caller's own record of the call, handed to hooks as OpInfo::frontend (the Python
+  /// binding: the call's torch tensors, NOTE [hook op record]); the core never reads it.
+  const void* frontend = nullptr;
 };
-
-class Communicator;
 
 /// NOTE [persistent all-gather]: torchcomms' AllGatherPHandle. all_gather_p_init keeps the output
 /// buffer (and registers it with a backend that registers memory: nccl, nvlink), every
@@ -128,8 +154,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool is_aborted() const { return aborted_.load(); }
   /// Runs abort hooks, then aborts the backend: every waiter gets an Aborted error.
   void abort();
-  /// Orderly, collective shutdown; later ops raise.
-  void finalize();
+  /// Orderly, collective shutdown; later ops raise. `frontend`: OpInfo::frontend for its hooks.
+  void finalize(const void* frontend = nullptr);
   /// Registers a tensor's memory with the backend (local; see Backend::register_memory).
   void tensor_register(const TensorView& t);
   /// Drops a registration made by tensor_register.
@@ -144,7 +170,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// Releases the handle (deregisters what init registered); a second free does nothing.
   void all_gather_p_free(AllGatherP& handle);
   /// Collective: a window of the backend (kUnsupported when it has none).
-  std::shared_ptr<Window> new_window();
+  std::shared_ptr<Window> new_window(const void* frontend = nullptr);
   /// What the backend lends under `what`, or null (see Backend::lend); null once aborted or
   /// finalized.
   std::shared_ptr<void> lend(const std::string& what);
@@ -190,11 +216,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// groups differ and must be disjoint); an empty list joins none. The split counter advances on
   /// every call, so later splits stay aligned.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name,
-                                      const CommOptions* options = nullptr);
+                                      const CommOptions* options = nullptr,
+                                      const void* frontend = nullptr);
 
   using PreHook = std::function<void(const OpInfo&)>;
   using PostHook = std::function<void(const OpInfo&)>;
   using AbortHook = std::function<void()>;
+  /// Called with the op and its error where an op whose pre-hooks ran raises (its post-hooks do
+  /// not run).
+  using ErrorHook = std::function<void(const OpInfo&, const Error&)>;
   /// NOTE [one hook registry]: pre-hooks run on the calling thread before every op (the
   /// collectives and point-to-point ops once their arguments are checked, batch, split,
   /// new_window, finalize), post-hooks once it is issued (a sync op: complete); a hook that
@@ -203,6 +233,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   RemovableHandle register_pre_hook(PreHook fn);
   RemovableHandle register_post_hook(PostHook fn);
   RemovableHandle register_abort_hook(AbortHook fn);
+  /// Error hooks: run on the calling thread where an op whose pre-hooks ran raises a fastcomms
+  /// Error, before the error reaches the caller (the flight recorder dumps on a timeout); a
+  /// throwing error hook is logged and the op's own error goes on.
+  RemovableHandle register_error_hook(ErrorHook fn);
 
  private:
   struct Hooks;
@@ -211,13 +245,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   template <typename Body>
   auto hooked(OpInfo info, Body&& body);
   // `peers` (a callable filling an OpContext's peer_out / peer_in) for the ops whose sizes differ
-  // per peer; it runs only when the call is checked (NOTE [call check]).
+  // per peer; it runs only when the call is checked (NOTE [call check]). `rec` holds what hooks
+  // are told of the op's arguments (NOTE [hook op record]; op, op_id and async_op are set here).
   template <typename Fn, typename PeerFn = std::nullptr_t>
   WorkPtr run(OpKind op, const CallOptions& o, Fn&& issue, CallFingerprint fp = {},
-              PeerFn peers = nullptr);
+              PeerFn peers = nullptr, OpInfo rec = {});
   // Whether this op is to be checked across ranks: the op's hint check_calls, else the
   // communicator's setting.
   bool wants_check(const CallOptions& o) const;
+  // all_gather_single, which hooks see as `hook_op` (NOTE [persistent all-gather]).
+  WorkPtr all_gather_single_as(OpKind hook_op, const TensorView& output, const TensorView& input,
+                               const CallOptions& o);
   // NOTE [call check] through the store, for backends that do not check in band.
   void check_through_store(const OpContext& ctx);
   void check_usable(OpKind op) const;

@@ -84,7 +84,9 @@ class AsyncWork : public Work {
   void fail(std::exception_ptr error);
   /// Waits at most until `until`; true when the op has finished. Does not throw.
   bool wait_until(std::chrono::steady_clock::time_point until);
-  /// A hook run (once, outside the lock) when wait() hits the deadline, before it throws.
+  /// Adds a hook run once, outside the lock, on the waiting thread, when a wait() ends in a
+  /// timeout (its deadline passed, or the backend timed the op out), before it throws (the
+  /// flight recorder's dump); hooks run in the order added.
   void on_timeout(std::function<void()> fn);
 
  private:
@@ -94,7 +96,7 @@ class AsyncWork : public Work {
   std::exception_ptr error_;
   std::string what_;
   std::chrono::steady_clock::time_point deadline_;
-  std::function<void()> on_timeout_;
+  std::vector<std::function<void()>> on_timeout_;
 };
 
 /// A Work that is already complete.

@@ -1,0 +1,101 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""Host cost of a communicator call with and without a flight recorder (issue 54, item 3): a loop
+of ``--calls`` ``comm.all_reduce(t, ReduceOp.SUM, False)`` on a 1-element float32 CPU tensor at
+world 1 over gloo (``eager``), and the same through the communicator's torch.distributed process
+group, ``dist.all_reduce(t, group=pg)`` (``pg``: NOTE [process group fast path]), each with no
+hook and with a ``FlightRecorderHook`` registered (``+fr``). Each ``--tree`` is
+``name=package_dir:build_dir`` (the ``fastcomms`` package and the build holding its extension);
+the trees run in turn, one process per tree and round, interleaved, and inside a process the
+four kinds alternate loop by loop. The table gives the median over every timed loop, µs per
+call, and the ratio with a recorder to without.
+
+Usage: python3 tools/bench_hook_cost.py --tree before=/work/main/python:/work/main/build/python \\
+       --tree after=python:build/python [--rounds 5] [--calls 2000] [--loops 3]"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+KINDS = ("eager", "eager+fr", "pg", "pg+fr")
+
+
+def child(calls: int, loops: int) -> None:
+    import fastcomms
+    import torch
+    import torch.distributed as dist
+    from fastcomms import ReduceOp
+    from fastcomms.device_mesh import _create_torchcomm_process_group
+    from fastcomms.hooks import FlightRecorderHook
+
+    os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1")
+    out = {k: [] for k in KINDS}
+    with tempfile.TemporaryDirectory() as d:
+        comm = fastcomms.new_comm("gloo", "cpu", "hook_cost", store=dist.FileStore(f"{d}/s", 1))
+        pg = _create_torchcomm_process_group(comm, "hook_cost_pg")
+        t = torch.ones(1)
+
+        def eager():
+            comm.all_reduce(t, ReduceOp.SUM, False)
+
+        def via_pg():
+            dist.all_reduce(t, group=pg)
+
+        def loop(fn):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t0) / calls * 1e6
+
+        for fn in (eager, via_pg):  # warm-up
+            loop(fn)
+        for _ in range(loops):
+            for kind in KINDS:
+                fr = None
+                if kind.endswith("+fr"):
+                    fr = FlightRecorderHook(max_entries=2048)
+                    fr.register_with_comm(comm)
+                out[kind].append(loop(eager if kind.startswith("eager") else via_pg))
+                if fr is not None:
+                    fr.unregister()
+        comm.finalize()
+    print(json.dumps(out))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tree", action="append", default=[], help="name=package_dir:build_dir")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--loops", type=int, default=3, help="timed loops per kind and process")
+    p.add_argument("--child", action="store_true")
+    a = p.parse_args()
+    if a.child:
+        return child(a.calls, a.loops)
+    trees = dict(t.split("=", 1) for t in a.tree)
+    got = {name: {k: [] for k in KINDS} for name in trees}
+    for _ in range(a.rounds):
+        for name, dirs in trees.items():
+            pkg, build = dirs.split(":", 1)
+            path = f"{os.path.abspath(pkg)}:{os.path.abspath(build)}"
+            env = dict(os.environ, PYTHONPATH=path)
+            cmd = [sys.executable, __file__, "--child", "--calls", str(a.calls)]
+            cmd += ["--loops", str(a.loops)]
+            res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
+            for k, v in res.items():
+                got[name][k] += v
+    print("| tree | " + " | ".join(KINDS) + " | eager+fr / eager | pg+fr / pg |")
+    print("|---" * (len(KINDS) + 3) + "|")
+    for name, res in got.items():
+        med = {k: statistics.median(v) for k, v in res.items()}
+        cells = " | ".join(f"{med[k]:.1f}" for k in KINDS)
+        r1, r2 = med["eager+fr"] / med["eager"], med["pg+fr"] / med["pg"]
+        print(f"| {name} | {cells} | {r1:.2f}x | {r2:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
