@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'ForwardingBackend', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_async_check', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_async_check', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -228,6 +228,59 @@ class Comm:
         ...
     def timeout(self) -> datetime.timedelta:
         ...
+class FlightRecorderShapes:
+    def __init__(self, arg0: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt]], arg1: collections.abc.Sequence[str], arg2: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt]], arg3: collections.abc.Sequence[str]) -> None:
+        ...
+class FlightRecorder:
+    """
+    NOTE [flight recorder in C++]; fastcomms.hooks wraps it.
+    """
+    def __init__(self, max_entries: typing.SupportsInt, isolated: bool) -> None:
+        ...
+    def attach(self, arg0: Comm, arg1: collections.abc.Callable) -> None:
+        """
+        Records the communicator's ops (and its splits'); dump(rank) at an abort or timeout.
+        """
+    def detach(self) -> None:
+        ...
+    def enabled(self) -> bool:
+        ...
+    def entries(self, arg0: bool) -> list:
+        ...
+    def groups(self) -> list:
+        ...
+    def issued(self, arg0: typing.SupportsInt) -> None:
+        ...
+    def record(self, arg0: str, arg1: str, arg2: typing.SupportsInt, arg3: typing.SupportsInt, arg4: typing.SupportsInt, arg5: str, arg6: typing.SupportsInt, arg7: bool, arg8: FlightRecorderShapes) -> None:
+        """
+        The pre-hook record of an op of a backend written in Python.
+        """
+    def reset(self) -> None:
+        ...
+    def size(self) -> int:
+        ...
+class NanCheck:
+    """
+    NOTE [NaN check on the device]; fastcomms.hooks.NanCheckHook wraps it.
+    """
+    def __init__(self, check_inputs: bool, check_outputs: bool) -> None:
+        ...
+    def attach(self, arg0: Comm) -> None:
+        ...
+    def check(self, arg0: str, arg1: str, arg2: collections.abc.Sequence[torch.Tensor], arg3: collections.abc.Sequence[torch.Tensor]) -> None:
+        """
+        The check of one op's tensors (a backend written in Python has no C++ hook).
+        """
+    def check_pending(self) -> None:
+        """
+        Raises for a NaN a completed device check found.
+        """
+    def detach(self) -> None:
+        ...
+    def pending(self) -> int:
+        """
+        Device checks not read yet.
+        """
 class Window:
     def bytes(self) -> int:
         ...
