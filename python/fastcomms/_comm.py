@@ -139,6 +139,7 @@ class TorchComm(_OpaqueBase):
         # NOTE [one hook registry]: the hooks this communicator registered with its C++ one,
         # key -> [kind, callback, remover], kept to move them to the one reconfigure makes
         self._hooks: dict[int, list] = {}
+        self._cpp_hooks: dict[int, object] = {}  # key -> attach(c), C++ hooks (_attach_cpp)
         self._hooked = False  # a pre/post hook or an observer is registered
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
         self._attached: dict[str, object] = {}  # NOTE [communicator attachments]
@@ -153,11 +154,25 @@ class TorchComm(_OpaqueBase):
         self._fast = c if not self._hooked and isinstance(c, _C.Comm) else None
 
     def _rebind(self, c) -> None:
-        """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it."""
+        """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it, and so do the
+        C++ hooks attached through _attach_cpp (the flight recorder, the NaN check)."""
         self._c = c
         for h in self._hooks.values():
             h[2] = getattr(c, f"register_{h[0]}_hook")(h[1])
+        if isinstance(c, _C.Comm):
+            for attach in list(self._cpp_hooks.values()):
+                attach(c)
         self._refresh_fast()
+
+    def _attach_cpp(self, attach) -> RemovableHandle:
+        """A hook written in C++: ``attach(c)`` registers it on the C++ communicator ``c``, now
+        and on each one reconfigure makes; the handle stops the re-attaching (the hook's own
+        detach removes what it registered)."""
+        key = next(_keys)
+        self._cpp_hooks[key] = attach
+        if isinstance(self._c, _C.Comm):
+            attach(self._c)
+        return RemovableHandle(lambda: self._cpp_hooks.pop(key, None))
 
     # -- identity and options ------------------------------------------------------------------
     def get_rank(self) -> int:

@@ -122,7 +122,8 @@ class FlightRecorderHook(_Registered):
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
         if isinstance(comm._c, _C.Comm):
-            self._fr.attach(comm._c, functools.partial(_dump_for, weakref.ref(self)))
+            dump = functools.partial(_dump_for, weakref.ref(self))
+            self._handles.append(comm._attach_cpp(lambda c: self._fr.attach(c, dump)))
             self._attached = True
             return
         self._register_python_backend(comm)
@@ -244,7 +245,7 @@ class NanCheckHook(_Registered):
 
     def register_with_comm(self, comm: Any) -> None:
         if isinstance(comm._c, _C.Comm):
-            self._nc.attach(comm._c)
+            self._handles.append(comm._attach_cpp(self._nc.attach))
         else:  # a backend written in Python: the same check, from its Python hooks
             name = comm.get_name()
 

@@ -77,6 +77,15 @@ def _worker(rank, size, path, errq):
         _all_reduce_ok(comm, size)
         with pytest.raises(RuntimeError, match="used before"):
             comm.reconfigure(0, hs, TIMEOUT)
+        # hooks written in C++ (the flight recorder, the NaN check) move with every reconfigure
+        from fastcomms.hooks import FlightRecorderHook, NanCheckHook
+
+        fr, nan = FlightRecorderHook(max_entries=1000, isolated=True), NanCheckHook()
+        fr.register_with_comm(comm)
+        nan.register_with_comm(comm)
+        n = fr.size()
+        _all_reduce_ok(comm, size)
+        assert fr.size() > n, "the flight recorder saw no call"
 
         # the handles disagree (rank 0 passes another order): every rank raises
         disagree = list(reversed(hs)) if rank == 0 else list(hs)
@@ -96,7 +105,16 @@ def _worker(rank, size, path, errq):
         # grow back: the left-out rank joins with a uuid it has not used
         comm.reconfigure(ropts(3, hs)).wait()
         assert comm.get_rank() == rank
+        n = fr.size()
         _all_reduce_ok(comm, size)
+        assert fr.size() > n, "the flight recorder lost the communicator reconfigure made"
+        with pytest.raises(ValueError, match="NaN detected in input tensor for 'all_reduce'"):
+            comm.all_reduce(torch.full((2,), float("nan")), _sum(), False)
+        fr.unregister()
+        nan.unregister()
+        n = fr.size()
+        _all_reduce_ok(comm, size)
+        assert fr.size() == n, "an unregistered recorder still records"
 
         # a listed rank that never comes: a timeout naming it, within the timeout
         ghost = f"fastcomms:gloo:nowhere:0:{rank}"
