@@ -15,8 +15,10 @@
 // check_pending(), which NanCheckHook runs when asked) reads the flags whose events have
 // completed and raises for the first NaN found, so a CUDA NaN is reported by the next call on
 // the communicator instead of before its own op (the op itself ran with the NaN, as the check
-// cannot stop a stream without a host sync). The message is torchcomms': "NaN detected in
-// <input|output> tensor for '<op>' on comm '<name>': <shape> <dtype>".
+// cannot stop a stream without a host sync). While a current stream captures a CUDA graph the
+// device check neither queues nor reads (a capture forbids event queries, and a captured copy would
+// run only at replay): ops captured into a graph are not checked. The message is torchcomms': "NaN
+// detected in <input|output> tensor for '<op>' on comm '<name>': <shape> <dtype>".
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <pybind11/stl.h>
@@ -133,6 +135,9 @@ class NanCheck : public std::enable_shared_from_this<NanCheck> {
         continue;
       }
 #ifdef FASTCOMMS_WITH_CUDA
+      // Not inside a CUDA graph capture: the flag's copy would run only at replays, after the
+      // check was read, and the event could not be queried (NOTE [NaN check on the device]).
+      if (stream_capturing()) continue;
       // On the caller's current stream, where the op is ordered: no host wait.
       Pending p;
       p.flag = at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
@@ -148,6 +153,7 @@ class NanCheck : public std::enable_shared_from_this<NanCheck> {
 
   // Raises for the first NaN a completed device check found (NOTE [NaN check on the device]).
   void check_pending() {
+    if (stream_capturing()) return;  // an event query would invalidate the capture
     std::string found;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -161,7 +161,9 @@ std::vector<Parked>& parked() {
   return *v;
 }
 
-bool capturing() {
+}  // namespace
+
+bool stream_capturing() {
 #ifdef FASTCOMMS_WITH_CUDA
   // Querying an event while a stream of this thread captures a CUDA graph would invalidate it.
   // The devices are counted by the CUDA runtime, not through c10: where no GPU is present torch
@@ -187,12 +189,10 @@ bool capturing() {
   return false;
 }
 
-}  // namespace
-
 // Releases the tensors of parked ops that have finished (GIL held).
 void release_finished() {
   auto& v = parked();
-  if (v.empty() || capturing()) return;
+  if (v.empty() || stream_capturing()) return;
   std::erase_if(v, [](const Parked& p) { return p.work->tensors_released(); });
 }
 

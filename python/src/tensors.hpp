@@ -33,6 +33,9 @@ c10::Stream torch_current_stream(c10::DeviceIndex d);
 /// The c10::Stream of a torch.Stream from Python (torch.cuda.Stream among them).
 c10::Stream torch_stream(const pybind11::handle& s);
 #endif
+/// Whether the current torch stream of a CUDA device is capturing a CUDA graph (where querying
+/// an event or syncing would invalidate the capture). False without CUDA.
+bool stream_capturing();
 
 /// A Work from Python (fastcomms._C.Work), with the tensors its op uses (NOTE [python tensors
 /// outlive their op] in tensors.cpp: a dropped, unfinished one parks them).
