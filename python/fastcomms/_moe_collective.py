@@ -83,6 +83,24 @@ class _Pending:
         return self._done or all(w.is_completed() for w in self._works)
 
 
+def row_meta(send_tok, dest, owner, local, scales, weights, k):
+    """The metadata travelling with each sent row (both transports: their bytes must agree),
+    (rows, 2 + 2k) int32: source position, scale bits, k local expert ids (-1: not the
+    destination's), k weight bits. ``dest`` is each sent row's peer."""
+    loc = torch.where(owner[send_tok] == dest.unsqueeze(1), local[send_tok], -1)
+    if weights is None:
+        weights = torch.ones((owner.shape[0], k), device=owner.device)
+    return torch.cat(
+        [
+            send_tok.to(torch.int32).unsqueeze(1),
+            scales[send_tok].view(torch.int32).unsqueeze(1),
+            loc.to(torch.int32),
+            weights.float()[send_tok].contiguous().view(torch.int32),
+        ],
+        dim=1,
+    )
+
+
 class CollectiveTransport:
     """Dispatch and combine moves as all-to-alls (NOTE [moe transport seam])."""
 
@@ -188,19 +206,7 @@ class CollectiveTransport:
             x = q
         row_bytes = H * x.element_size()
         data = x.index_select(0, send_tok).view(torch.uint8).reshape(n, row_bytes)
-        # per sent row, int32: source position, scale bits, k local expert ids (-1: not this
-        # peer's), k weight bits
-        loc = torch.where(owner[send_tok] == dest.unsqueeze(1), local[send_tok], -1)
-        w = weights.float() if weights is not None else torch.ones((T, k), device=x.device)
-        meta = torch.cat(
-            [
-                send_tok.to(torch.int32).unsqueeze(1),
-                scales[send_tok].view(torch.int32).unsqueeze(1),
-                loc.to(torch.int32),
-                w[send_tok].contiguous().view(torch.int32),
-            ],
-            dim=1,
-        )
+        meta = row_meta(send_tok, dest, owner, local, scales, weights, k)
         send = torch.cat([data, meta.view(torch.uint8)], dim=1)
         # gather's rows come back by owner rank, then by flat slot t * k + j
         back = torch.where(owner >= 0, owner, P).flatten()

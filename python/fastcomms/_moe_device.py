@@ -48,7 +48,7 @@ import dataclasses
 
 import torch
 
-from ._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW, _Pending
+from ._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW, _Pending, row_meta
 
 # counts header fields, one int64 each, per (sender, receiver)
 _D_COUNT, _D_STATUS, _D_TOKENS, _D_BAD, _D_WHERE = range(5)
@@ -107,9 +107,7 @@ class DevicePlan:
     # home side
     send_tok: torch.Tensor  # (S,) token of each packed row (S = T * min(k, P))
     send_splits: torch.Tensor  # (P,) int64 rows sent to each peer
-    slot_order: torch.Tensor  # (T * k,) flat slots in the order gather's rows come back
     back_splits: torch.Tensor  # (P,) rows gather receives from each peer
-    back_keep: torch.Tensor  # (T * k,) bool: rows of gather's receive buffer in use
     slot_src: torch.Tensor  # (T * k,) row of gather's receive buffer of each flat slot, or -1
     # expert side
     recv_splits: torch.Tensor  # (P,) tokens received from each peer
@@ -233,18 +231,7 @@ def dispatch(
     row_bytes = H * x.element_size()
     S = send_tok.shape[0]
     send_total = send_splits.sum().reshape(1)
-    loc = torch.where(owner[send_tok] == send_dest.unsqueeze(1), local[send_tok], -1)
-    w = weights.float() if weights is not None else torch.ones((T, k), device=dev)
-    meta = torch.cat(
-        [
-            send_tok.to(torch.int32).unsqueeze(1),
-            scales[send_tok].view(torch.int32).unsqueeze(1),
-            loc.to(torch.int32),
-            w[send_tok].contiguous().view(torch.int32),
-        ],
-        dim=1,
-    )
-    meta_bytes = meta.view(torch.uint8)
+    meta_bytes = row_meta(send_tok, send_dest, owner, local, scales, weights, k).view(torch.uint8)
     send = torch.empty((S, row_bytes + meta_bytes.shape[1]), dtype=torch.uint8, device=dev)
     _gather(send[:, :row_bytes], _bytes2d(x.contiguous(), T), send_tok, send_total, False)
     send[:, row_bytes:].copy_(meta_bytes)
@@ -258,7 +245,6 @@ def dispatch(
     )
     back_splits = back_all[:P]
     back_total = back_splits.sum()
-    back_keep = _arange(T * k, dev) < back_total
     back_pos = torch.empty_like(slot_order).scatter_(0, slot_order, _arange(T * k, dev))
     slot_src = torch.where(back_pos < back_total, back_pos, -1)
     # expert side
@@ -294,9 +280,7 @@ def dispatch(
         owner=owner,
         send_tok=send_tok,
         send_splits=send_splits,
-        slot_order=slot_order,
         back_splits=back_splits,
-        back_keep=back_keep,
         slot_src=slot_src,
         recv_splits=recv_splits,
         row_tok=row_tok,
