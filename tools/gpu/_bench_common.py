@@ -134,3 +134,24 @@ def host_per_call(fn, iters=200, rounds=7, warmup=20):
         samples.append((time.perf_counter() - t) * 1e6 / iters)
         torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+def print_slowest_rank(got, keep=()):
+    """Prints one JSON line per (routing, variant) from every rank's rows (each a dict with
+    routing, variant, rank and median_us, or skipped): the slowest rank's median (a collective
+    ends with its slowest rank), every rank's, and the fields named in ``keep`` from the first."""
+    by = {}
+    for rows in got:
+        for row in rows:
+            by.setdefault((row["routing"], row["variant"]), []).append(row)
+    for (routing, variant), rs in by.items():
+        line = {"routing": routing, "variant": variant}
+        if "skipped" in rs[0]:
+            line["skipped"] = rs[0]["skipped"]
+        else:
+            line["median_us_slowest_rank"] = round(max(r["median_us"] for r in rs), 1)
+            line["per_rank_us"] = [
+                round(r["median_us"], 1) for r in sorted(rs, key=lambda r: r["rank"])
+            ]
+            line.update({k: rs[0][k] for k in keep})
+        print(json.dumps(line))

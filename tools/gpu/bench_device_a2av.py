@@ -26,13 +26,12 @@ Usage: python3 tools/gpu/bench_device_a2av.py [--nproc 2] [--rounds 7] [--iters 
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 
 import torch
 import torch.distributed as dist
-from _bench_common import print_env, spawn_ranks
+from _bench_common import print_env, print_slowest_rank, spawn_ranks
 
 
 def _counts(routing, world, tokens):
@@ -233,28 +232,7 @@ def main():
         return 2
     print_env(args.nproc)
     got = spawn_ranks(_rank, args.nproc, args, timeout=900)
-    by = {}
-    for rows in got:
-        for row in rows:
-            by.setdefault((row["routing"], row["variant"]), []).append(row)
-    for (routing, variant), rs in by.items():
-        if "skipped" in rs[0]:
-            print(json.dumps({"routing": routing, "variant": variant, "skipped": rs[0]["skipped"]}))
-            continue
-        slowest = max(r["median_us"] for r in rs)  # a collective ends with its slowest rank
-        print(
-            json.dumps(
-                {
-                    "routing": routing,
-                    "variant": variant,
-                    "median_us_slowest_rank": round(slowest, 1),
-                    "per_rank_us": [
-                        round(r["median_us"], 1) for r in sorted(rs, key=lambda r: r["rank"])
-                    ],
-                    "bytes_crossing_all_ranks": rs[0]["bytes_crossing_all_ranks"],
-                }
-            )
-        )
+    print_slowest_rank(got, keep=("bytes_crossing_all_ranks",))
     return 0
 
 

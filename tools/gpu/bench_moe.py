@@ -32,7 +32,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from _bench_common import print_env, spawn_ranks
+from _bench_common import host_per_call, print_env, print_slowest_rank, spawn_ranks
 
 
 def _routing(kind, tokens, experts, k, gen):
@@ -53,27 +53,19 @@ def _timed(fn, iters, barrier):
     return start.elapsed_time(end) * 1000.0 / iters  # µs per call
 
 
-def _host_cost(g, x, idx, w, barrier, iters=50):
-    """Host time of one eager call (the Python call returning, the GPU not waited for):
-    median over `iters` calls, each after the GPU drained, so no call waits on a full queue."""
-    import time
-
-    out = {}
-    for name in ("dispatch", "combine"):
-        ts = []
-        for _ in range(iters):
-            recv_x, meta, handle = g.dispatch(x, idx, w)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            if name == "dispatch":
-                g.dispatch(x, idx, w)
-            else:
-                g.combine(recv_x, handle)
-            ts.append((time.perf_counter() - t0) * 1e6)
-            torch.cuda.synchronize()
-        out[f"device {name}: host time per call"] = statistics.median(ts)
-    barrier()
-    return out
+def _host_cost(g, x, idx, w):
+    """Host time of one eager call (the Python call returning), the GPU drained after each call
+    (``iters=1``): a dispatch enqueues some 200 kernels, so back-to-back calls would time a full
+    launch queue, not the host."""
+    recv_x, _, handle = g.dispatch(x, idx, w)
+    return {
+        "device dispatch: host time per call": host_per_call(
+            lambda: g.dispatch(x, idx, w), iters=1, rounds=50, warmup=3
+        ),
+        "device combine: host time per call": host_per_call(
+            lambda: g.combine(recv_x, handle), iters=1, rounds=50, warmup=3
+        ),
+    }
 
 
 def _profile(rank, fn, barrier):
@@ -179,7 +171,8 @@ def _rank(rank, world, path, args, outq):
             variants["device graph (dispatch + combine)"] = graph.replay
             if args.profile and kind == "uniform":
                 _profile(rank, lambda: (disp(), comb()), barrier)
-            host = _host_cost(groups["device"], x, idx, w, barrier)
+            host = _host_cost(groups["device"], x, idx, w)
+            barrier()
             times = {n: [] for n in variants}
             for r in range(args.rounds + 1):
                 for name, fn in variants.items():
@@ -217,26 +210,7 @@ def main():
     print_env(args.nproc)
     print("shape", json.dumps(vars(args)))
     got = spawn_ranks(_rank, args.nproc, args, timeout=900)
-    by = {}
-    for rows in got:
-        for row in rows:
-            by.setdefault((row["routing"], row["variant"]), []).append(row)
-    for (routing, variant), rs in by.items():
-        if "skipped" in rs[0]:
-            print(json.dumps({"routing": routing, "variant": variant, "skipped": rs[0]["skipped"]}))
-            continue
-        print(
-            json.dumps(
-                {
-                    "routing": routing,
-                    "variant": variant,
-                    "median_us_slowest_rank": round(max(r["median_us"] for r in rs), 1),
-                    "per_rank_us": [
-                        round(r["median_us"], 1) for r in sorted(rs, key=lambda r: r["rank"])
-                    ],
-                }
-            )
-        )
+    print_slowest_rank(got)
     return 0
 
 
