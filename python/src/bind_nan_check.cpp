@@ -125,6 +125,7 @@ class NanCheck : public std::enable_shared_from_this<NanCheck> {
   // The check of one op's tensors (CPU: raises now; CUDA: queued on the device).
   void check(const std::string& op, const std::string& comm, std::span<const TensorView> in,
              std::span<const TensorView> out) {
+    std::optional<bool> capturing;  // asked once per op, at its first CUDA tensor
     for (const Checked& c : checked(op, in, out, in_, out_)) {
       const TensorView& v = *c.t;
       if (!is_floating(v.dtype) || v.numel() == 0) continue;
@@ -137,7 +138,8 @@ class NanCheck : public std::enable_shared_from_this<NanCheck> {
 #ifdef FASTCOMMS_WITH_CUDA
       // Not inside a CUDA graph capture: the flag's copy would run only at replays, after the
       // check was read, and the event could not be queried (NOTE [NaN check on the device]).
-      if (stream_capturing()) continue;
+      if (!capturing) capturing = stream_capturing();
+      if (*capturing) continue;
       // On the caller's current stream, where the op is ordered: no host wait.
       Pending p;
       p.flag = at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
@@ -153,6 +155,10 @@ class NanCheck : public std::enable_shared_from_this<NanCheck> {
 
   // Raises for the first NaN a completed device check found (NOTE [NaN check on the device]).
   void check_pending() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty()) return;
+    }
     if (stream_capturing()) return;  // an event query would invalidate the capture
     std::string found;
     {
