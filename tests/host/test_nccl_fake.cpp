@@ -1102,13 +1102,16 @@ TEST(NcclFake, CallCheckCostInCalls) {
 // raises it, on every rank.
 TEST(NcclFake, CallCheckFinalizeRaisesAnUnseenMismatch) {
   FakeWorld w;
+  // Each rank's buffer outlives its async op (the peer's thread may run the fake collective
+  // after this rank's callback returned): freed after every communicator is finalized.
+  std::vector<std::unique_ptr<Buf>> bufs(2);
   const auto errors = run_ranks(
       w, 2,
       [&](Communicator& comm, int r) {
-        Buf a(DType::kFloat32, 4, r);
+        bufs[r] = std::make_unique<Buf>(DType::kFloat32, 4, r);
         CallOptions o;
         o.async_op = true;
-        comm.all_reduce(a.view(), r ? ReduceOp::max() : ReduceOp::sum(), o);
+        comm.all_reduce(bufs[r]->view(), r ? ReduceOp::max() : ReduceOp::sum(), o);
       },
       10s, [&](int) { return check_hints("1"); });
   for (int r = 0; r < 2; ++r) {
