@@ -2,6 +2,7 @@
 // The registry of the MoE row kernels (fastcomms/core/rows.hpp, NOTE [moe row kernels]).
 #include "fastcomms/core/rows.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <utility>
 
@@ -67,6 +68,69 @@ void weighted_sum_rows_device(void* out, DType out_type, const void* src, DType 
   get("weighted_sum_rows")
       .weighted_sum(out, out_type, src, in_type, src_pitch, src_rows, index, w, tokens, k, d,
                     stream);
+}
+
+bool moe_plan_fits(int64_t ranks, int64_t local_experts) {
+  return ranks >= 1 && local_experts >= 1 && ranks <= plan::kMoePlanMaxKeys &&
+         local_experts <= plan::kMoePlanMaxKeys;
+}
+
+namespace {
+
+constexpr int64_t kMaxElems = int64_t{1} << 31;
+
+void check_plan_sizes(const char* what, int64_t ranks, int64_t local_experts, int64_t elems) {
+  FASTCOMMS_CHECK(moe_plan_fits(ranks, local_experts), kUnsupported, what,
+                  ": the plan kernels take 1 to ", plan::kMoePlanMaxKeys,
+                  " ranks and local experts, got ", ranks, " ranks and ", local_experts,
+                  " local experts");
+  FASTCOMMS_CHECK(elems >= 0 && elems < kMaxElems, kInvalidArgument, what,
+                  ": the (row, slot) pairs must number below 2^31, got ", elems);
+}
+
+}  // namespace
+
+void moe_plan_home_device(const plan::MoePlanHome& a, void* stream) {
+  const char* what = "moe plan_home";
+  FASTCOMMS_CHECK(a.tokens >= 0 && a.k >= 1 && a.num_experts >= 1 && a.num_experts < kMaxElems &&
+                      a.num_experts == a.ranks * a.local_experts,
+                  kInvalidArgument, what,
+                  ": tokens >= 0, k >= 1 and num_experts = ranks * "
+                  "local experts below 2^31 expected, got tokens=",
+                  a.tokens, " k=", a.k, " num_experts=", a.num_experts, " ranks=", a.ranks,
+                  " local experts=", a.local_experts);
+  check_plan_sizes(what, a.ranks, a.local_experts, a.tokens * a.k);
+  FASTCOMMS_CHECK(a.send_rows == a.tokens * std::min(a.k, a.ranks), kInvalidArgument, what,
+                  ": send rows must be tokens * min(k, ranks) = ",
+                  a.tokens * std::min(a.k, a.ranks), ", got ", a.send_rows);
+  get(what).plan_home(a, stream);
+}
+
+void moe_plan_send_device(const plan::MoePlanSend& a, void* stream) {
+  const char* what = "moe plan_send";
+  FASTCOMMS_CHECK(a.tokens >= 0 && a.k >= 1, kInvalidArgument, what,
+                  ": tokens >= 0 and k >= 1 expected, got tokens=", a.tokens, " k=", a.k);
+  check_plan_sizes(what, a.ranks, 1, a.tokens * a.k);
+  FASTCOMMS_CHECK(a.send_rows == a.tokens * std::min(a.k, a.ranks), kInvalidArgument, what,
+                  ": send rows must be tokens * min(k, ranks) = ",
+                  a.tokens * std::min(a.k, a.ranks), ", got ", a.send_rows);
+  FASTCOMMS_CHECK(a.meta_pitch >= 4 * (2 + 2 * a.k), kInvalidArgument, what,
+                  ": the send rows' pitch (", a.meta_pitch, " bytes) is below the metadata (",
+                  4 * (2 + 2 * a.k), " bytes)");
+  get(what).plan_send(a, stream);
+}
+
+void moe_plan_expert_device(const plan::MoePlanExpert& a, void* stream) {
+  const char* what = "moe plan_expert";
+  FASTCOMMS_CHECK(a.recv_rows >= 0 && a.k >= 1 && a.capacity >= 0 && a.capacity < kMaxElems,
+                  kInvalidArgument, what,
+                  ": receive rows >= 0, k >= 1 and a capacity below 2^31 expected, got rows=",
+                  a.recv_rows, " k=", a.k, " capacity=", a.capacity);
+  check_plan_sizes(what, a.ranks, a.local_experts, a.recv_rows * a.k);
+  FASTCOMMS_CHECK(a.meta_pitch >= 4 * (2 + 2 * a.k), kInvalidArgument, what,
+                  ": the receive rows' pitch (", a.meta_pitch, " bytes) is below the metadata (",
+                  4 * (2 + 2 * a.k), " bytes)");
+  get(what).plan_expert(a, stream);
 }
 
 }  // namespace fastcomms

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "fastcomms/core/rows.hpp"
+#include "fastcomms/cuda/moe_plan.hpp"
 #include "fastcomms/cuda/rows.hpp"
 #include "fastcomms/error.hpp"
 
@@ -41,6 +42,15 @@ const bool kRegistered = [] {
                       int64_t k_, int64_t d, void* stream) {
     cuda::weighted_sum_rows(out, value_of(out_type), src, value_of(in_type), src_pitch, src_rows,
                             index, w, tokens, k_, d, static_cast<cudaStream_t>(stream));
+  };
+  k.plan_home = [](const plan::MoePlanHome& a, void* stream) {
+    cuda::moe_plan_home(a, static_cast<cudaStream_t>(stream));
+  };
+  k.plan_send = [](const plan::MoePlanSend& a, void* stream) {
+    cuda::moe_plan_send(a, static_cast<cudaStream_t>(stream));
+  };
+  k.plan_expert = [](const plan::MoePlanExpert& a, void* stream) {
+    cuda::moe_plan_expert(a, static_cast<cudaStream_t>(stream));
   };
   register_row_kernels(std::move(k));
   return true;

@@ -160,7 +160,8 @@ class CollectiveTransport:
             if bool(dup.any()):
                 status |= DUPLICATE
                 where = int(dup.nonzero()[0, 0])
-                bad = int(s[where][1:][(s[where][1:] == s[where][:-1])][0])
+                row = s[where]  # the smallest expert twice (not a pair of drops, -1)
+                bad = int(row[1:][(row[1:] == row[:-1]) & (row[1:] >= 0)][0])
         valid = idx >= 0
         owner = torch.where(valid, idx.div(L, rounding_mode="floor"), -1)
         local = torch.where(valid, idx.remainder(L), -1)

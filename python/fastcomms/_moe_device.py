@@ -22,7 +22,11 @@ operands), computed without reading a value on the host:
   source rank, source position, slot (NOTE [moe row order]); counts are a scatter_add of ones;
 - combine: the reverse path, the rows sent back in arrival order and put into their home slots by
   the permutation the collective's ``slot_order`` is.
-Rows are moved by the row kernels (NOTE [moe row kernels]): a gather bounded by a count the
+The plan is three one-block kernels on CUDA (NOTE [moe plan kernels]: home, send, expert; a
+handful of launches where the torch plan was some 700 ops on the host) and the torch functions
+``home_torch``, ``send_torch`` and ``expert_torch`` on CPU and past the kernels' sizes, with the
+same results (test_moe_device_gpu compares them on random routing). Rows are moved by the row
+kernels (NOTE [moe row kernels]): a gather bounded by a count the
 GPU holds, so a dispatch reads the rows it has, not the rows its worst case could have; rows of
 recv_x past the ones in use are zeroed (as the collective transport's are; src -1), so that a
 dense expert over every row gets no garbage into its gradients.
@@ -137,8 +141,8 @@ def verdict(idx, num_experts, max_tokens):
     status = status | torch.where(any_bad, BAD_EXPERT, 0)
     if k > 1:
         s = idx.sort(dim=1).values
-        eq = s[:, 1:] == s[:, :-1]
-        dup = (eq & (s[:, 1:] >= 0)).any(1)
+        eq = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)  # two drops (-1) are no duplicate
+        dup = eq.any(1)
         any_dup = dup.any() & ~any_bad
         t = dup.to(torch.int32).argmax().long()
         i = _pick(eq, t).to(torch.int32).argmax().long()
@@ -176,29 +180,13 @@ def exchange_counts(a2av, head):
     return out
 
 
-def dispatch(
-    a2av,
-    x,
-    idx,
-    weights,
-    wire,
-    return_scales,
-    *,
-    P,
-    L,
-    num_experts,
-    max_tokens,
-    capacity,
-    flags=None,
-):
-    """The whole dispatch on the device: (recv_x, counts, row weights, src, row scales or None,
-    plan). ``flags`` (FLAGS,) int64, updated in place with the first refusal (NOTE [moe device
-    refusals])."""
-    T, k = idx.shape
-    dev, H, value_dtype = x.device, x.shape[1], x.dtype
-    R = P * max_tokens
+def home_torch(idx, P, L, num_experts, max_tokens):
+    """The home side in torch (the CPU path, and the GPU's past the plan kernels' sizes):
+    (head (P, 5), owner (T, k), local (T, k), send_tok (S,), send_dest (S,)), the results of
+    ``_C._moe_plan_home`` (NOTE [moe plan kernels])."""
+    T = idx.shape[0]
     status, bad, where = verdict(idx, num_experts, max_tokens)
-    owner, local, mask, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
+    owner, local, _, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
     head = torch.stack(
         [
             send_counts,
@@ -209,49 +197,54 @@ def dispatch(
         ],
         dim=1,
     )
-    got = exchange_counts(a2av, head)
+    return head, owner, local, send_tok, send_dest
+
+
+def send_torch(
+    got, head, owner, local, send_tok, send_dest, scales, weights, flags, send, row_bytes
+):
+    """After the header exchange, in torch: (send_splits, recv_splits, back_splits, slot_src,
+    send_total), ``flags`` and ``owner`` updated in place and each sent row's metadata written
+    into ``send[:, row_bytes:]``: the results of ``_C._moe_plan_send``."""
+    P = head.shape[0]
+    T, k = owner.shape
+    dev = owner.device
     refused = got[:, _D_STATUS] != 0
     ok = ~refused.any()
-    if flags is not None:
-        r = refused.to(torch.int32).argmax().long()
-        row = _pick(got, r)
-        new = torch.stack([row[_D_STATUS], r, row[_D_TOKENS], row[_D_BAD], row[_D_WHERE]])
-        flags.copy_(torch.where(flags[0] != 0, flags, torch.where(ok, flags, new)))
-    send_splits = send_counts * ok
+    r = refused.to(torch.int32).argmax().long()
+    row = _pick(got, r)
+    new = torch.stack([row[_D_STATUS], r, row[_D_TOKENS], row[_D_BAD], row[_D_WHERE]])
+    flags.copy_(torch.where(flags[0] != 0, flags, torch.where(ok, flags, new)))
+    send_splits = head[:, _D_COUNT] * ok
     recv_splits = got[:, _D_COUNT] * ok
-    owner = torch.where(ok, owner, -1)
-    # the packed rows (the collective transport's bytes)
-    scales = torch.zeros(T, dtype=torch.float32, device=dev)
-    if wire is not None:
-        from . import _C
-
-        q = torch.empty(x.shape, dtype=wire, device=dev)
-        _C._fp8_quantize(x, q, scales)  # NOTE [fp8 wire]
-        x = q
-    row_bytes = H * x.element_size()
-    S = send_tok.shape[0]
-    send_total = send_splits.sum().reshape(1)
-    meta_bytes = row_meta(send_tok, send_dest, owner, local, scales, weights, k).view(torch.uint8)
-    send = torch.empty((S, row_bytes + meta_bytes.shape[1]), dtype=torch.uint8, device=dev)
-    _gather(send[:, :row_bytes], _bytes2d(x.contiguous(), T), send_tok, send_total, False)
-    send[:, row_bytes:].copy_(meta_bytes)
-    recv = torch.empty((R, send.shape[1]), dtype=torch.uint8, device=dev)
-    a2av(recv, send, recv_splits, send_splits)
-    # home side of the way back: by owner rank, then flat slot t * k + j
+    owner.copy_(torch.where(ok, owner, -1))
+    # the way back: by owner rank, then flat slot t * k + j
     back = torch.where(owner >= 0, owner, P).flatten()
     slot_order = back.argsort(stable=True)
     back_all = torch.zeros(P + 1, dtype=torch.int64, device=dev).scatter_add_(
         0, back, torch.ones_like(back)
     )
     back_splits = back_all[:P]
-    back_total = back_splits.sum()
     back_pos = torch.empty_like(slot_order).scatter_(0, slot_order, _arange(T * k, dev))
-    slot_src = torch.where(back_pos < back_total, back_pos, -1)
-    # expert side
+    slot_src = torch.where(back_pos < back_splits.sum(), back_pos, -1)
+    if scales is None:
+        scales = torch.zeros(T, dtype=torch.float32, device=dev)
+    meta = row_meta(send_tok, send_dest, owner, local, scales, weights, k).view(torch.uint8)
+    send[:, row_bytes : row_bytes + meta.shape[1]].copy_(meta)
+    return send_splits, recv_splits, back_splits, slot_src, send_splits.sum().reshape(1)
+
+
+def expert_torch(recv, row_bytes, recv_splits, k, L, capacity, want_scales):
+    """The expert side in torch, from the received metadata: (counts, row_tok, row_slot,
+    row_keep, back_rows, rows_from, row_total, row_w, src, row_scales or None), the results of
+    ``_C._moe_plan_expert``."""
+    R = recv.shape[0]
+    P = recv_splits.shape[0]
+    dev = recv.device
     row_ok = _arange(R, dev) < recv_splits.sum()
     src_rank = torch.searchsorted(recv_splits.cumsum(0), _arange(R, dev), right=True)
     src_rank = src_rank.clamp(max=P - 1)
-    m = recv[:, row_bytes:].contiguous().view(torch.int32)
+    m = recv[:, row_bytes : row_bytes + 4 * (2 + 2 * k)].contiguous().view(torch.int32)
     pos, sc, rloc = m[:, 0].long(), m[:, 1].view(torch.float32), m[:, 2 : 2 + k]
     rw = m[:, 2 + k :].view(torch.float32)
     pair_ok = (rloc >= 0) & (rloc < L) & row_ok.unsqueeze(1)
@@ -272,6 +265,92 @@ def dispatch(
     rows_from = torch.zeros(P, dtype=torch.int64, device=dev).scatter_add_(
         0, src_rank, pair_ok.sum(1)
     )
+    row_w = torch.where(row_keep, rw[row_tok, row_slot], 0.0)
+    src = torch.stack([src_rank[row_tok], pos[row_tok]], 1)
+    src = torch.where(row_keep.unsqueeze(1), src, -1)
+    row_scales = torch.where(row_keep, sc[row_tok], 0.0) if want_scales else None
+    return (
+        counts,
+        row_tok,
+        row_slot,
+        row_keep,
+        back_rows,
+        rows_from,
+        total.reshape(1),
+        row_w,
+        src,
+        row_scales,
+    )
+
+
+def plan_kernels(device, P, L) -> bool:
+    """Whether the plan runs as the three kernels (NOTE [moe plan kernels]): CUDA, a build with
+    them, at most their keys; else the torch functions above."""
+    if device.type != "cuda":
+        return False
+    from . import _C
+
+    return _C._moe_has_row_kernels() and _C._moe_plan_fits(P, L)
+
+
+def dispatch(
+    a2av,
+    x,
+    idx,
+    weights,
+    wire,
+    return_scales,
+    *,
+    P,
+    L,
+    num_experts,
+    max_tokens,
+    capacity,
+    flags=None,
+    kernels=None,
+):
+    """The whole dispatch on the device: (recv_x, counts, row weights, src, row scales or None,
+    plan). ``flags`` (FLAGS,) int64, updated in place with the first refusal (NOTE [moe device
+    refusals]). ``kernels``: the plan kernels or torch (default: plan_kernels)."""
+    T, k = idx.shape
+    dev, H, value_dtype = x.device, x.shape[1], x.dtype
+    R = P * max_tokens
+    if kernels is None:
+        kernels = plan_kernels(dev, P, L)
+    if flags is None:
+        flags = torch.zeros(FLAGS, dtype=torch.int64, device=dev)
+    if weights is not None:
+        weights = weights.float().contiguous()
+    from . import _C
+
+    if kernels:
+        home = _C._moe_plan_home(
+            idx.contiguous(), P, L, num_experts, max_tokens, OVERFLOW, BAD_EXPERT, DUPLICATE
+        )
+    else:
+        home = home_torch(idx, P, L, num_experts, max_tokens)
+    head, owner, local, send_tok, send_dest = home
+    got = exchange_counts(a2av, head)
+    scales = None
+    if wire is not None:
+        scales = torch.zeros(T, dtype=torch.float32, device=dev)
+        q = torch.empty(x.shape, dtype=wire, device=dev)
+        _C._fp8_quantize(x, q, scales)  # NOTE [fp8 wire]
+        x = q
+    row_bytes = H * x.element_size()
+    S = send_tok.shape[0]
+    send = torch.empty((S, row_bytes + 4 * (2 + 2 * k)), dtype=torch.uint8, device=dev)
+    plan_send = _C._moe_plan_send if kernels else send_torch
+    send_splits, recv_splits, back_splits, slot_src, send_total = plan_send(
+        got, head, owner, local, send_tok, send_dest, scales, weights, flags, send, row_bytes
+    )
+    _gather(send[:, :row_bytes], _bytes2d(x.contiguous(), T), send_tok, send_total, False)
+    recv = torch.empty((R, send.shape[1]), dtype=torch.uint8, device=dev)
+    a2av(recv, send, recv_splits, send_splits)
+    plan_expert = _C._moe_plan_expert if kernels else expert_torch
+    (counts, row_tok, row_slot, row_keep, back_rows, rows_from, row_total, row_w, src, scl) = (
+        plan_expert(recv, row_bytes, recv_splits, k, L, capacity, wire is not None)
+    )
     plan = DevicePlan(
         tokens=T,
         k=k,
@@ -289,26 +368,19 @@ def dispatch(
         back_rows=back_rows,
         rows_from=rows_from,
         send_total=send_total,
-        row_total=total.reshape(1),
+        row_total=row_total,
     )
     rows = recv[:, :row_bytes]  # (R, H) as sent, as bytes
-    out_dtype = x.dtype
     if wire is not None and not return_scales:
-        from . import _C
-
-        tok = rows.contiguous().view(x.dtype)
-        deq = torch.empty(tok.shape, dtype=value_dtype, device=dev)
-        _C._fp8_dequantize(tok, sc.contiguous(), deq)
-        rows, out_dtype = _bytes2d(deq, R), value_dtype
-    recv_x = torch.empty((capacity, H), dtype=out_dtype, device=dev)
-    _gather(_bytes2d(recv_x, capacity), rows, row_tok, plan.row_total)
-    row_w = torch.where(row_keep, rw[row_tok, row_slot], 0.0)
-    src = torch.stack([src_rank[row_tok], pos[row_tok]], 1)
-    src = torch.where(row_keep.unsqueeze(1), src, -1)
-    row_scales = None
-    if wire is not None and return_scales:
-        row_scales = torch.where(row_keep, sc[row_tok], 0.0)
-    return recv_x, counts, row_w, src, row_scales, plan
+        # the grouped FP8 rows, then dequantized with their scales (zero rows, scale 0: zeros)
+        q = torch.empty((capacity, H), dtype=x.dtype, device=dev)
+        _gather(_bytes2d(q, capacity), rows, row_tok, row_total)
+        recv_x = torch.empty((capacity, H), dtype=value_dtype, device=dev)
+        _C._fp8_dequantize(q, scl, recv_x)
+        return recv_x, counts, row_w, src, None, plan
+    recv_x = torch.empty((capacity, H), dtype=x.dtype, device=dev)
+    _gather(_bytes2d(recv_x, capacity), rows, row_tok, row_total)
+    return recv_x, counts, row_w, src, scl, plan
 
 
 def gather(a2av, y, plan: DevicePlan):
@@ -364,6 +436,7 @@ class DeviceTransport:
 
         self.a2av = a2av
         self.flags = torch.zeros(FLAGS, dtype=torch.int64, device=device)
+        self.plan_kernels = None  # None: plan_kernels() decides; False: the torch plan (benches)
 
     def exchange_header(self, rows: torch.Tensor) -> torch.Tensor:
         """The construction's agreement check (eager, host read allowed)."""
@@ -371,7 +444,15 @@ class DeviceTransport:
 
     def dispatch(self, x, idx, weights, wire, return_scales, **sizes):
         result = dispatch(
-            self.a2av, x, idx, weights, wire, return_scales, flags=self.flags, **sizes
+            self.a2av,
+            x,
+            idx,
+            weights,
+            wire,
+            return_scales,
+            flags=self.flags,
+            kernels=self.plan_kernels,
+            **sizes,
         )
         return _Pending([], lambda: result)
 

@@ -10,6 +10,7 @@
 // minute of CI per build.)
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -123,6 +124,15 @@ void check_index(const char* what, const at::Tensor& index, int64_t n, const at:
   FASTCOMMS_CHECK(index.dim() == 1 && index.numel() == n && index.is_contiguous(), kInvalidArgument,
                   what, ": index must be a contiguous (", n, ",) tensor, got shape ",
                   index.sizes());
+}
+
+// A contiguous CUDA tensor on like's device of `type` and `n` values.
+void check_plan(const char* what, const char* name, const at::Tensor& t, const at::Tensor& like,
+                at::ScalarType type, int64_t n) {
+  check_cuda(what, name, t, like);
+  FASTCOMMS_CHECK(t.scalar_type() == type && t.numel() == n && t.is_contiguous(), kInvalidArgument,
+                  what, ": ", name, " must be contiguous ", c10::toString(type), " of ", n,
+                  " values, got ", c10::toString(t.scalar_type()), " ", t.sizes());
 }
 
 void* stream_of(const at::Tensor& t) {
@@ -278,6 +288,162 @@ void bind_device_a2a(py::module_& m) {
       py::arg("out"), py::arg("src"), py::arg("index"), py::arg("w"),
       "out[t] = sum_j w[t, j] * src[index[t * k + j]] in float32, slot order, no FMA");
   m.def("_moe_has_row_kernels", &has_row_kernels);
+  // NOTE [moe plan kernels] (include/fastcomms/plan/moe_plan.hpp)
+  m.def("_moe_plan_fits", &moe_plan_fits, py::arg("ranks"), py::arg("local_experts"));
+  m.def(
+      "_moe_plan_home",
+      [](const at::Tensor& idx, int64_t P, int64_t L, int64_t E, int64_t max_tokens,
+         int64_t overflow, int64_t bad, int64_t dup) {
+        const char* what = "moe plan_home";
+        FASTCOMMS_CHECK(idx.is_cuda() && idx.scalar_type() == at::kLong && idx.dim() == 2 &&
+                            idx.is_contiguous(),
+                        kInvalidArgument, what,
+                        ": topk_idx must be a contiguous int64 (tokens, k) CUDA tensor, got ",
+                        c10::toString(idx.scalar_type()), " ", idx.sizes(), " on ",
+                        idx.device().str());
+        const int64_t T = idx.size(0), k = idx.size(1), S = T * std::min(k, P);
+        const auto i64 = idx.options();
+        at::Tensor head = at::empty({P, plan::kMoeHeader}, i64);
+        at::Tensor owner = at::empty({T, k}, i64), local = at::empty({T, k}, i64);
+        at::Tensor send_tok = at::empty({S}, i64), send_dest = at::empty({S}, i64);
+        at::Tensor keys = at::empty({T * k}, idx.options().dtype(at::kInt));  // scratch
+        plan::MoePlanHome a;
+        a.idx = idx.data_ptr<int64_t>();
+        a.tokens = T;
+        a.k = k;
+        a.ranks = P;
+        a.local_experts = L;
+        a.num_experts = E;
+        a.max_tokens = max_tokens;
+        a.overflow_bit = overflow;
+        a.bad_expert_bit = bad;
+        a.duplicate_bit = dup;
+        a.owner = owner.data_ptr<int64_t>();
+        a.local = local.data_ptr<int64_t>();
+        a.send_tok = send_tok.data_ptr<int64_t>();
+        a.send_dest = send_dest.data_ptr<int64_t>();
+        a.send_rows = S;
+        a.head = head.data_ptr<int64_t>();
+        a.keys = keys.data_ptr<int32_t>();
+#ifdef FASTCOMMS_WITH_CUDA
+        c10::DeviceGuard guard(idx.device());
+#endif
+        moe_plan_home_device(a, stream_of(idx));
+        return py::make_tuple(head, owner, local, send_tok, send_dest);
+      },
+      "The home side of the routing plan: (head (P, 5), owner, local, send_tok, send_dest)");
+  m.def(
+      "_moe_plan_send",
+      [](const at::Tensor& got, const at::Tensor& head, const at::Tensor& owner,
+         const at::Tensor& local, const at::Tensor& send_tok, const at::Tensor& send_dest,
+         const std::optional<at::Tensor>& scales, const std::optional<at::Tensor>& weights,
+         const at::Tensor& flags, const at::Tensor& send, int64_t row_bytes) {
+        const char* what = "moe plan_send";
+        FASTCOMMS_CHECK(owner.is_cuda() && owner.dim() == 2, kInvalidArgument, what,
+                        ": owner must be a (tokens, k) CUDA tensor, got ", owner.sizes());
+        const int64_t T = owner.size(0), k = owner.size(1), P = head.size(0);
+        const int64_t S = T * std::min(k, P);
+        check_plan(what, "head", head, owner, at::kLong, P * plan::kMoeHeader);
+        check_plan(what, "got", got, owner, at::kLong, P * plan::kMoeHeader);
+        check_plan(what, "owner", owner, owner, at::kLong, T * k);
+        check_plan(what, "local", local, owner, at::kLong, T * k);
+        check_plan(what, "send_tok", send_tok, owner, at::kLong, S);
+        check_plan(what, "send_dest", send_dest, owner, at::kLong, S);
+        check_plan(what, "flags", flags, owner, at::kLong, 5);
+        if (scales) check_plan(what, "scales", *scales, owner, at::kFloat, T);
+        if (weights) check_plan(what, "weights", *weights, owner, at::kFloat, T * k);
+        check_cuda(what, "send", send, owner);
+        FASTCOMMS_CHECK(send.scalar_type() == at::kByte && send.dim() == 2 && send.size(0) == S &&
+                            send.stride(1) == 1 && row_bytes >= 0 &&
+                            send.size(1) >= row_bytes + 4 * (2 + 2 * k),
+                        kInvalidArgument, what, ": send must be uint8 (", S,
+                        ", >= ", row_bytes + 4 * (2 + 2 * k), ") with rows of unit stride, got ",
+                        c10::toString(send.scalar_type()), " ", send.sizes());
+        const auto i64 = owner.options();
+        at::Tensor send_splits = at::empty({P}, i64), recv_splits = at::empty({P}, i64);
+        at::Tensor back_splits = at::empty({P}, i64), slot_src = at::empty({T * k}, i64);
+        at::Tensor send_total = at::empty({1}, i64);
+        plan::MoePlanSend a;
+        a.got = got.data_ptr<int64_t>();
+        a.head = head.data_ptr<int64_t>();
+        a.owner = owner.data_ptr<int64_t>();
+        a.local = local.data_ptr<int64_t>();
+        a.send_tok = send_tok.data_ptr<int64_t>();
+        a.send_dest = send_dest.data_ptr<int64_t>();
+        a.scales = scales ? scales->data_ptr<float>() : nullptr;
+        a.weights = weights ? weights->data_ptr<float>() : nullptr;
+        a.tokens = T;
+        a.k = k;
+        a.ranks = P;
+        a.send_rows = S;
+        a.flags = flags.data_ptr<int64_t>();
+        a.meta = send.data_ptr<uint8_t>() + row_bytes;
+        a.meta_pitch = send.stride(0);
+        a.send_splits = send_splits.data_ptr<int64_t>();
+        a.recv_splits = recv_splits.data_ptr<int64_t>();
+        a.back_splits = back_splits.data_ptr<int64_t>();
+        a.slot_src = slot_src.data_ptr<int64_t>();
+        a.send_total = send_total.data_ptr<int64_t>();
+#ifdef FASTCOMMS_WITH_CUDA
+        c10::DeviceGuard guard(owner.device());
+#endif
+        moe_plan_send_device(a, stream_of(owner));
+        return py::make_tuple(send_splits, recv_splits, back_splits, slot_src, send_total);
+      },
+      "The plan after the header exchange: (send_splits, recv_splits, back_splits, slot_src, "
+      "send_total); the metadata written into send[:, row_bytes:]");
+  m.def(
+      "_moe_plan_expert",
+      [](const at::Tensor& recv, int64_t row_bytes, const at::Tensor& recv_splits, int64_t k,
+         int64_t L, int64_t capacity, bool want_scales) {
+        const char* what = "moe plan_expert";
+        check_cuda(what, "recv", recv, recv);
+        FASTCOMMS_CHECK(recv.scalar_type() == at::kByte && recv.dim() == 2 && recv.stride(1) == 1 &&
+                            k >= 1 && row_bytes >= 0 && recv.size(1) >= row_bytes + 4 * (2 + 2 * k),
+                        kInvalidArgument, what,
+                        ": recv must be uint8 (rows, >= ", row_bytes + 4 * (2 + 2 * k),
+                        ") with rows of unit stride, got ", c10::toString(recv.scalar_type()), " ",
+                        recv.sizes());
+        const int64_t P = recv_splits.numel();
+        check_plan(what, "recv_splits", recv_splits, recv, at::kLong, P);
+        const auto i64 = recv.options().dtype(at::kLong);
+        const auto f32 = recv.options().dtype(at::kFloat);
+        at::Tensor counts = at::empty({L}, recv.options().dtype(at::kInt));
+        at::Tensor row_tok = at::empty({capacity}, i64), row_slot = at::empty({capacity}, i64);
+        at::Tensor row_keep = at::empty({capacity}, recv.options().dtype(at::kBool));
+        at::Tensor back_rows = at::empty({capacity}, i64), rows_from = at::empty({P}, i64);
+        at::Tensor row_total = at::empty({1}, i64), row_w = at::empty({capacity}, f32);
+        at::Tensor src = at::empty({capacity, 2}, i64);
+        std::optional<at::Tensor> row_scales;
+        if (want_scales) row_scales = at::empty({capacity}, f32);
+        plan::MoePlanExpert a;
+        a.meta = recv.data_ptr<uint8_t>() + row_bytes;
+        a.meta_pitch = recv.stride(0);
+        a.recv_rows = recv.size(0);
+        a.recv_splits = recv_splits.data_ptr<int64_t>();
+        a.ranks = P;
+        a.k = k;
+        a.local_experts = L;
+        a.capacity = capacity;
+        a.counts = counts.data_ptr<int32_t>();
+        a.row_tok = row_tok.data_ptr<int64_t>();
+        a.row_slot = row_slot.data_ptr<int64_t>();
+        a.row_keep = row_keep.data_ptr<bool>();
+        a.back_rows = back_rows.data_ptr<int64_t>();
+        a.rows_from = rows_from.data_ptr<int64_t>();
+        a.row_total = row_total.data_ptr<int64_t>();
+        a.row_w = row_w.data_ptr<float>();
+        a.src = src.data_ptr<int64_t>();
+        a.row_scales = row_scales ? row_scales->data_ptr<float>() : nullptr;
+#ifdef FASTCOMMS_WITH_CUDA
+        c10::DeviceGuard guard(recv.device());
+#endif
+        moe_plan_expert_device(a, stream_of(recv));
+        return py::make_tuple(counts, row_tok, row_slot, row_keep, back_rows, rows_from, row_total,
+                              row_w, src, row_scales);
+      },
+      "The expert side of the plan from the received metadata: (counts, row_tok, row_slot, "
+      "row_keep, back_rows, rows_from, row_total, row_w, src, row_scales or None)");
 }
 
 }  // namespace fastcomms::python

@@ -282,6 +282,11 @@ def _refusals(ep, rank, P):
         dup[3] = 1
     with pytest.raises(ValueError, match=r"rank 0's token 3 names expert 1 twice"):
         ep.dispatch(x, dup)
+    drops = torch.tensor([[1, 2, 3, 4]]).repeat(m, 1)
+    if rank == 0:  # two drops (-1) are no duplicate: expert 2 twice is the one to name
+        drops[3] = torch.tensor([-1, 2, -1, 2])
+    with pytest.raises(ValueError, match=r"rank 0's token 3 names expert 2 twice"):
+        ep.dispatch(x, drops)
     with pytest.raises(TypeError, match=r"x is torch.float64, the group was built for"):
         ep.dispatch(x.double(), idx)
     with pytest.raises(ValueError, match=r"return_scales=True needs an FP8 wire_dtype"):
@@ -450,11 +455,15 @@ def _device_checks(eps, pg, rank, P):
     dup = idx.clone()
     if rank == 0:
         dup[3] = 1
+    drops = torch.tensor([[1, 2, 3, 4]]).repeat(m, 1)
+    if rank == 0:  # two drops (-1) are no duplicate: expert 2 twice is the one to name
+        drops[3] = torch.tensor([-1, 2, -1, 2])
     big = torch.zeros(m + 3, H)
     over = (big, torch.zeros(m + 3, 2, dtype=torch.int64) + idx[:1]) if rank == 1 else (x, idx)
     for args, msg in (
         ((x, bad), rf"rank {P - 1}'s topk_idx names expert {E} \(token 2\)"),
         ((x, dup), r"rank 0's token 3 names expert 1 twice"),
+        ((x, drops), r"rank 0's token 3 names expert 2 twice"),
         (over, rf"rank 1 dispatches {m + 3} tokens, more than max_tokens_per_rank={m}"),
     ):
         recv_x, meta, handle = dev.dispatch(*args)

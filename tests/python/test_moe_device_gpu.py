@@ -297,3 +297,110 @@ def test_moe_device_no_sync_and_graph(mps_daemon, size):  # noqa: F811
 def test_moe_device_guards(mps_daemon):  # noqa: F811
     _needs_nvlink()
     spawn(_guard_worker, 2, timeout=300)
+
+
+# -- the plan kernels against the torch plan (NOTE [moe plan kernels]) ----------------------------
+def _plan_idx(gen, T, k, E, mode):
+    idx = torch.rand(T, E, generator=gen).argsort(1)[:, :k]
+    if mode == "skew":  # every token to experts 0..k-1 (all on rank 0 when L >= k)
+        idx = torch.arange(k).expand(T, k).clone()
+    if mode in ("drops", "bad", "dup") and T:
+        idx[torch.rand(T, k, generator=gen) < 0.3] = -1
+    if mode == "bad" and T:
+        t, j = (
+            int(torch.randint(T, (1,), generator=gen)),
+            int(torch.randint(k, (1,), generator=gen)),
+        )
+        idx[t, j] = E if t % 2 else -2
+    if mode == "dup" and T and k > 1:
+        t = int(torch.randint(T, (1,), generator=gen))
+        idx[t, 1] = idx[t, 0] = E - 1
+    return idx
+
+
+def _plan_equal(a, b):
+    return all(
+        (x is None and y is None)
+        or (x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_moe_plan_kernels_match_torch():
+    """The three plan kernels give the torch plan's results field for field: random, skewed,
+    dropped, refused (out of range, duplicate, overflow) routing, 1 to 1024 ranks and local
+    experts, aligned and unaligned metadata; the control (one slot moved) must differ."""
+    from fastcomms import _C
+    from fastcomms._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW
+    from fastcomms._moe_device import expert_torch, home_torch, send_torch
+
+    if not _C._moe_has_row_kernels():
+        pytest.skip("this build has no CUDA row kernels")
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    shapes = [(1, 4, 0, 2), (1, 8, 33, 8), (2, 8, 128, 8), (3, 5, 77, 4), (4, 16, 1000, 8)]
+    shapes += [(8, 32, 4096, 8), (16, 2, 300, 2), (5, 1, 64, 1), (64, 4, 500, 8), (2, 1024, 50, 4)]
+    shapes += [(1024, 1, 40, 8)]
+    checks = 0
+    for P, L, T, k in shapes:
+        E = P * L
+        for mode in ("uniform", "skew", "drops", "bad", "dup", "overflow"):
+            where = f"P={P} L={L} T={T} k={k} {mode}"
+            idx = _plan_idx(gen, T, k, E, mode).to(dev)
+            M = max(T - 1, 0) if mode == "overflow" else T + 3
+            args = (P, L, E, M)
+            ref = home_torch(idx, *args)
+            got = _C._moe_plan_home(idx, *args, OVERFLOW, BAD_EXPERT, DUPLICATE)
+            assert _plan_equal(ref, got), f"home: {where}"
+            head, owner, local, send_tok, send_dest = ref
+            if mode == "uniform" and T > 1 and P > 1:  # control: one slot moved to another rank
+                moved = idx.clone()
+                moved[T // 2, 0] = (moved[T // 2, 0] + L) % E
+                if moved[T // 2].unique().numel() == k:
+                    bad = _C._moe_plan_home(moved, *args, OVERFLOW, BAD_EXPERT, DUPLICATE)
+                    assert not _plan_equal(ref, bad), f"control: {where}"
+            # send: peers' counts at random, now and then a peer's refusal; a flag already set
+            peers = head.clone()
+            peers[:, 0] = torch.randint(0, 50, (P,), generator=gen).to(dev)
+            if torch.rand((), generator=gen) < 0.3:
+                peers[int(torch.randint(P, (1,), generator=gen)), 1] = OVERFLOW
+            flags = torch.zeros(5, dtype=torch.int64, device=dev)
+            if torch.rand((), generator=gen) < 0.2:
+                flags.copy_(torch.tensor([DUPLICATE, 1, 2, 3, 4]))
+            scales = torch.rand(T, generator=gen).to(dev) if mode != "skew" else None
+            weights = torch.rand(T, k, generator=gen).to(dev) if mode != "drops" else None
+            row_bytes = 6 if mode in ("bad", "dup") else 8  # unaligned and aligned metadata
+            S = send_tok.shape[0]
+            outs = []
+            for fn in (send_torch, _C._moe_plan_send):
+                o, f = owner.clone(), flags.clone()
+                send = torch.zeros((S, row_bytes + 4 * (2 + 2 * k)), dtype=torch.uint8, device=dev)
+                r = fn(
+                    peers, head, o, local, send_tok, send_dest, scales, weights, f, send, row_bytes
+                )
+                n = int(r[4])
+                outs.append((*r, o, f, send[:n, row_bytes:]))
+            assert _plan_equal(*outs), f"send: {where}"
+            # expert: received metadata (distinct local experts per row, some not this rank's)
+            R = P * max(M, 1)
+            recv = torch.randint(0, 256, (R, row_bytes + 4 * (2 + 2 * k)), dtype=torch.uint8)
+            meta = torch.empty((R, 2 + 2 * k), dtype=torch.int32)
+            meta[:, 0] = torch.randint(0, 1 << 20, (R,), generator=gen, dtype=torch.int32)
+            meta[:, 1] = torch.rand(R, generator=gen).view(torch.int32)
+            meta[:, 2 : 2 + k] = torch.rand(R, max(k, L) + 1, generator=gen).argsort(1)[:, :k] - 1
+            if mode == "skew":
+                meta[:, 2] = 0
+                meta[:, 3 : 2 + k] = -1
+            meta[:, 2 + k :] = torch.rand(R, k, generator=gen).view(torch.int32)
+            recv[:, row_bytes:] = meta.view(torch.uint8)
+            split = torch.randint(0, max(M, 1) + 1, (P,), generator=gen)
+            if mode == "drops":
+                split[::2] = 0
+            cap = R * min(k, L)
+            results = [
+                fn(recv.to(dev), row_bytes, split.to(dev), k, L, cap, mode != "uniform")
+                for fn in (expert_torch, _C._moe_plan_expert)
+            ]
+            assert _plan_equal(*results), f"expert: {where}"
+            checks += 1
+    assert checks == 6 * len(shapes)

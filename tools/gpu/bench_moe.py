@@ -11,6 +11,8 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
   (NCCL refuses ranks sharing a GPU), else printed as skipped with the reason;
 - ``device dispatch fp8``: the device dispatch with ``wire_dtype=torch.float8_e4m3fn`` (rows
   quantized before the move, dequantized after);
+- ``device dispatch (torch plan)``: the device dispatch with its routing plan in torch ops (the
+  baseline of NOTE [moe plan kernels]: the same rows, some 700 ops on the host);
 - ``host time per call``: the Python call's own time (GPU drained before each call), medians.
 
 Before timing, the device transport's rows and combine are compared bit for bit with the
@@ -62,10 +64,21 @@ def _host_cost(g, x, idx, w):
         "device dispatch: host time per call": host_per_call(
             lambda: g.dispatch(x, idx, w), iters=1, rounds=50, warmup=3
         ),
+        "device dispatch (torch plan): host time per call": host_per_call(
+            lambda: _torch_plan(g, lambda: g.dispatch(x, idx, w)), iters=1, rounds=50, warmup=3
+        ),
         "device combine: host time per call": host_per_call(
             lambda: g.combine(recv_x, handle), iters=1, rounds=50, warmup=3
         ),
     }
+
+
+def _torch_plan(g, fn):
+    g._transport.plan_kernels = False  # the baseline: the routing plan in torch ops
+    try:
+        return fn()
+    finally:
+        g._transport.plan_kernels = None
 
 
 def _profile(rank, fn, barrier):
@@ -151,6 +164,11 @@ def _rank(rank, world, path, args, outq):
                         g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn)
 
                     variants["device dispatch fp8 (e4m3, dequantized)"] = disp8
+
+                    def disp_torch_plan(g=g, x=x, idx=idx, w=w):
+                        _torch_plan(g, lambda: g.dispatch(x, idx, w))
+
+                    variants["device dispatch (torch plan)"] = disp_torch_plan
             if "collective" in res:  # the same bits on both transports
                 a, b = res["device"], res["collective"]
                 n = int(a[1][-1])

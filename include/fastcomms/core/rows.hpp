@@ -19,6 +19,7 @@
 #include <functional>
 
 #include "fastcomms/core/tensor.hpp"
+#include "fastcomms/plan/moe_plan.hpp"
 
 namespace fastcomms {
 
@@ -32,6 +33,10 @@ struct RowKernels {
                      int64_t src_rows, const int64_t* index, const float* w, int64_t tokens,
                      int64_t k, int64_t d, void* stream)>
       weighted_sum;
+  // NOTE [moe plan kernels] (include/fastcomms/plan/moe_plan.hpp)
+  std::function<void(const plan::MoePlanHome&, void* stream)> plan_home;
+  std::function<void(const plan::MoePlanSend&, void* stream)> plan_send;
+  std::function<void(const plan::MoePlanExpert&, void* stream)> plan_expert;
 };
 
 /// Called once by the CUDA layer's registration.
@@ -48,5 +53,14 @@ void gather_rows_device(void* dst, int64_t dst_pitch, const void* src, int64_t s
 void weighted_sum_rows_device(void* out, DType out_type, const void* src, DType in_type,
                               int64_t src_pitch, int64_t src_rows, const int64_t* index,
                               const float* w, int64_t tokens, int64_t k, int64_t d, void* stream);
+
+/// The routing-plan kernels (NOTE [moe plan kernels]), after checking the sizes: at most
+/// plan::kMoePlanMaxKeys ranks and local experts (kUnsupported past it: the caller takes the
+/// torch plan), element counts below 2^31 (kInvalidArgument). Throws kUnsupported without CUDA.
+void moe_plan_home_device(const plan::MoePlanHome& a, void* stream);
+void moe_plan_send_device(const plan::MoePlanSend& a, void* stream);
+void moe_plan_expert_device(const plan::MoePlanExpert& a, void* stream);
+/// Whether the plan kernels take P ranks and L local experts.
+bool moe_plan_fits(int64_t ranks, int64_t local_experts);
 
 }  // namespace fastcomms
