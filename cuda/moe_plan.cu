@@ -313,6 +313,26 @@ __global__ void meta_kernel(plan::MoePlanSend a) {
   }
 }
 
+// Grid: each received pair's key (its local expert, -1 for none) for the pairs of the rows
+// received (the sum of the splits, which each block adds up).
+__global__ void expert_keys_kernel(plan::MoePlanExpert a) {
+  __shared__ long long warp_sum[kGridThreads / 32];
+  long long t = 0;
+  for (int64_t p = threadIdx.x; p < a.ranks; p += blockDim.x) t += a.recv_splits[p];
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(kAll, t, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x / 32] = t;
+  __syncthreads();
+  long long rows = 0;
+  for (int w = 0; w < kGridThreads / 32; ++w) rows += warp_sum[w];
+  const int64_t k = a.k;
+  const int64_t n = min(static_cast<int64_t>(rows), a.recv_rows) * k;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const auto v =
+        static_cast<int32_t>(load_u32(a.meta + (i / k) * a.meta_pitch + 4 * (2 + i % k)));
+    a.keys[i] = v >= 0 && v < a.local_experts ? v : -1;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) expert_kernel(plan::MoePlanExpert a) {
   extern __shared__ int sm[];
   const int P = static_cast<int>(a.ranks);
@@ -332,9 +352,6 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(plan::MoePlanExpert a)
   scan_keys(splits, start, P, &received);
   __syncthreads();
   const int64_t rows = min(static_cast<int64_t>(received), a.recv_rows);
-  const auto meta = [&](int64_t r, int64_t f) -> uint32_t {
-    return load_u32(a.meta + r * a.meta_pitch + 4 * f);
-  };
   // torch's searchsorted(cumsum(splits), r, right=True), clamped: the rank whose rows hold r
   const auto src_rank = [&](int64_t r) -> int {
     int lo = 0;
@@ -349,10 +366,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(plan::MoePlanExpert a)
     }
     return min(lo, P - 1);
   };
-  const auto key_of = [&](int64_t i) -> int {
-    const auto v = static_cast<int32_t>(meta(i / k, 2 + i % k));
-    return v >= 0 && v < L ? v : -1;
-  };
+  const auto key_of = [&](int64_t i) -> int { return a.keys[i]; };
   const auto emit = [&](int64_t i, int, int64_t g, int64_t arrival) {
     const int64_t r = i / k;
     const int p = src_rank(r);
@@ -426,6 +440,7 @@ void moe_plan_send(const plan::MoePlanSend& a, cudaStream_t stream) {
 }
 
 void moe_plan_expert(const plan::MoePlanExpert& a, cudaStream_t stream) {
+  launch_grid(expert_keys_kernel, a, a.recv_rows * a.k, stream);
   launch(expert_kernel, a, Sorter::bytes(a.local_experts) + sizeof(int) * 3 * a.ranks, stream);
   launch_grid(expert_fill_kernel, a, a.capacity, stream);
 }

@@ -416,6 +416,7 @@ void bind_device_a2a(py::module_& m) {
         at::Tensor src = at::empty({capacity, 2}, i64);
         std::optional<at::Tensor> row_scales;
         if (want_scales) row_scales = at::empty({capacity}, f32);
+        at::Tensor keys = at::empty({recv.size(0) * k}, recv.options().dtype(at::kInt));
         plan::MoePlanExpert a;
         a.meta = recv.data_ptr<uint8_t>() + row_bytes;
         a.meta_pitch = recv.stride(0);
@@ -435,6 +436,7 @@ void bind_device_a2a(py::module_& m) {
         a.row_w = row_w.data_ptr<float>();
         a.src = src.data_ptr<int64_t>();
         a.row_scales = row_scales ? row_scales->data_ptr<float>() : nullptr;
+        a.keys = keys.data_ptr<int32_t>();
 #ifdef FASTCOMMS_WITH_CUDA
         c10::DeviceGuard guard(recv.device());
 #endif

@@ -5,8 +5,10 @@ path, not the transfer): torch.distributed's own NCCL process group against a fa
 communicator called directly (TorchComm, sync and async) and through a torch.distributed process
 group over it (fastcomms.device_mesh, the path DeviceMesh, FSDP2 and DDP take), and through a
 second such group with the C++ fast path off ("pg python": NOTE [process group fast path], the
-round trip through Python it replaces). Back-to-back calls
-timed with perf_counter (no synchronization inside a round), median of 7 rounds of 300.
+round trip through Python it replaces); all_reduce also on a third communicator with a
+FlightRecorderHook registered, directly and through its group ("+fr": issue 54's hooks in C++).
+Back-to-back calls timed with perf_counter (no synchronization inside a round), median of 7
+rounds of 300.
 Usage: [PROFILE=1] python3 tools/gpu/bench_host_comm.py
 """
 
@@ -45,6 +47,12 @@ def main():
         # communicator whose process group must take the Python round trip, for the comparison
         slow, pg_py = comm_and_group("host_slow")
         slow._fast = None
+        # and one with a flight recorder registered (issue 54: within 1.2x of the call without)
+        from fastcomms.hooks import FlightRecorderHook
+
+        rec, pg_rec = comm_and_group("host_fr")
+        recorder = FlightRecorderHook(max_entries=2048)
+        recorder.register_with_comm(rec)
         t = torch.ones(1024, device=dev)
         out = torch.empty(1024, device=dev)
         sum_ = fastcomms.ReduceOp.SUM
@@ -55,6 +63,8 @@ def main():
                 "fastcomms async": lambda: comm.all_reduce(t, sum_, True),
                 "fastcomms pg": lambda: dist.all_reduce(t, group=pg),
                 "fastcomms pg python": lambda: dist.all_reduce(t, group=pg_py),
+                "fastcomms +fr": lambda: rec.all_reduce(t, sum_, False),
+                "fastcomms pg +fr": lambda: dist.all_reduce(t, group=pg_rec),
             },
             "all_gather_into_tensor": {
                 "torch nccl": lambda: dist.all_gather_into_tensor(out, t),
@@ -94,8 +104,10 @@ def main():
                 print(f"===== all_reduce, {name}: cProfile over 2000 calls")
                 pstats.Stats(pr).sort_stats("tottime").print_stats(14)
         torch.cuda.synchronize()
+        recorder.unregister()
         comm.finalize()
         slow.finalize()
+        rec.finalize()
         dist.destroy_process_group()
 
 

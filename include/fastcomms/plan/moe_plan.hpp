@@ -89,6 +89,7 @@ struct MoePlanExpert {
   float* row_w = nullptr;        // (C)
   int64_t* src = nullptr;        // (C, 2) source rank and position, -1 past the rows in use
   float* row_scales = nullptr;   // (C) or null
+  int32_t* keys = nullptr;       // (R * k) scratch: each received pair's local expert or -1
 };
 
 }  // namespace fastcomms::plan
