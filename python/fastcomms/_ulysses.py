@@ -324,11 +324,17 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
+        self._release(collective=True)
+
+    def _release(self, collective=False):
+        """destroy(); not ``collective`` (its communicator is reconfigured or aborted, and a peer
+        may be gone: NOTE [communicator attachments]), this process alone lets go of the
+        transports, the lend ring and the side stream."""
         if self._async is not None:  # the async lane, its ring and stream
-            self._async.destroy()
+            self._async.destroy(collective)
         if self._id is not None:
             _C._ulysses_unregister(self._id)
-        if self._t is not None:
+        if self._t is not None and collective:
             self._t.destroy()
         self._t = self._id = self._async = None
         self.transport = "destroyed"

@@ -765,15 +765,16 @@ class UlyssesAsync {
   }
 
   // Releases the lane (collective on the NVLink transport, as the group's destroy), the ring and
-  // the stream; the group's own transport is the caller's.
-  void destroy() {
+  // the stream; the group's own transport is the caller's. Not `collective` (a reconfigure or an
+  // abort, where a peer may be gone): this process lets go of them, no call to its peers.
+  void destroy(bool collective) {
     rings_.clear();
     side_.reset();
     if (lane_id_) groups().remove(*lane_id_);
     lane_id_.reset();
     UlyssesTransportPtr lane = std::move(lane_);
     lane_.reset();
-    if (lane && lane != t_) {
+    if (collective && lane && lane != t_) {
       py::gil_scoped_release release;
       lane->destroy();
     }
@@ -1050,7 +1051,7 @@ void bind_ulysses_op(py::module_& m) {
       .def("side_stream", &UlyssesAsync::side_stream)
       .def("stats", &UlyssesAsync::stats)
       .def("tune", &UlyssesAsync::tune, py::arg("knob"), py::arg("value"))
-      .def("destroy", &UlyssesAsync::destroy);
+      .def("destroy", &UlyssesAsync::destroy, py::arg("collective") = true);
   // The collective path over a torch.distributed ProcessGroup.
   m.def("process_group_transport", [](c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
                                       int device_index) {
