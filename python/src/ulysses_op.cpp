@@ -655,6 +655,9 @@ class HostWork final : public c10d::Work {
     if (error_) std::rethrow_exception(error_);
     return true;
   }
+  // A CPU result has no stream to order: the first use waits on this thread (never the default's
+  // helper thread, which would need the interpreter this thread may hold).
+  void blockCurrentStream() override { wait(std::chrono::milliseconds(0)); }
   bool isCompleted() override { return !work_ || work_->work->is_completed(); }
 
  private:
