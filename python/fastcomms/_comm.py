@@ -56,13 +56,13 @@ class _OpaqueBase(_TorchOpaqueBase):
 # for it) is held by the communicator, in ``TorchComm._attached``, made on first use by the
 # factory the owning module put in ATTACHMENTS when it was imported (its kind -> fn(comm)). So no
 # table keyed by a communicator outlives it. finalize() lets go of them, destroying those with a
-# destroy() (collective, as finalize is); abort() lets go of them without a call to the peers (a
-# peer may be gone), releasing what those with a _release() hold in this process (a
-# UlyssesGroup's table entries and lend ring); reconfigure() releases those (a peer may be left
-# out of the new configuration), and the next use makes them anew over it. torch.compile reads
-# `_ulysses_group` and `_process_group_name` of every communicator it traces, whether or not the
-# program imported their modules: a kind not registered yet imports its module (PROVIDERS; NOTE
-# [no import circles]: a deferred import, said so on its line).
+# destroy() (collective, as finalize is); abort() lets go of them without a call (a peer may be
+# gone). reconfigure() lets go of those with a _release() (a UlyssesGroup: its table entries,
+# async lane and lend ring belong to the configuration before), calling it (local: a peer may be
+# left out of the new configuration); the next use makes them anew over the new one.
+# torch.compile reads `_ulysses_group` and `_process_group_name` of every communicator it traces,
+# whether or not the program imported their modules: a kind not registered yet imports its module
+# (PROVIDERS; NOTE [no import circles]: a deferred import, said so on its line).
 ATTACHMENTS: dict[str, object] = {}
 PROVIDERS = {"ulysses": "_ulysses", "process_group_name": "functional"}
 
@@ -231,17 +231,19 @@ class TorchComm(_OpaqueBase):
             a = self._attached[kind] = make(self)
         return a
 
-    def _detach(self, destroy: bool, only_releasable: bool = False) -> None:
-        name = "destroy" if destroy else "_release"
-        gone = {
-            kind: a
-            for kind, a in self._attached.items()
-            if not only_releasable or callable(getattr(a, name, None))
-        }
-        self._attached = {k: a for k, a in self._attached.items() if k not in gone}
-        for a in gone.values():
-            if callable(getattr(a, name, None)):
-                getattr(a, name)()
+    def _detach(self, destroy: bool, release: bool = False) -> None:
+        """finalize (``destroy``), abort, or reconfigure (``release``): NOTE [communicator
+        attachments]."""
+        if release:
+            gone = {k: a for k, a in self._attached.items() if callable(getattr(a, "_release", 0))}
+            self._attached = {k: a for k, a in self._attached.items() if k not in gone}
+            for a in gone.values():
+                a._release()
+            return
+        attached, self._attached = self._attached, {}
+        for a in attached.values() if destroy else ():
+            if callable(getattr(a, "destroy", None)):
+                a.destroy()
 
     def is_aborted(self) -> bool:
         return self._c.is_aborted()
