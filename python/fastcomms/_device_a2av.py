@@ -18,28 +18,9 @@ import torch
 from . import _C
 from ._C import UnsupportedError
 from ._options import _ms, _TypeError, _ValueError
-from ._work import TorchWork, _DoneWork
+from ._work import TorchWork, _DoneWork, _EventWork
 
 __all__ = ["host_splits", "issue", "prepare", "route"]
-
-
-class _EventWork:
-    """An async call's work: ``is_completed`` asks the event recorded after the call's kernels
-    (no block); ``wait`` makes the caller's current stream wait for it (no host block)."""
-
-    __slots__ = ("_event",)
-
-    def __init__(self, event: torch.cuda.Event) -> None:
-        self._event = event
-
-    def wait(self) -> None:
-        torch.cuda.current_stream().wait_event(self._event)
-
-    def is_completed(self) -> bool:
-        return self._event.query()
-
-    def status(self) -> _C.WorkStatus:
-        return _C.WorkStatus.COMPLETED if self._event.query() else _C.WorkStatus.INPROGRESS
 
 
 def _where(c) -> str:

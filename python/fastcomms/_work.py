@@ -1,7 +1,8 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """The handles on issued ops, all of them: ``TorchWork`` (a communicator's), a Python backend's,
-a stream-ordered op's, the Ulysses async call's (and what torch's work registry holds for its
-result), the ring exchange's, and the torch Work a fastcomms process group returns."""
+a stream-ordered op's (an event's), the Ulysses async call's (and what torch's work registry holds
+for its result), the ring exchange's, fastcomms.moe's, and the torch Work a fastcomms process
+group returns."""
 
 from __future__ import annotations
 
@@ -223,3 +224,40 @@ class _CommWork(_C10dWork):
         fut = torch.futures.Future()
         fut.set_result(self._result)
         return fut
+
+
+class _EventWork:
+    """An async call's work: ``is_completed`` asks the event recorded after the call's kernels
+    (no block); ``wait`` makes the caller's current stream wait for it (no host block)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event: torch.cuda.Event) -> None:
+        self._event = event
+
+    def wait(self) -> None:
+        torch.cuda.current_stream().wait_event(self._event)
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    def status(self) -> _C.WorkStatus:
+        return _C.WorkStatus.COMPLETED if self._event.query() else _C.WorkStatus.INPROGRESS
+
+
+class MoEWork:
+    """The handle of a call made with ``async_op=True``: ``wait()`` returns what the synchronous
+    call returns; ``is_completed()`` says whether the transfer has finished. Keeps the call's
+    tensors alive until then. On CPU ``wait()`` blocks until the data has arrived."""
+
+    def __init__(self, pending, finish):
+        self._pending, self._finish, self._result = pending, finish, None
+
+    def wait(self):
+        if self._finish is not None:
+            self._result = self._finish(self._pending.wait())
+            self._finish = self._pending = None
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._finish is None or self._pending.is_completed()

@@ -37,7 +37,7 @@ from ._moe_collective import (
     Plan,
 )
 from ._moe_device import DeviceTransport
-from ._work import _Scoped
+from ._work import MoEWork, _Scoped
 
 __all__ = ["DispatchHandle", "DispatchMeta", "ExpertParallelGroup", "MoEWork"]
 
@@ -89,24 +89,6 @@ class DispatchHandle:
     @property
     def topk(self) -> int:
         return self._plan.k
-
-
-class MoEWork:
-    """The handle of a call made with ``async_op=True``: ``wait()`` returns what the synchronous
-    call returns; ``is_completed()`` says whether the transfer has finished. Keeps the call's
-    tensors alive until then. On CPU ``wait()`` blocks until the data has arrived."""
-
-    def __init__(self, pending, finish):
-        self._pending, self._finish, self._result = pending, finish, None
-
-    def wait(self):
-        if self._finish is not None:
-            self._result = self._finish(self._pending.wait())
-            self._finish = self._pending = None
-        return self._result
-
-    def is_completed(self) -> bool:
-        return self._finish is None or self._pending.is_completed()
 
 
 # NOTE [moe combine order]: a token's output is its slots' rows times their weights summed in
