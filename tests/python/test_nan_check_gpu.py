@@ -2,8 +2,9 @@
 """GPU tier, one GPU: the NaN check on CUDA tensors (NOTE [NaN check on the device]) syncs no
 host: a call with a clean tensor and one with a NaN run under torch's sync debug mode set to
 raise on any synchronizing call; the NaN is raised by the communicator's next call, with
-torchcomms' message; calls through the process group's C++ path are checked too. Skipped
-(saying why) without a CUDA device."""
+torchcomms' message; calls through the process group's C++ path are checked too. Inside a CUDA
+graph capture the check stands aside (capture and replay raise nothing; eager calls after it are
+checked). Skipped (saying why) without a CUDA device."""
 
 import datetime
 import os
@@ -77,3 +78,58 @@ def _nan_worker(rank, size, path, errq, backend):
 @pytest.mark.parametrize("backend", ["nccl", "nvlink"])
 def test_nan_check_on_the_device_syncs_no_host(backend):
     spawn(_nan_worker, 1, backend)
+
+
+def _capture_worker(rank, size, path, errq):
+    """NOTE [NaN check on the device] inside a CUDA graph capture: the check neither queues nor
+    queries while the stream captures (a capture may not read a flag back), so capturing and
+    replaying an all_reduce of a NaN tensor raises nothing; eager calls after it are checked
+    again."""
+    _hang_guard()
+    try:
+        import fastcomms
+        import torch.distributed as dist
+        from fastcomms import ReduceOp
+        from fastcomms.hooks import NanCheckHook
+
+        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+        comm = fastcomms.new_comm(
+            "nccl",
+            dev,
+            "nan_graph",
+            store=dist.FileStore(path, 1),
+            timeout=datetime.timedelta(seconds=60),
+        )
+        check = NanCheckHook(check_inputs=True, check_outputs=True)
+        check.register_with_comm(comm)
+        good = torch.ones(1 << 12, device=dev)
+        bad = torch.ones(1 << 12, device=dev)
+        bad[7] = float("nan")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            comm.all_reduce(good, ReduceOp.SUM, False)  # warm-up on the capture's side stream
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            comm.all_reduce(bad, ReduceOp.SUM, False)
+        for _ in range(2):
+            g.replay()
+        torch.cuda.synchronize()
+        comm.barrier(False)  # nothing pending from the capture: no error
+        comm.all_reduce(bad, ReduceOp.SUM, False)  # eager again: checked
+        torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="NaN detected in input tensor for 'all_reduce'"):
+            comm.barrier(False)
+        check.unregister()
+        comm.finalize()
+    except Exception:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_nan_check_skips_graph_capture():
+    spawn(_capture_worker, 1)
