@@ -39,6 +39,43 @@ OVERFLOW, BAD_EXPERT, DUPLICATE = 1, 2, 4
 WIRE_CODES = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 
 
+def _pick(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """t[i] along dim 0 for a 0-dim index tensor, without indexing by a tensor scalar (which
+    may be read on the host)."""
+    return t.index_select(0, i.reshape(1)).squeeze(0)
+
+
+def verdict(idx, num_experts, max_tokens):
+    """(status, bad, where) as 0-dim int64 tensors on idx's device, read by neither transport on
+    the host here (the collective reads them with its header; the device transport sends them in
+    its counts): OVERFLOW for more than max_tokens tokens; BAD_EXPERT for an id out of range
+    (bad: the first in flat order, where: its token); else DUPLICATE for a token naming an expert
+    twice (where: the first such token, bad: its smallest such expert; two drops are none)."""
+    T, k = idx.shape
+    dev = idx.device
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    status = zero + (OVERFLOW if T > max_tokens else 0)  # a shape: no sync
+    if T == 0:
+        return status, zero, zero - 1
+    out = ((idx < -1) | (idx >= num_experts)).flatten()
+    any_bad = out.any()
+    first = out.to(torch.int32).argmax().long()  # the first True (argmax: first maximum)
+    bad = torch.where(any_bad, _pick(idx.flatten(), first), zero)
+    where = torch.where(any_bad, first // k, zero - 1)
+    status = status | torch.where(any_bad, BAD_EXPERT, 0)
+    if k > 1:
+        s = idx.sort(dim=1).values
+        eq = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)  # two drops (-1) are no duplicate
+        dup = eq.any(1)
+        any_dup = dup.any() & ~any_bad
+        t = dup.to(torch.int32).argmax().long()
+        i = _pick(eq, t).to(torch.int32).argmax().long()
+        status = status | torch.where(any_dup, DUPLICATE, 0)
+        bad = torch.where(any_dup, _pick(_pick(s, t)[1:], i), bad)
+        where = torch.where(any_dup, t, where)
+    return status, bad, where
+
+
 @dataclasses.dataclass
 class Plan:
     """Where every row goes, both ways (the dispatch handle's contents on this transport).
@@ -146,22 +183,7 @@ class CollectiveTransport:
         send mask (size, T)). The verdict on idx travels in the header (NOTE above)."""
         P, L = self.size, num_experts // self.size
         T = idx.shape[0]
-        status, bad, where = 0, 0, -1
-        if T > max_tokens:
-            status |= OVERFLOW
-        out_of_range = (idx < -1) | (idx >= num_experts)
-        if bool(out_of_range.any()):
-            status |= BAD_EXPERT
-            first = int(out_of_range.flatten().nonzero()[0, 0])
-            bad, where = int(idx.flatten()[first]), first // k
-        if k > 1 and not status & BAD_EXPERT:
-            s = idx.sort(dim=1).values
-            dup = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any(1)
-            if bool(dup.any()):
-                status |= DUPLICATE
-                where = int(dup.nonzero()[0, 0])
-                row = s[where]  # the smallest expert twice (not a pair of drops, -1)
-                bad = int(row[1:][(row[1:] == row[:-1]) & (row[1:] >= 0)][0])
+        status, bad, where = torch.stack(verdict(idx, num_experts, max_tokens)).tolist()
         valid = idx >= 0
         owner = torch.where(valid, idx.div(L, rounding_mode="floor"), -1)
         local = torch.where(valid, idx.remainder(L), -1)

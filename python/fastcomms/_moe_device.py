@@ -52,19 +52,13 @@ import dataclasses
 
 import torch
 
-from ._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW, _Pending, row_meta
+from ._moe_collective import BAD_EXPERT, DUPLICATE, OVERFLOW, _Pending, _pick, row_meta, verdict
 
 # counts header fields, one int64 each, per (sender, receiver)
 _D_COUNT, _D_STATUS, _D_TOKENS, _D_BAD, _D_WHERE = range(5)
 _DHEADER = 5
 # flags: status, the refusing rank, its tokens, the bad expert, the token
 FLAGS = 5
-
-
-def _pick(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """t[i] along dim 0 for a 0-dim index tensor, without indexing by a tensor scalar (which
-    may be read on the host)."""
-    return t.index_select(0, i.reshape(1)).squeeze(0)
 
 
 def _arange(n, device):
@@ -124,37 +118,8 @@ class DevicePlan:
     row_total: torch.Tensor  # (1,) grouped rows in use (rows_from's sum)
 
 
-def verdict(idx, num_experts, max_tokens):
-    """(status, bad, where) as 0-dim int64 tensors on idx's device: the collective transport's
-    verdict on idx (NOTE [moe collective host sync]) without a host read."""
-    T, k = idx.shape
-    dev = idx.device
-    zero = torch.zeros((), dtype=torch.int64, device=dev)
-    status = zero + (OVERFLOW if T > max_tokens else 0)  # a shape: no sync
-    if T == 0:
-        return status, zero, zero - 1
-    out = ((idx < -1) | (idx >= num_experts)).flatten()
-    any_bad = out.any()
-    first = out.to(torch.int32).argmax().long()  # the first True (argmax: first maximum)
-    bad = torch.where(any_bad, _pick(idx.flatten(), first), zero)
-    where = torch.where(any_bad, first // k, zero - 1)
-    status = status | torch.where(any_bad, BAD_EXPERT, 0)
-    if k > 1:
-        s = idx.sort(dim=1).values
-        eq = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)  # two drops (-1) are no duplicate
-        dup = eq.any(1)
-        any_dup = dup.any() & ~any_bad
-        t = dup.to(torch.int32).argmax().long()
-        i = _pick(eq, t).to(torch.int32).argmax().long()
-        status = status | torch.where(any_dup, DUPLICATE, 0)
-        bad = torch.where(any_dup, _pick(_pick(s, t)[1:], i), bad)
-        where = torch.where(any_dup, t, where)
-    return status, bad, where
-
-
 def plan_home(idx, P, L, num_experts):
-    """Home side of a dispatch: (owner, local, mask (P, T), send_tok (S,), send_dest (S,),
-    send_counts (P,))."""
+    """Home side of a dispatch: (owner, local, send_tok (S,), send_dest (S,), send_counts (P,))."""
     T, k = idx.shape
     dev = idx.device
     valid = (idx >= 0) & (idx < num_experts)
@@ -168,7 +133,7 @@ def plan_home(idx, P, L, num_experts):
     ids = _arange(P * T, dev)
     send_tok = torch.zeros(S + 1, dtype=torch.int64, device=dev).scatter_(0, pos, ids % max(T, 1))
     send_dest = torch.zeros(S + 1, dtype=torch.int64, device=dev).scatter_(0, pos, ids // max(T, 1))
-    return owner, local, mask, send_tok[:S], send_dest[:S], send_counts
+    return owner, local, send_tok[:S], send_dest[:S], send_counts
 
 
 def exchange_counts(a2av, head):
@@ -186,7 +151,7 @@ def home_torch(idx, P, L, num_experts, max_tokens):
     ``_C._moe_plan_home`` (NOTE [moe plan kernels])."""
     T = idx.shape[0]
     status, bad, where = verdict(idx, num_experts, max_tokens)
-    owner, local, _, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
+    owner, local, send_tok, send_dest, send_counts = plan_home(idx, P, L, num_experts)
     head = torch.stack(
         [
             send_counts,
@@ -436,11 +401,19 @@ class DeviceTransport:
 
         self.a2av = a2av
         self.flags = torch.zeros(FLAGS, dtype=torch.int64, device=device)
-        self.plan_kernels = None  # None: plan_kernels() decides; False: the torch plan (benches)
+        self.plan_kernels = None  # None: plan_kernels() decides (once); False: torch (benches)
+        self._auto_kernels = None
 
     def exchange_header(self, rows: torch.Tensor) -> torch.Tensor:
         """The construction's agreement check (eager, host read allowed)."""
         return exchange_counts(self.a2av, rows.to(self.device)).cpu()
+
+    def _kernels(self, device, P, L) -> bool:
+        if self.plan_kernels is not None:
+            return self.plan_kernels
+        if self._auto_kernels is None:  # a group's device and sizes do not change
+            self._auto_kernels = plan_kernels(device, P, L)
+        return self._auto_kernels
 
     def dispatch(self, x, idx, weights, wire, return_scales, **sizes):
         result = dispatch(
@@ -451,7 +424,7 @@ class DeviceTransport:
             wire,
             return_scales,
             flags=self.flags,
-            kernels=self.plan_kernels,
+            kernels=self._kernels(x.device, sizes["P"], sizes["L"]),
             **sizes,
         )
         return _Pending([], lambda: result)

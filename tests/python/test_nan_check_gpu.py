@@ -20,25 +20,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _world1_comm(backend, name, path):
+    """A one-rank communicator on GPU 0 (a FileStore at ``path``)."""
+    import fastcomms
+    import torch.distributed as dist
+
+    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    timeout = datetime.timedelta(seconds=60)
+    return fastcomms.new_comm(backend, dev, name, store=dist.FileStore(path, 1), timeout=timeout)
+
+
 def _nan_worker(rank, size, path, errq, backend):
     _hang_guard()
     try:
-        import fastcomms
         import torch.distributed as dist
         from fastcomms import ReduceOp
         from fastcomms.device_mesh import _create_torchcomm_process_group
         from fastcomms.hooks import NanCheckHook
 
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+        comm = _world1_comm(backend, "nan", path)
         dev = torch.device("cuda", 0)
-        torch.cuda.set_device(dev)
-        comm = fastcomms.new_comm(
-            backend,
-            dev,
-            "nan",
-            store=dist.FileStore(path, 1),
-            timeout=datetime.timedelta(seconds=60),
-        )
         check = NanCheckHook(check_inputs=True, check_outputs=True)
         check.register_with_comm(comm)
         assert comm._fast is not None  # the C++ paths stay on
@@ -87,21 +90,11 @@ def _capture_worker(rank, size, path, errq):
     again."""
     _hang_guard()
     try:
-        import fastcomms
-        import torch.distributed as dist
         from fastcomms import ReduceOp
         from fastcomms.hooks import NanCheckHook
 
-        os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = "0", "1"
+        comm = _world1_comm("nccl", "nan_graph", path)
         dev = torch.device("cuda", 0)
-        torch.cuda.set_device(dev)
-        comm = fastcomms.new_comm(
-            "nccl",
-            dev,
-            "nan_graph",
-            store=dist.FileStore(path, 1),
-            timeout=datetime.timedelta(seconds=60),
-        )
         check = NanCheckHook(check_inputs=True, check_outputs=True)
         check.register_with_comm(comm)
         good = torch.ones(1 << 12, device=dev)
