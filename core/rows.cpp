@@ -103,6 +103,7 @@ void moe_plan_home_device(const plan::MoePlanHome& a, void* stream) {
   FASTCOMMS_CHECK(a.send_rows == a.tokens * std::min(a.k, a.ranks), kInvalidArgument, what,
                   ": send rows must be tokens * min(k, ranks) = ",
                   a.tokens * std::min(a.k, a.ranks), ", got ", a.send_rows);
+  FASTCOMMS_CHECK(a.scratch != nullptr, kInvalidArgument, what, ": no scratch");
   get(what).plan_home(a, stream);
 }
 
@@ -117,6 +118,7 @@ void moe_plan_send_device(const plan::MoePlanSend& a, void* stream) {
   FASTCOMMS_CHECK(a.meta_pitch >= 4 * (2 + 2 * a.k), kInvalidArgument, what,
                   ": the send rows' pitch (", a.meta_pitch, " bytes) is below the metadata (",
                   4 * (2 + 2 * a.k), " bytes)");
+  FASTCOMMS_CHECK(a.scratch != nullptr, kInvalidArgument, what, ": no scratch");
   get(what).plan_send(a, stream);
 }
 
@@ -130,6 +132,7 @@ void moe_plan_expert_device(const plan::MoePlanExpert& a, void* stream) {
   FASTCOMMS_CHECK(a.meta_pitch >= 4 * (2 + 2 * a.k), kInvalidArgument, what,
                   ": the receive rows' pitch (", a.meta_pitch, " bytes) is below the metadata (",
                   4 * (2 + 2 * a.k), " bytes)");
+  FASTCOMMS_CHECK(a.scratch != nullptr, kInvalidArgument, what, ": no scratch");
   get(what).plan_expert(a, stream);
 }
 

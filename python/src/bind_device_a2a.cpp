@@ -306,7 +306,8 @@ void bind_device_a2a(py::module_& m) {
         at::Tensor head = at::empty({P, plan::kMoeHeader}, i64);
         at::Tensor owner = at::empty({T, k}, i64), local = at::empty({T, k}, i64);
         at::Tensor send_tok = at::empty({S}, i64), send_dest = at::empty({S}, i64);
-        at::Tensor keys = at::empty({T * k}, idx.options().dtype(at::kInt));  // scratch
+        at::Tensor scratch =
+            at::empty({plan::moe_plan_scratch(T * k, P)}, idx.options().dtype(at::kInt));
         plan::MoePlanHome a;
         a.idx = idx.data_ptr<int64_t>();
         a.tokens = T;
@@ -324,7 +325,7 @@ void bind_device_a2a(py::module_& m) {
         a.send_dest = send_dest.data_ptr<int64_t>();
         a.send_rows = S;
         a.head = head.data_ptr<int64_t>();
-        a.keys = keys.data_ptr<int32_t>();
+        a.scratch = scratch.data_ptr<int32_t>();
 #ifdef FASTCOMMS_WITH_CUDA
         c10::DeviceGuard guard(idx.device());
 #endif
@@ -363,6 +364,7 @@ void bind_device_a2a(py::module_& m) {
         at::Tensor send_splits = at::empty({P}, i64), recv_splits = at::empty({P}, i64);
         at::Tensor back_splits = at::empty({P}, i64), slot_src = at::empty({T * k}, i64);
         at::Tensor send_total = at::empty({1}, i64);
+        at::Tensor scratch = at::empty({plan::moe_plan_scratch(T * k, P)}, i64.dtype(at::kInt));
         plan::MoePlanSend a;
         a.got = got.data_ptr<int64_t>();
         a.head = head.data_ptr<int64_t>();
@@ -384,6 +386,7 @@ void bind_device_a2a(py::module_& m) {
         a.back_splits = back_splits.data_ptr<int64_t>();
         a.slot_src = slot_src.data_ptr<int64_t>();
         a.send_total = send_total.data_ptr<int64_t>();
+        a.scratch = scratch.data_ptr<int32_t>();
 #ifdef FASTCOMMS_WITH_CUDA
         c10::DeviceGuard guard(owner.device());
 #endif
@@ -416,7 +419,8 @@ void bind_device_a2a(py::module_& m) {
         at::Tensor src = at::empty({capacity, 2}, i64);
         std::optional<at::Tensor> row_scales;
         if (want_scales) row_scales = at::empty({capacity}, f32);
-        at::Tensor keys = at::empty({recv.size(0) * k}, recv.options().dtype(at::kInt));
+        at::Tensor scratch = at::empty({plan::moe_plan_scratch(recv.size(0) * k, L)},
+                                       recv.options().dtype(at::kInt));
         plan::MoePlanExpert a;
         a.meta = recv.data_ptr<uint8_t>() + row_bytes;
         a.meta_pitch = recv.stride(0);
@@ -436,7 +440,7 @@ void bind_device_a2a(py::module_& m) {
         a.row_w = row_w.data_ptr<float>();
         a.src = src.data_ptr<int64_t>();
         a.row_scales = row_scales ? row_scales->data_ptr<float>() : nullptr;
-        a.keys = keys.data_ptr<int32_t>();
+        a.scratch = scratch.data_ptr<int32_t>();
 #ifdef FASTCOMMS_WITH_CUDA
         c10::DeviceGuard guard(recv.device());
 #endif

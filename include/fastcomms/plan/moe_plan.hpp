@@ -19,12 +19,12 @@
 /// - expert: from the received metadata, the (row, slot) pairs of this rank's experts stably
 ///   sorted by local expert (NOTE [moe row order]), per-expert counts, each grouped row's source
 ///   rank and position, weight and scale, and the rows in arrival order (the combine's send).
-/// At the heart of each is a stable counting sort in one block of 1024 threads: a histogram, a
-/// scan, then tiles in flat order where a warp ranks equal keys with match.any and the warps
-/// before it add theirs, so the order within a key is the flat order, as torch's stable argsort
-/// gives it. Work per element that needs no order (each slot's key and verdict, the sent rows'
-/// metadata, the grouped rows' weights, sources and scales) runs in grid kernels beside it: one
-/// block waiting on memory is what makes a one-block kernel slow.
+/// At the heart of each is a stable counting sort over many blocks: each block of 1024 counts
+/// the keys of its tile of elements, one block scans those counts (key-major, then block), and
+/// each block places its tile, a warp ranking equal keys with match.any and the warps before it
+/// adding theirs, so the order within a key is the flat order, as torch's stable argsort gives
+/// it. The work per element that needs no order (each slot's key and verdict, the sent rows'
+/// metadata, the grouped rows' weights, sources and scales) runs in grid kernels beside it.
 /// The keys are ranks (home, send) or local experts (expert): at most kMoePlanMaxKeys.
 ///
 /// Plain structs of device pointers (all contiguous) and sizes, shared by core (checks) and
@@ -40,6 +40,19 @@ inline constexpr int64_t kMoePlanMaxKeys = 1024;
 /// Header fields per (sender, receiver): count, status, tokens, bad expert, token.
 inline constexpr int64_t kMoeHeader = 5;
 
+/// The elements one block of the sort takes (its threads).
+inline constexpr int64_t kMoeSortTile = 1024;
+/// The blocks a sort of n elements runs.
+inline constexpr int64_t moe_sort_blocks(int64_t n) {
+  return (n + kMoeSortTile - 1) / kMoeSortTile;
+}
+/// The int32 scratch of a plan step over n elements sorted by `keys` keys: four words (the
+/// verdict, a flag), each element's key, the per-block counts of each key and of keyed elements,
+/// the per-key counts and their total.
+inline constexpr int64_t moe_plan_scratch(int64_t n, int64_t keys) {
+  return 4 + n + (keys + 1) * moe_sort_blocks(n) + (keys + 1);
+}
+
 struct MoePlanHome {
   const int64_t* idx = nullptr;  // (T, k) expert ids, -1 dropped
   int64_t tokens = 0, k = 0, ranks = 0, local_experts = 0, num_experts = 0, max_tokens = 0;
@@ -50,7 +63,7 @@ struct MoePlanHome {
   int64_t* send_dest = nullptr;  // (S) its rank
   int64_t send_rows = 0;         // S
   int64_t* head = nullptr;       // (P, kMoeHeader)
-  int32_t* keys = nullptr;       // (T * k) scratch: each slot's sort key and verdict bits
+  int32_t* scratch = nullptr;    // moe_plan_scratch(T * k, P) int32 (8-byte aligned)
 };
 
 struct MoePlanSend {
@@ -71,6 +84,7 @@ struct MoePlanSend {
   int64_t* back_splits = nullptr;  // (P) slots returning from each rank
   int64_t* slot_src = nullptr;     // (T * k) the slot's returning row, or -1
   int64_t* send_total = nullptr;   // (1)
+  int32_t* scratch = nullptr;      // moe_plan_scratch(T * k, P) int32 (8-byte aligned)
 };
 
 struct MoePlanExpert {
@@ -89,7 +103,7 @@ struct MoePlanExpert {
   float* row_w = nullptr;        // (C)
   int64_t* src = nullptr;        // (C, 2) source rank and position, -1 past the rows in use
   float* row_scales = nullptr;   // (C) or null
-  int32_t* keys = nullptr;       // (R * k) scratch: each received pair's local expert or -1
+  int32_t* scratch = nullptr;    // moe_plan_scratch(R * k, L) int32 (8-byte aligned)
 };
 
 }  // namespace fastcomms::plan
