@@ -348,8 +348,9 @@ def dispatch(
     return recv_x, counts, row_w, src, scl, plan
 
 
-def gather(a2av, y, plan: DevicePlan):
-    """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
+def gather_home(a2av, y, plan: DevicePlan):
+    """Expert rows y (capacity, C) -> their receive buffer at home, (T * k, C) in y's dtype, row
+    ``plan.slot_src[t * k + j]`` for slot (t, j) (-1: dropped, no row)."""
     C = y.shape[1]
     width = C * y.element_size()
     dev = y.device
@@ -358,8 +359,15 @@ def gather(a2av, y, plan: DevicePlan):
     n = plan.tokens * plan.k
     recv = torch.empty((n, width), dtype=torch.uint8, device=dev)
     a2av(recv, send, plan.back_splits, plan.rows_from)
-    full = torch.empty((n, width), dtype=torch.uint8, device=dev)
-    _gather(full, recv, plan.slot_src)  # every slot: its row, or zeros (dropped)
+    return recv.view(y.dtype).view(n, C)
+
+
+def gather(a2av, y, plan: DevicePlan):
+    """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
+    recv = gather_home(a2av, y, plan)
+    n, C = recv.shape
+    full = torch.empty((n, C * y.element_size()), dtype=torch.uint8, device=y.device)
+    _gather(full, _bytes2d(recv, n), plan.slot_src)  # every slot: its row, or zeros (dropped)
     return full.view(y.dtype).view(plan.tokens, plan.k, C)
 
 
@@ -432,6 +440,12 @@ class DeviceTransport:
     def gather(self, y, plan, async_op):
         rows = gather(self.a2av, y, plan)
         return _Pending([], lambda: rows)
+
+    def gather_home(self, y, plan, async_op):
+        """(receive buffer (T * k, C), its row per slot): what the combine's weighted sum reads
+        through the index, without the (T, k, C) copy ``gather`` makes."""
+        rows = gather_home(self.a2av, y, plan)
+        return _Pending([], lambda: (rows, plan.slot_src))
 
     def scatter(self, z, values, plan, async_op):
         result = scatter(self.a2av, z, values, plan)

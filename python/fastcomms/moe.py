@@ -561,8 +561,33 @@ class ExpertParallelGroup(_Scoped):
             )
         if weights is None:
             weights = torch.ones((plan.tokens, plan.k), device=self.device)
-        pending = self._transport.gather(y.detach().contiguous(), plan, async_op)
         x_dtype = handle._x_dtype
+        t = self._transport
+        if (
+            t.name == "device"
+            and y.is_cuda
+            and not (torch.is_grad_enabled() and weights.requires_grad)
+            and y.dtype in _ROW_KERNEL_DTYPES
+            and x_dtype in _ROW_KERNEL_DTYPES
+        ):
+            # NOTE [moe row kernels]: the sum reads the rows where they arrived, through the
+            # index; the (T, k, hidden) rows are only made for the weights' gradient
+            pending = t.gather_home(y.detach().contiguous(), plan, async_op)
+
+            def finish_indexed(res):
+                from . import _C
+
+                recv, slot_src = res
+                w = weights.detach().float().masked_fill(plan.owner < 0, 0).contiguous()
+                out = torch.empty((plan.tokens, self.hidden), dtype=x_dtype, device=self.device)
+                _C._moe_weighted_sum(out, recv, slot_src, w)
+                if torch.is_grad_enabled() and y.requires_grad:
+                    out = _Combine.apply(y, weights, [out, None], handle)
+                return out
+
+            work = MoEWork(pending, finish_indexed)
+            return work if async_op else work.wait()
+        pending = t.gather(y.detach().contiguous(), plan, async_op)
 
         def finish(rows):
             with torch.no_grad():
