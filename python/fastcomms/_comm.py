@@ -57,9 +57,12 @@ class _OpaqueBase(_TorchOpaqueBase):
 # factory the owning module put in ATTACHMENTS when it was imported (its kind -> fn(comm)). So no
 # table keyed by a communicator outlives it. finalize() lets go of them, destroying those with a
 # destroy() (collective, as finalize is); abort() lets go of them without a call (a peer may be
-# gone). torch.compile reads `_ulysses_group` and `_process_group_name` of every communicator it
-# traces, whether or not the program imported their modules: a kind not registered yet imports
-# its module (PROVIDERS; NOTE [no import circles]: a deferred import, said so on its line).
+# gone). reconfigure() lets go of those with a _release() (a UlyssesGroup: its table entries,
+# async lane and lend ring belong to the configuration before), calling it (local: a peer may be
+# left out of the new configuration); the next use makes them anew over the new one.
+# torch.compile reads `_ulysses_group` and `_process_group_name` of every communicator it traces,
+# whether or not the program imported their modules: a kind not registered yet imports its module
+# (PROVIDERS; NOTE [no import circles]: a deferred import, said so on its line).
 ATTACHMENTS: dict[str, object] = {}
 PROVIDERS = {"ulysses": "_ulysses", "process_group_name": "functional"}
 
@@ -228,7 +231,15 @@ class TorchComm(_OpaqueBase):
             a = self._attached[kind] = make(self)
         return a
 
-    def _detach(self, destroy: bool) -> None:
+    def _detach(self, destroy: bool, release: bool = False) -> None:
+        """finalize (``destroy``), abort, or reconfigure (``release``): NOTE [communicator
+        attachments]."""
+        if release:
+            gone = {k: a for k, a in self._attached.items() if callable(getattr(a, "_release", 0))}
+            self._attached = {k: a for k, a in self._attached.items() if k not in gone}
+            for a in gone.values():
+                a._release()
+            return
         attached, self._attached = self._attached, {}
         for a in attached.values() if destroy else ():
             if callable(getattr(a, "destroy", None)):

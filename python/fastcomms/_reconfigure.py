@@ -140,7 +140,8 @@ def reconfigure(self, uuid, init_handles=None, timeout=None, hints=None) -> _Don
             f"{where} the ranks with handles {differ} passed other init_handles (another "
             "set or order) for this uuid"
         )
-    try:  # the configuration before (a no-op before the first)
+    try:  # the configuration before (a no-op before the first), its attachments first
+        self._detach(destroy=False, release=True)  # NOTE [communicator attachments]
         self._c.finalize()
     except Exception:  # noqa: BLE001 (a broken configuration: abort it instead)
         self._c.abort()

@@ -2,27 +2,24 @@
 """The Ulysses group and its functional form; ``fastcomms.ulysses`` is the public face (it
 re-exports these with the ring exchange and the 2-D group). The exchange is one C++ op (NOTE
 [ulysses op in c++] in python/src/ulysses_op.cpp); this module forwards to it and holds what stays
-in Python: the choice of transport and the async form's streams and lend ring (its checks are
-C++'s: NOTE [async ulysses checks])."""
+in Python: the choice of transport (the async form, its side stream and lend ring are C++'s: NOTE
+[async ulysses in c++])."""
 
 from __future__ import annotations
 
-import collections
 import functools
-import math
 import os
 import tempfile
 import uuid
 
 import torch
-from torch._C._distributed_c10d import _register_work  # an AsyncCollectiveTensor's waited work
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
 
 from . import _C, _comm, _torch_compat
 from ._comm import TorchComm, _OpaqueBase
 from ._options import _DEFAULT_TIMEOUT
-from ._work import UlyssesWork, _RegisteredWork, _Scoped
+from ._work import _Scoped
 
 # The op, looked up once: a compiled call then guards on this one name instead of on torch.ops'
 # attribute chain.
@@ -97,7 +94,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     what was chosen and ``self.transport_reason`` why. Constructing a group on CUDA is collective.
     Calls from one thread at a time, in the same order on every rank."""
 
-    LEND_RING = 4
+    LEND_RING = _C.UlyssesAsync.LEND_RING
     __module__ = "fastcomms.ulysses"  # its public home, the name torch.compile records
 
     def __init__(
@@ -110,10 +107,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         from .device_mesh import resolve_group  # on first use: its import cost (NOTE in ulysses)
 
         self.group = group = resolve_group(group, "UlyssesGroup", "sp")
-        self._ring = {}  # dtype -> the lent windows (NOTE in _lent)
-        self._astream = None
-        self._lane = None  # the async calls' transport (own windows and barriers on NVLink)
-        self._id = self._lane_id = None  # the transports' ids in the op's table
+        self._id = self._async = None  # the transport's id in the op's table; the async form
         if isinstance(group, TorchComm):
             self._rank, self._size = group.get_rank(), group.get_size()
             self.device = self._resolve_device(device, group.get_device())
@@ -126,6 +120,7 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
             )
         self.transport = kind if kind in ("nvlink", "hierarchical") else "collective"
         self._id = _C._ulysses_register(self._t)  # NOTE [ulysses op in c++]
+        self._async = _C.UlyssesAsync(self._t, self._id, self.transport_reason)
 
     @staticmethod
     def _resolve_device(device, default):
@@ -184,8 +179,8 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
 
     # NOTE [host cost per call]: at small shapes a call is bound by its host time. A plain eager
     # call reaches the op through one typed dispatcher call of the extension (no torch.ops lookup,
-    # no autograd.Function in Python), and the async CUDA call orders the side stream, records the
-    # tensors' use, runs and registers its completion in one call of the extension.
+    # no autograd.Function in Python), and the async call is one call of the extension too (NOTE
+    # [async ulysses in c++]).
     def _live(self):
         if self._t is None:
             raise ValueError(
@@ -262,87 +257,25 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         """Starts the exchange and returns its output as an ``AsyncCollectiveTensor``:
         ``.wait()`` (or the first use by any aten op) orders the caller's stream after the
         transfer without blocking the host (CPU: it blocks until the exchange is done). Wait on
-        or use every result: torch's work registry keeps a dropped one. Where torch lacks the
-        registry a ``UlyssesWork`` is returned instead. Not differentiable.
+        or use every result: torch's work registry keeps a dropped one. Not differentiable.
 
         ``lend=True`` (NVLink only): the output is a window of the group's ring of ``LEND_RING``
         per dtype, which peers write directly; a call whose next window still backs a live result
         raises instead of overwriting it, so every rank must release its results at the same
         point. ``kv_replicas`` (not with ``lend``) and ``wire_dtype``: as in ``all_to_all_4d``."""
         seq, heads, kv = self._args(seq_splits, head_splits, kv_replicas)
-        summed = mode == 1 and kv > 1
-        t = self._live()  # NOTE [async ulysses checks] (C++): grad, lend, vmap, shape, meta
-        _C.ulysses_async_check(self._id, x, mode, kv, lend, out is not None, self.transport_reason)
-        x = x.contiguous()
-        if not x.is_cuda:  # CPU: the transport's own async path
-            if _pending:
-                _finish_done()
-            if summed or wire_dtype is not None:  # run it, then hand back a done result
-                res = _call(self, x, mode, out, seq, heads, kv, wire_dtype, False, None)
-                return _async_result(res)
-            if out is None:
-                out = torch.empty(self._shapes(self._id, x, mode, seq, heads, kv)[1], dtype=x.dtype)
-            return _async_result(out, t.all_to_all_4d(x, out, mode, seq, heads, True, kv))
-        if self._lane is None:
-            self._lane = t.async_lane()
-            self._lane_id = _C._ulysses_register(self._lane)
-        if self._astream is None:
-            # high priority: the async call's small barrier kernels get the next free SM
-            # ahead of a compute kernel's remaining blocks (the overlap it exists for)
-            self._astream = torch.cuda.Stream(device=x.device, priority=-1)
-        lane, s = self._lane, self._astream
-        shape, result = self._shapes(self._lane_id, x, mode, seq, heads, kv)
-        if lend:
-            out = self._lent(lane, x, shape, mode, seq, heads, kv)
-        elif out is None:
-            out = x.new_empty(result)
-        if not summed and wire_dtype is None and hasattr(lane, "all_to_all_4d_on"):
-            # NOTE [host cost per call]: ordering, record_stream, the call on the side stream and
-            # the completion work (NOTE [async result waits]) in one call of the extension
-            lane.all_to_all_4d_on(x, out, s, mode, seq, heads, kv)
-            return AsyncCollectiveTensor(out)
-        s.wait_stream(torch.cuda.current_stream(x.device))
-        x.record_stream(s)
-        out.record_stream(s)
-        with torch.cuda.stream(s):  # the op's own call on the side stream (the replicas' sum too)
-            if wire_dtype is not None:  # NOTE [fp8 wire exchange]
-                _C.ulysses_all_to_all_4d_fp8_out(
-                    x, out, self._lane_id, mode, seq, heads, kv, wire_dtype
-                )
-            else:
-                _C.ulysses_all_to_all_4d_out(x, out, self._lane_id, mode, seq, heads, kv)
-        if hasattr(_C, "_register_stream_completion"):  # (a build with CUDA)
-            # NOTE [async result waits]: a C++ work, so torch's wait on any path orders the
-            # caller's stream after the call
-            _C._register_stream_completion(out, s)
-            return AsyncCollectiveTensor(out)
-        done = torch.cuda.Event()
-        done.record(s)
-        return UlyssesWork(out, event=done)
+        self._live()  # checks, streams, ring and work: one call (NOTE [async ulysses in c++])
+        return AsyncCollectiveTensor(
+            self._async.call(x, mode, out, seq, heads, kv, lend, wire_dtype)
+        )
 
-    @staticmethod
-    def _storage_uses(t):
-        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-    def _lent(self, lane, x, shape, mode, seq, heads, kv=1):
-        # One ring per dtype: [buffers, the storage use count of each with no result alive, next]
-        ring = self._ring.setdefault(x.dtype, [[None] * self.LEND_RING, [0] * self.LEND_RING, 0])
-        bufs, idle, k = ring
-        need = self._out_bytes(lane, x, mode, seq, heads, kv)
-        buf = bufs[k]
-        if buf is not None and self._storage_uses(buf) > idle[k]:
-            raise RuntimeError(
-                f"[rank {self._rank}/{self._size}] all_to_all_4d_async(lend=True): the ring's "
-                f"{self.LEND_RING} {x.dtype} windows all back live results (the next one, "
-                f"window {k}, is still referenced or was never waited on); release a lent result "
-                "(drop it after using it) before lending another, or pass out="
-            )
-        ring[2] = (k + 1) % self.LEND_RING
-        if buf is None or buf.numel() < need:  # grow-only; every rank grows at the same call
-            bufs[k] = None
-            buf = bufs[k] = lane.empty_output([need], need, torch.empty(0, dtype=torch.uint8))
-            idle[k] = self._storage_uses(buf)
-        return buf.view(x.dtype)[: math.prod(shape)].view(shape)
+    @property
+    def _astream(self):
+        """The async calls' side stream (None before the first CUDA call)."""
+        s = self._async.side_stream() if self._async is not None else None
+        if s is None:
+            return None
+        return torch.cuda.Stream(stream_id=s[0], device_index=s[1], device_type=s[2])
 
     @_eager_only
     def empty_output(self, x, *, mode=0, seq_splits=None, head_splits=None, kv_replicas=None):
@@ -365,25 +298,21 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
         """What the group holds: device bytes of the transport's windows, signal pads and
         buffers (sync and async lanes), the lent ring's bytes, and the calls issued."""
         sync = self._t.memory_stats() if self._t is not None else (0, 0)
-        lane = self._lane
-        asyn = lane.memory_stats() if lane is not None and lane is not self._t else (0, 0)
+        asyn = self._async.stats() if self._async is not None else (0, 0, 0)
         return {
             "transport": self.transport,
             "device_bytes": sync[0] + asyn[0],
             "sync_bytes": sync[0],
             "async_bytes": asyn[0],
-            "lend_ring_bytes": sum(
-                b.numel() for ring in self._ring.values() for b in ring[0] if b is not None
-            ),
+            "lend_ring_bytes": asyn[2],
             "calls": sync[1] + asyn[1],
         }
 
     def _tune(self, knob, value):
         """Developer benchmarks: sets a transport knob for later calls (NVLink: "engine" = auto,
         ce, sm or hybrid; FASTCOMMS_ENGINE sets it for the whole process at start)."""
-        for t in (self._live(), self._lane):
-            if t is not None:
-                t.tune(knob, value)
+        self._live().tune(knob, value)
+        self._async.tune(knob, value)
 
     @_eager_only
     def check_errors(self):
@@ -395,40 +324,20 @@ class UlyssesGroup(_OpaqueBase, _Scoped):
     def destroy(self) -> None:
         """Releases the group's windows (collective on the NVLink transport: call it on every
         rank). Buffers from empty_output() stay valid while referenced; later calls raise."""
-        for gid in (self._id, self._lane_id):
-            if gid is not None:
-                _C._ulysses_unregister(gid)
-        if self._lane is not None and self._lane is not self._t:
-            self._lane.destroy()
-        if self._t is not None:
+        self._release(collective=True)
+
+    def _release(self, collective=False):
+        """destroy(); not ``collective`` (its communicator is reconfigured or aborted, and a peer
+        may be gone: NOTE [communicator attachments]), this process alone lets go of the
+        transports, the lend ring and the side stream."""
+        if self._async is not None:  # the async lane, its ring and stream
+            self._async.destroy(collective)
+        if self._id is not None:
+            _C._ulysses_unregister(self._id)
+        if self._t is not None and collective:
             self._t.destroy()
-        self._t = self._lane = self._id = self._lane_id = None
-        self._ring = {}
+        self._t = self._id = self._async = None
         self.transport = "destroyed"
-
-
-# NOTE [dropped async results]: torch's work registry keeps the work of an AsyncCollectiveTensor
-# until a wait on it, forever for a result dropped unwaited, and a CPU call's work holds its
-# buffers (NOTE [work keeps its buffers]; the unpack into the output runs in wait()). So every CPU
-# async call's work is queued here, and each later CPU call finishes those whose exchange is over
-# (in call order: the unpack, then the release), leaving a small registry entry as torch's own
-# functional collectives do (docs/reliability.md). A kept result reads the same; its wait raises
-# the call's error. CUDA calls register a work holding an event alone.
-_pending = collections.deque()
-
-
-def _async_result(out, work=None):
-    """CPU results: a Python work whose wait() waits for the exchange."""
-    rw = _RegisteredWork(out, None, work)
-    _register_work(out, rw)
-    if work is not None:
-        _pending.append(rw)  # NOTE [dropped async results]
-    return AsyncCollectiveTensor(out)
-
-
-def _finish_done():
-    while _pending and (_pending[0]._work is None or _pending[0]._work._tensors_released()):
-        _pending.popleft()._finish()
 
 
 # -- the functional form ----------------------------------------------------------------------
@@ -525,8 +434,6 @@ def _call(g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire):
         if compiling:
             got = _OP.fp8(*fp8)
         else:
-            if _pending:
-                _finish_done()
             if out is not None:
                 return _C.ulysses_all_to_all_4d_fp8_out(x, out, *fp8[1:])
             plain = _plain_eager(x)
@@ -534,8 +441,6 @@ def _call(g, x, mode, out, seq, heads, kv, wire, return_scales, grad_wire):
         return tuple(got) if return_scales else got[0]
     if compiling:  # NOTE [ulysses custom op]
         return _OP(x, gid, mode, seq, heads, kv)
-    if _pending:
-        _finish_done()
     if out is not None:  # the op's .out overload, through the dispatcher
         return _C.ulysses_all_to_all_4d_out(x, out, gid, mode, seq, heads, kv)
     if _plain_eager(x):  # NOTE [host cost per call]

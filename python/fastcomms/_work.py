@@ -154,7 +154,7 @@ class _RegisteredWork(_C10dWork):
     def __init__(self, out, event, work):
         super().__init__()
         # Not `out` itself: the registry holds this object until the first wait, and a lent
-        # window counts its live results by references (UlyssesGroup._lent).
+        # window counts its live results by references (NOTE [async ulysses in c++]).
         self._device, self._event, self._work = out.device, event, work
         self._error = None
 

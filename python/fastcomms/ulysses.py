@@ -8,8 +8,9 @@ splits. Grouped-query and multi-query attention: ``kv_replicas`` (``UlyssesGroup
 The exchange is one C++ op (NOTE [ulysses op in c++] in python/src/ulysses_op.cpp): it checks the
 call, runs it on the group's transport (NVLink, hierarchical, or the collective path of a
 TorchComm or a torch.distributed ProcessGroup) and carries its autograd. This module forwards to
-it (the plain call, ``out=`` and FP8 on the wire are overloads of that op) and holds what stays
-in Python: the choice of transport and the async form's streams and lend ring.
+it (the plain call, ``out=`` and FP8 on the wire are overloads of that op; the async form, its
+side stream and lend ring are C++'s too: NOTE [async ulysses in c++]) and holds what stays in
+Python: the choice of transport.
 
 This module is the face: it re-exports the group (``fastcomms._ulysses``), the ring exchange
 (``fastcomms.ring``) and the 2-D group (``fastcomms.sequence_parallel``), as API.md names them.

@@ -1,13 +1,12 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 // Ulysses transports from Python (fastcomms.ulysses): the transport choice (over a communicator,
 // or over a torch.distributed ProcessGroup with the NVLink probe and the hierarchical exchange),
-// the UlyssesTransport object a group holds per lane, the geometry of a call from shapes alone,
-// and the async CUDA call's stream ordering. The op itself is ulysses_op.cpp.
+// the UlyssesTransport object a group holds, and the geometry of a call from shapes alone. The op
+// family itself, its async form included, is ulysses_op.cpp.
 #include <pybind11/chrono.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "binding.hpp"
 #include "fastcomms/ulysses/hierarchical.hpp"
@@ -15,7 +14,6 @@
 
 #ifdef FASTCOMMS_WITH_CUDA
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -42,49 +40,6 @@ std::array<int64_t, 4> shape4(const std::vector<int64_t>& shape) {
                   "all_to_all_4d: x must be 4-D (b, s, h, d), got ", shape.size(), " dims");
   return {shape[0], shape[1], shape[2], shape[3]};
 }
-
-#ifdef FASTCOMMS_WITH_CUDA
-// NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
-// an async Ulysses call, recording an event on the comm stream after the call.
-// blockCurrentStream() makes the calling thread's current stream wait for it (no host block);
-// wait() does too, after waiting for the event on the host, so it is right from whichever
-// thread torch calls it. A Python Work subclass cannot override blockCurrentStream, whose
-// default calls wait() on another thread, so this one is C++.
-class StreamEventWork final : public c10d::Work {
- public:
-  explicit StreamEventWork(c10::Event ev) : ev_(std::move(ev)) {}
-  bool wait(std::chrono::milliseconds) override {
-    if (PyGILState_Check()) {  // the host wait must not hold the interpreter
-      py::gil_scoped_release release;
-      ev_.synchronize();
-    } else {
-      ev_.synchronize();
-    }
-    order();
-    return true;
-  }
-  void blockCurrentStream() override { order(); }
-  bool isCompleted() override { return ev_.query(); }
-
- private:
-  void order() { ev_.block(torch_current_stream(ev_.device_index())); }
-  c10::Event ev_;
-};
-
-void register_stream_completion(const at::Tensor& t, const c10::Stream& stream) {
-  FASTCOMMS_CHECK(t.is_cuda(), kInvalidArgument, "_register_stream_completion: a CUDA tensor");
-  c10::Event ev(c10::DeviceType::CUDA);
-  ev.record(stream);
-  c10d::register_work(t, c10::make_intrusive<StreamEventWork>(std::move(ev)));
-}
-
-// `side` starts after the work the caller's current stream holds so far.
-void order_after_current(c10::DeviceIndex device, const c10::Stream& side) {
-  c10::Event ev(c10::DeviceType::CUDA);  // released once the wait is done with it
-  ev.record(torch_current_stream(device));
-  ev.block(side);
-}
-#endif
 
 // The byte all-to-all of a hierarchical group over a torch.distributed ProcessGroup: alltoall_base
 // of uint8 tensors; on CUDA ordered after the exchange's stream and before what follows on it, on
@@ -158,12 +113,6 @@ void bind_ulysses(py::module_& m) {
   });
   m.def("nvlink_decision", &nvlink_decision, py::arg("who"), py::arg("probe"));
   m.def("has_transport", &has_transport);
-#ifdef FASTCOMMS_WITH_CUDA
-  // NOTE [async result waits] (StreamEventWork above), for the Python async paths
-  m.def("_register_stream_completion", [](const at::Tensor& t, py::handle stream) {
-    register_stream_completion(t, torch_stream(stream));
-  });
-#endif
   // The geometry of a call from shapes alone (fake tensors, the torch.distributed path):
   // (out_shape, seq_splits, head_splits, max_out_bytes), validated like the call.
   m.def(
@@ -213,38 +162,6 @@ void bind_ulysses(py::module_& m) {
           },
           py::arg("x"), py::arg("out"), py::arg("mode"), py::arg("seq"), py::arg("heads"),
           py::arg("async_op"), py::arg("kv_replicas") = 1)
-#ifdef FASTCOMMS_WITH_CUDA
-      // NOTE [host cost per call]: an async CUDA call in one step: `side` waits for the caller's
-      // current stream, x and out are recorded as used there (the caching allocator keeps them
-      // until it is done), the call runs on `side`, and its completion is registered with
-      // torch's work registry for out (NOTE [async result waits]).
-      .def(
-          "all_to_all_4d_on",
-          [](const PyTransport& t, at::Tensor x, at::Tensor out, py::handle side, int mode,
-             std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
-             int64_t kv_replicas) {
-            UlyssesTransport& tr = t.get();
-            FASTCOMMS_CHECK(x.is_cuda() && out.is_cuda() && x.device() == out.device(),
-                            kInvalidArgument,
-                            "all_to_all_4d_async: the async CUDA call needs x and out on one "
-                            "CUDA device, got ",
-                            x.device().str(), " and ", out.device().str());
-            const c10::Stream s = torch_stream(side);
-            FASTCOMMS_CHECK(s.device() == x.device(), kInvalidArgument,
-                            "all_to_all_4d_async: the side stream is on ", s.device().str(),
-                            ", x on ", x.device().str());
-            c10::DeviceGuard guard(x.device());
-            order_after_current(x.device().index(), s);
-            x.record_stream(s);
-            out.record_stream(s);
-            PyWork w = transport_call(tr, x, out, ulysses_args(mode, seq, heads, kv_replicas),
-                                      s.native_handle());
-            register_stream_completion(out, s);
-            return w;
-          },
-          py::arg("x"), py::arg("out"), py::arg("side"), py::arg("mode"), py::arg("seq"),
-          py::arg("heads"), py::arg("kv_replicas") = 1)
-#endif
       .def("empty_output",
            [](const PyTransport& t, std::vector<int64_t> shape, int64_t bytes,
               at::Tensor like) -> std::optional<at::Tensor> {

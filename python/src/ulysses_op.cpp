@@ -22,12 +22,20 @@
 // TypeError; the module's translator maps them to fastcomms' own classes (NOTE [error
 // mapping]). Other errors (timeouts, aborts, a peer's failure) stay fastcomms::Error.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/SymInt.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -572,6 +580,325 @@ void refuse_batched(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   TORCH_CHECK(false, where(*t), kVmapRefusal);
 }
 
+// -- the async form ---------------------------------------------------------------------------
+// NOTE [async ulysses in c++]: UlyssesGroup.all_to_all_4d_async is one call of UlyssesAsync.call,
+// which a group holds beside its transport: the checks (NOTE [async ulysses checks]), the async
+// lane (its own transport, windows and barriers: NOTE [async lane]) and its id in the op's
+// table, the side stream, the lend ring and the completion torch's work registry holds for the
+// result (NOTE [async result waits]); Python wraps the returned tensor as an
+// AsyncCollectiveTensor. CUDA calls run on the side stream, ordered after the caller's current
+// stream; CPU calls run the transport's own async path (NOTE [dropped async results]).
+
+// NOTE [async result waits]: the work torch's registry holds for an AsyncCollectiveTensor of
+// an async CUDA call, recording an event on the side stream after the call.
+// blockCurrentStream() makes the calling thread's current stream wait for it (no host block);
+// wait() does too, after waiting for the event on the host, so it is right from whichever
+// thread torch calls it. Device-generic (c10::Event), so a build without CUDA orders a
+// torch.distributed group's CUDA calls the same way.
+class StreamEventWork final : public c10d::Work {
+ public:
+  explicit StreamEventWork(c10::Event ev) : ev_(std::move(ev)) {}
+  bool wait(std::chrono::milliseconds) override {
+    if (PyGILState_Check()) {  // the host wait must not hold the interpreter
+      py::gil_scoped_release release;
+      ev_.synchronize();
+    } else {
+      ev_.synchronize();
+    }
+    order();
+    return true;
+  }
+  void blockCurrentStream() override { order(); }
+  bool isCompleted() override { return ev_.query(); }
+
+ private:
+  void order() {
+    ev_.block(c10::impl::getDeviceGuardImpl(ev_.device_type())
+                  ->getStream(c10::Device(ev_.device_type(), ev_.device_index())));
+  }
+  c10::Event ev_;
+};
+
+// NOTE [dropped async results]: torch's work registry keeps the work of an AsyncCollectiveTensor
+// until a wait on it, forever for a result dropped unwaited, and a CPU call's work holds its
+// buffers (NOTE [work keeps its buffers]; the unpack into the output runs in wait()). So every CPU
+// async call's work is queued (pending()), and each later call from Python finishes those whose
+// exchange is over (in call order: the unpack, then the release), leaving a small registry entry
+// as torch's own functional collectives do (docs/reliability.md). A kept result reads the same;
+// its wait raises the call's error.
+class HostWork final : public c10d::Work {
+ public:
+  explicit HostWork(std::optional<PyWork> w) : work_(std::move(w)) {}
+  // Whether finish() would not block: no call left, or its tensors are released.
+  bool released() const { return !work_ || work_->work->tensors_released(); }
+  // Waits for the call once (its unpack into the output included) and lets go of it; a later
+  // wait raises what this one raised.
+  void finish() {
+    std::optional<PyWork> w;
+    w.swap(work_);
+    if (!w) return;
+    try {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release release;
+        w->wait_nogil();
+      } else {
+        w->wait_nogil();
+      }
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    py::gil_scoped_acquire gil;  // NOTE [python tensors outlive their op]
+    w.reset();
+  }
+  bool wait(std::chrono::milliseconds) override {
+    finish();
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+  // A CPU result has no stream to order: the first use waits on this thread (never the default's
+  // helper thread, which would need the interpreter this thread may hold).
+  void blockCurrentStream() override { wait(std::chrono::milliseconds(0)); }
+  bool isCompleted() override { return !work_ || work_->work->is_completed(); }
+
+ private:
+  std::optional<PyWork> work_;
+  std::exception_ptr error_;
+};
+
+std::deque<c10::intrusive_ptr<HostWork>>& pending() {
+  static auto* q = new std::deque<c10::intrusive_ptr<HostWork>>;  // guarded by the GIL
+  return *q;
+}
+
+// Finishes the queued CPU async calls whose exchange is over, in call order (GIL held).
+void finish_done() {
+  auto& q = pending();
+  while (!q.empty() && q.front()->released()) {
+    const c10::intrusive_ptr<HostWork> w = q.front();
+    q.pop_front();
+    w->finish();
+  }
+}
+
+class UlyssesAsync {
+ public:
+  static constexpr int kLendRing = 4;
+
+  UlyssesAsync(const PyTransport& t, int64_t group, std::string reason)
+      : t_(t.t), device_(t.device), group_(group), reason_(std::move(reason)) {}
+
+  at::Tensor call(const at::Tensor& x_in, int64_t mode, std::optional<at::Tensor> out,
+                  std::optional<std::vector<int64_t>> seq,
+                  std::optional<std::vector<int64_t>> heads, int64_t kv, bool lend,
+                  std::optional<at::ScalarType> wire) {
+    FASTCOMMS_CHECK(t_ != nullptr, kInvalidArgument, "UlyssesGroup: the group was destroyed");
+    check(x_in, mode, kv, lend, out.has_value());
+    const at::Tensor x = x_in.contiguous();
+    const bool summed = mode == 1 && kv > 1;
+    if (!x.is_cuda()) return call_host(x, mode, std::move(out), seq, heads, kv, summed, wire);
+    if (!lane_) {
+      {
+        py::gil_scoped_release release;
+        lane_ = t_->async_lane();
+      }
+      lane_id_ = groups().add(lane_);
+    }
+    if (!side_) {
+      // high priority: the async call's small barrier kernels get the next free SM ahead of a
+      // compute kernel's remaining blocks (the overlap it exists for); torch.cuda.Stream's
+      // priority -1, from the same pool
+      side_ = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getNewStream(x.device(), -1);
+    }
+    const c10::Stream s = *side_;
+    FASTCOMMS_CHECK(s.device() == x.device(), kInvalidArgument, where(*t_, kOp),
+                    "the side stream is on ", s.device().str(), ", x on ", x.device().str(),
+                    " (one group, one device)");
+    const UlyssesArgs a = make_args(mode, as_ref(seq), as_ref(heads), kv);
+    const auto [exch, result] = shapes(*lane_, concrete_shape(x), x.element_size(), a);
+    at::Tensor dst = lend ? lent(x, exch, a) : out ? *out : at::empty(result, x.options());
+    FASTCOMMS_CHECK(dst.is_cuda() && dst.device() == x.device(), kInvalidArgument, where(*t_, kOp),
+                    "the async CUDA call needs x and out on one CUDA device, got ",
+                    x.device().str(), " and ", dst.device().str());
+    c10::StreamGuard on_side(s);  // the side stream (and x's device) is current for the call
+    {
+      c10::Event ev(c10::DeviceType::CUDA);  // the side stream waits for the caller's
+      ev.record(on_side.original_stream());
+      ev.block(s);
+    }
+    x.record_stream(s);
+    dst.record_stream(s);
+    if (!summed && !wire) {
+      // the transport's call straight on the side stream (NOTE [host cost per call]); a dropped
+      // Work parks x and out until it is done (NOTE [python tensors outlive their op])
+      transport_call(*lane_, x, dst, a, s.native_handle());
+    } else if (wire) {  // NOTE [fp8 wire exchange]: the op's .fp8_out on the side stream
+      fp8_out_op().call(x, *lane_id_, mode, as_ref(seq), as_ref(heads), kv, wire, false,
+                        std::nullopt, dst);
+    } else {  // the replicas' sum too
+      out_op().call(x, *lane_id_, mode, as_ref(seq), as_ref(heads), kv, dst);
+    }
+    c10::Event done(c10::DeviceType::CUDA);
+    done.record(s);
+    c10d::register_work(dst, c10::make_intrusive<StreamEventWork>(std::move(done)));
+    release_finished();
+    return dst;
+  }
+
+  // The side stream as (stream_id, device_index, device_type), None before the first CUDA call.
+  py::object side_stream() const {
+    if (!side_) return py::none();
+    return py::make_tuple(side_->id(), side_->device_index(),
+                          static_cast<int>(side_->device_type()));
+  }
+
+  // (device bytes, calls) of the async lane where it is not the group's transport, and the lend
+  // ring's bytes.
+  py::tuple stats() const {
+    UlyssesMemoryStats lane{};
+    if (lane_ && lane_ != t_) lane = lane_->memory_stats();
+    int64_t ring = 0;
+    for (const auto& [dtype, r] : rings_)
+      for (const at::Tensor& b : r.bufs)
+        if (b.defined()) ring += b.numel();
+    return py::make_tuple(lane.device_bytes, lane.calls, ring);
+  }
+
+  void tune(const std::string& knob, const std::string& value) {
+    if (lane_) lane_->tune(knob, value);
+  }
+
+  // Releases the lane (collective on the NVLink transport, as the group's destroy), the ring and
+  // the stream; the group's own transport is the caller's. Not `collective` (a reconfigure or an
+  // abort, where a peer may be gone): this process lets go of them, no call to its peers.
+  void destroy(bool collective) {
+    rings_.clear();
+    side_.reset();
+    if (lane_id_) groups().remove(*lane_id_);
+    lane_id_.reset();
+    UlyssesTransportPtr lane = std::move(lane_);
+    lane_.reset();
+    if (collective && lane && lane != t_) {
+      py::gil_scoped_release release;
+      lane->destroy();
+    }
+    t_.reset();
+  }
+
+ private:
+  static constexpr const char* kOp = "all_to_all_4d_async";
+
+  // NOTE [async ulysses checks]: the async form's refusals, before anything is allocated or
+  // ordered. The form is no op (it returns an AsyncCollectiveTensor of a stream-ordered call), so
+  // these and the transport's are its checks; the messages are the op's.
+  void check(const at::Tensor& x, int64_t mode, int64_t kv, bool lend, bool has_out) const {
+    const std::string w = where(*t_, kOp);
+    if (at::GradMode::is_enabled() && x.requires_grad())
+      throw Error(ErrorCode::kUnsupported,
+                  w + "the async form is not differentiable; x requires grad under grad mode");
+    if (lend) {  // the ring's windows are NVLink windows of the exchange's own shape
+      FASTCOMMS_CHECK(!has_out, kInvalidArgument, w,
+                      "lend=True returns a buffer of the group's ring; out= cannot be given "
+                      "with it");
+      FASTCOMMS_CHECK(!(mode == 1 && kv > 1), kInvalidArgument, w,
+                      "lend=True with mode 1 and kv_replicas > 1 is not supported (the "
+                      "replicas are summed into a new tensor)");
+      const std::string kind = t_->kind();
+      FASTCOMMS_CHECK(kind == "nvlink", kInvalidArgument, w,
+                      "lend=True needs the NVLink transport; this group uses ",
+                      kind == "hierarchical" ? kind : std::string("collective"), " (", reason_,
+                      ")");
+    }
+    if (batched(x)) throw Error(ErrorCode::kUnsupported, w + kVmapRefusal);
+    check_x(*t_, x, kOp);
+    FASTCOMMS_CHECK(!x.is_meta(), kInvalidArgument, w,
+                    "x is a meta tensor (no data to move); use all_to_all_4d for shapes");
+  }
+
+  // CPU: the transport's own async path, whose completion (the unpack included) is the registered
+  // work's wait; a summed or FP8 call runs at once and hands back a done result.
+  at::Tensor call_host(const at::Tensor& x, int64_t mode, std::optional<at::Tensor> out,
+                       const std::optional<std::vector<int64_t>>& seq,
+                       const std::optional<std::vector<int64_t>>& heads, int64_t kv, bool summed,
+                       std::optional<at::ScalarType> wire) {
+    finish_done();
+    at::Tensor dst;
+    std::optional<PyWork> work;
+    if (wire) {
+      if (out)
+        dst = fp8_out_op().call(x, group_, mode, as_ref(seq), as_ref(heads), kv, wire, false,
+                                std::nullopt, *out);
+      else
+        dst = fp8_op().call(x, group_, mode, as_ref(seq), as_ref(heads), kv, wire, false,
+                            std::nullopt)[0];
+    } else if (summed) {
+      dst = out ? out_op().call(x, group_, mode, as_ref(seq), as_ref(heads), kv, *out)
+                : op().call(x, group_, mode, as_ref(seq), as_ref(heads), kv);
+    } else {
+      UlyssesArgs a = make_args(mode, as_ref(seq), as_ref(heads), kv);
+      dst =
+          out ? *out
+              : at::empty(shapes(*t_, concrete_shape(x), x.element_size(), a).second, x.options());
+      a.async_op = true;
+      work = transport_call(*t_, x, dst, a);
+    }
+    const bool queued = work.has_value();
+    auto registered = c10::make_intrusive<HostWork>(std::move(work));
+    c10d::register_work(dst, registered);
+    if (queued) pending().push_back(std::move(registered));
+    release_finished();
+    return dst;
+  }
+
+  // One ring per dtype of kLendRing windows, grown (never shrunk) to the largest call; a window
+  // whose storage has more users than the ring's own reference backs a live result.
+  struct Ring {
+    std::array<at::Tensor, kLendRing> bufs;
+    int next = 0;
+  };
+
+  at::Tensor lent(const at::Tensor& x, const std::vector<int64_t>& shape, const UlyssesArgs& a) {
+    Ring& ring = rings_[x.scalar_type()];
+    const int k = ring.next;
+    const int64_t need =
+        std::max<int64_t>(16, lane_->max_out_bytes(concrete_shape(x), x.element_size(), a));
+    at::Tensor& buf = ring.bufs[k];
+    if (buf.defined() && buf.storage().use_count() > 1)
+      throw Error(ErrorCode::kUnsupported,
+                  detail::cat(where(*t_, "all_to_all_4d_async(lend=True)"), "the ring's ",
+                              kLendRing, " torch.", dtype_str(x.scalar_type()),
+                              " windows all back live results (the next one, window ", k,
+                              ", is still referenced or was never waited on); release a lent "
+                              "result (drop it after using it) before lending another, or pass "
+                              "out="));
+    ring.next = (k + 1) % kLendRing;
+    if (!buf.defined() || buf.numel() < need) {  // grow-only; every rank grows at the same call
+      buf = at::Tensor();
+      std::shared_ptr<void> mem;
+      {
+        py::gil_scoped_release release;
+        mem = lane_->empty_output(need);
+      }
+      FASTCOMMS_CHECK(mem != nullptr && device_.type == DeviceType::kCUDA, kInternal,
+                      where(*t_, kOp), "the async lane gave no window to lend");
+      buf = torch::from_blob(
+          mem.get(), {need}, [mem](void*) {},
+          at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_.index));
+    }
+    int64_t numel = 1;
+    for (const int64_t n : shape) numel *= n;
+    return buf.view(x.scalar_type()).narrow(0, 0, numel).view(shape);
+  }
+
+  UlyssesTransportPtr t_;  // the group's transport (its id: group_)
+  Device device_;
+  int64_t group_;
+  std::string reason_;
+  UlyssesTransportPtr lane_;
+  std::optional<int64_t> lane_id_;
+  std::optional<c10::Stream> side_;
+  std::map<at::ScalarType, Ring> rings_;
+};
+
 // -- the collective path over a torch.distributed ProcessGroup -----------------------------------
 // The plan's split sizes, torch ops for the relayout, and the group's own all_to_all_single:
 // permute + all_to_all_single + permute, as the reference (API.md §2).
@@ -654,6 +981,7 @@ void bind_ulysses_op(py::module_& m) {
       "ulysses_all_to_all_4d",
       [](const at::Tensor& x, int64_t group, int64_t mode, std::optional<std::vector<int64_t>> seq,
          std::optional<std::vector<int64_t>> heads, int64_t kv) {
+        finish_done();  // NOTE [dropped async results]
         at::Tensor y = op().call(x, group, mode, as_ref(seq), as_ref(heads), kv);
         release_finished();  // what earlier async calls left parked
         return y;
@@ -678,6 +1006,7 @@ void bind_ulysses_op(py::module_& m) {
       [](const at::Tensor& x, at::Tensor out, int64_t group, int64_t mode,
          std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
          int64_t kv) {
+        finish_done();  // NOTE [dropped async results]
         out_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, out);
         release_finished();
         return out;
@@ -690,6 +1019,7 @@ void bind_ulysses_op(py::module_& m) {
       [](const at::Tensor& x, int64_t group, int64_t mode, std::optional<std::vector<int64_t>> seq,
          std::optional<std::vector<int64_t>> heads, int64_t kv, std::optional<at::ScalarType> wire,
          bool return_scales, std::optional<at::ScalarType> grad_wire) {
+        finish_done();  // NOTE [dropped async results]
         auto y = fp8_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, wire, return_scales,
                                grad_wire);
         release_finished();
@@ -704,6 +1034,7 @@ void bind_ulysses_op(py::module_& m) {
          std::optional<std::vector<int64_t>> seq, std::optional<std::vector<int64_t>> heads,
          int64_t kv, std::optional<at::ScalarType> wire, bool return_scales,
          std::optional<at::ScalarType> grad_wire) {
+        finish_done();  // NOTE [dropped async results]
         fp8_out_op().call(x, group, mode, as_ref(seq), as_ref(heads), kv, wire, return_scales,
                           grad_wire, out);
         release_finished();
@@ -712,39 +1043,18 @@ void bind_ulysses_op(py::module_& m) {
       py::arg("x"), py::arg("out"), py::arg("group"), py::arg("mode"), py::arg("seq"),
       py::arg("heads"), py::arg("kv_replicas"), py::arg("wire_dtype"),
       py::arg("return_scales") = false, py::arg("grad_wire_dtype") = py::none());
-  // NOTE [async ulysses checks]: the async form's refusals, before anything is allocated or
-  // ordered. The form is no op (it returns an AsyncCollectiveTensor of a stream-ordered call), so
-  // these and the transport's are its checks; the messages are the op's.
-  m.def(
-      "ulysses_async_check",
-      [](int64_t group, const at::Tensor& x, int64_t mode, int64_t kv, bool lend, bool has_out,
-         const std::string& reason) {
-        const UlyssesTransportPtr t = groups().get(group);
-        const char* op = "all_to_all_4d_async";
-        const std::string w = where(*t, op);
-        if (at::GradMode::is_enabled() && x.requires_grad())
-          throw Error(ErrorCode::kUnsupported,
-                      w + "the async form is not differentiable; x requires grad under grad mode");
-        if (lend) {  // the ring's windows are NVLink windows of the exchange's own shape
-          FASTCOMMS_CHECK(!has_out, kInvalidArgument, w,
-                          "lend=True returns a buffer of the group's ring; out= cannot be given "
-                          "with it");
-          FASTCOMMS_CHECK(!(mode == 1 && kv > 1), kInvalidArgument, w,
-                          "lend=True with mode 1 and kv_replicas > 1 is not supported (the "
-                          "replicas are summed into a new tensor)");
-          const std::string kind = t->kind();
-          FASTCOMMS_CHECK(kind == "nvlink", kInvalidArgument, w,
-                          "lend=True needs the NVLink transport; this group uses ",
-                          kind == "hierarchical" ? kind : std::string("collective"), " (", reason,
-                          ")");
-        }
-        if (batched(x)) throw Error(ErrorCode::kUnsupported, w + kVmapRefusal);
-        check_x(*t, x, op);
-        FASTCOMMS_CHECK(!x.is_meta(), kInvalidArgument, w,
-                        "x is a meta tensor (no data to move); use all_to_all_4d for shapes");
-      },
-      py::arg("group"), py::arg("x"), py::arg("mode"), py::arg("kv_replicas"), py::arg("lend"),
-      py::arg("has_out"), py::arg("transport_reason"));
+  // The async form, one per group (UlyssesGroup._async; NOTE [async ulysses in c++]).
+  py::class_<UlyssesAsync>(m, "UlyssesAsync")
+      .def(py::init<const PyTransport&, int64_t, std::string>(), py::arg("transport"),
+           py::arg("group"), py::arg("transport_reason"))
+      .def_property_readonly_static("LEND_RING", [](py::object) { return UlyssesAsync::kLendRing; })
+      .def("call", &UlyssesAsync::call, py::arg("x"), py::arg("mode"), py::arg("out"),
+           py::arg("seq"), py::arg("heads"), py::arg("kv_replicas"), py::arg("lend"),
+           py::arg("wire_dtype"))
+      .def("side_stream", &UlyssesAsync::side_stream)
+      .def("stats", &UlyssesAsync::stats)
+      .def("tune", &UlyssesAsync::tune, py::arg("knob"), py::arg("value"))
+      .def("destroy", &UlyssesAsync::destroy, py::arg("collective") = true);
   // The collective path over a torch.distributed ProcessGroup.
   m.def("process_group_transport", [](c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
                                       int device_index) {

@@ -77,6 +77,11 @@ def _worker(rank, size, path, errq):
         _all_reduce_ok(comm, size)
         with pytest.raises(RuntimeError, match="used before"):
             comm.reconfigure(0, hs, TIMEOUT)
+        # NOTE [communicator attachments]: the communicator's UlyssesGroup (its async lane and lend
+        # ring) is released by each reconfigure and made anew over the next configuration
+        g = comm._ulysses_group
+        x = torch.arange(2 * size * 4, dtype=torch.float32).reshape(2, 1, size, 4)
+        assert torch.equal(g.all_to_all_4d_async(x).wait(), g.all_to_all_4d(x))
         # hooks written in C++ (the flight recorder, the NaN check) move with every reconfigure
         from fastcomms.hooks import FlightRecorderHook, NanCheckHook
 
@@ -99,12 +104,18 @@ def _worker(rank, size, path, errq):
             comm.reconfigure(2, survivors, TIMEOUT).wait()
             assert comm.get_rank() == sorted(survivors).index(mine)
             _all_reduce_ok(comm, size - 1)
+            assert g.transport == "destroyed" and comm._ulysses_group is not g
+            y = comm._ulysses_group.all_to_all_4d_async(x[:, :, : size - 1]).wait()
+            assert y.shape == (2, size - 1, 1, 4)
             b = torch.full((3,), float(rank))
             comm.broadcast(b, 0, False)
             assert torch.equal(b, torch.full((3,), float(hs.index(sorted(survivors)[0]))))
         # grow back: the left-out rank joins with a uuid it has not used
         comm.reconfigure(ropts(3, hs)).wait()
         assert comm.get_rank() == rank
+        assert g.transport == "destroyed"
+        want = x[:, :, rank : rank + 1].repeat(1, size, 1, 1)  # every rank sends the same x
+        assert torch.equal(comm._ulysses_group.all_to_all_4d_async(x).wait(), want)
         n = fr.size()
         _all_reduce_ok(comm, size)
         assert fr.size() > n, "the flight recorder lost the communicator reconfigure made"

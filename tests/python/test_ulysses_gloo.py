@@ -286,8 +286,14 @@ def async_and_transport(comm, rank, size):
         ValueError, match="transport must be auto, nvlink, hierarchical or collective"
     ):
         UlyssesGroup(comm, transport="p2p")
-    assert g.memory_stats()["device_bytes"] == 0
+    stats = g.memory_stats()
+    assert stats["device_bytes"] == 0 and stats["lend_ring_bytes"] == 0, stats
+    # NOTE [async ulysses in c++]: the ring's size and the side stream are the C++ object's (no
+    # side stream for CPU calls)
+    assert g.LEND_RING == 4 and g._astream is None
     g.destroy()
+    with pytest.raises(ValueError, match="the group was destroyed"):
+        g.all_to_all_4d_async(x, seq_splits=seq, head_splits=heads)
 
 
 def test_async_and_transport_selection(world):
