@@ -483,7 +483,7 @@ struct ExpertStep {
 };
 
 // Grid: each received pair's key (its local expert, -1 for none), for the rows received.
-__global__ void expert_keys_kernel(ExpertStep st) {
+__global__ void __launch_bounds__(kThreads) expert_keys_kernel(ExpertStep st) {
   const plan::MoePlanExpert& a = st.a;
   const int64_t n = st.elements();
   const int64_t k = a.k;

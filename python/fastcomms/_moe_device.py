@@ -22,7 +22,7 @@ operands), computed without reading a value on the host:
   source rank, source position, slot (NOTE [moe row order]); counts are a scatter_add of ones;
 - combine: the reverse path, the rows sent back in arrival order and put into their home slots by
   the permutation the collective's ``slot_order`` is.
-The plan is three one-block kernels on CUDA (NOTE [moe plan kernels]: home, send, expert; a
+The plan is three steps of kernels on CUDA (NOTE [moe plan kernels]: home, send, expert; a
 handful of launches where the torch plan was some 700 ops on the host) and the torch functions
 ``home_torch``, ``send_torch`` and ``expert_torch`` on CPU and past the kernels' sizes, with the
 same results (test_moe_device_gpu compares them on random routing). Rows are moved by the row

@@ -563,10 +563,11 @@ class ExpertParallelGroup(_Scoped):
             weights = torch.ones((plan.tokens, plan.k), device=self.device)
         x_dtype = handle._x_dtype
         t = self._transport
+        grad = torch.is_grad_enabled()  # the call's, not the wait's (an async combine)
         if (
             t.name == "device"
             and y.is_cuda
-            and not (torch.is_grad_enabled() and weights.requires_grad)
+            and not (grad and weights.requires_grad)
             and y.dtype in _ROW_KERNEL_DTYPES
             and x_dtype in _ROW_KERNEL_DTYPES
         ):
@@ -581,8 +582,8 @@ class ExpertParallelGroup(_Scoped):
                 w = weights.detach().float().masked_fill(plan.owner < 0, 0).contiguous()
                 out = torch.empty((plan.tokens, self.hidden), dtype=x_dtype, device=self.device)
                 _C._moe_weighted_sum(out, recv, slot_src, w)
-                if torch.is_grad_enabled() and y.requires_grad:
-                    out = _Combine.apply(y, weights, [out, None], handle)
+                if grad and y.requires_grad:  # (the weights' gradient: not on this path)
+                    out = _Combine.apply(y, weights.detach(), [out, None], handle)
                 return out
 
             work = MoEWork(pending, finish_indexed)

@@ -719,10 +719,13 @@ class UlyssesAsync {
     FASTCOMMS_CHECK(dst.is_cuda() && dst.device() == x.device(), kInvalidArgument, where(*t_, kOp),
                     "the async CUDA call needs x and out on one CUDA device, got ",
                     x.device().str(), " and ", dst.device().str());
+    // the caller's current stream on x's device (not the current device's: a caller under
+    // another device's guard, or that never set one, still orders x's producers before the call)
+    const c10::Stream caller = torch_current_stream(x.device().index());
     c10::StreamGuard on_side(s);  // the side stream (and x's device) is current for the call
     {
       c10::Event ev(c10::DeviceType::CUDA);  // the side stream waits for the caller's
-      ev.record(on_side.original_stream());
+      ev.record(caller);
       ev.block(s);
     }
     x.record_stream(s);

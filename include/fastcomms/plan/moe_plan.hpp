@@ -3,7 +3,7 @@
 
 /// @file
 /// NOTE [moe plan kernels]: the routing plan of the MoE device transport
-/// (python/fastcomms/_moe_device.py, NOTE [moe device transport]) in three one-block kernels
+/// (python/fastcomms/_moe_device.py, NOTE [moe device transport]) in three steps of kernels
 /// instead of some 700 torch ops, so an eager dispatch costs a handful of launches on the host.
 /// The results are those of the torch plan in the same file, field for field (the GPU test
 /// compares the two on random routing), so the rows, their order and every refusal stay bit for
