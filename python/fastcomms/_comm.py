@@ -137,28 +137,35 @@ class TorchComm(_OpaqueBase):
         self._options = options or CommOptions()
         self._key = next(_keys)
         # NOTE [one hook registry]: the hooks this communicator registered with its C++ one,
-        # key -> [kind, callback, remover], kept to move them to the one reconfigure makes
+        # key -> [kind, callback, remover, the kind asked for], kept to move them to the one
+        # reconfigure makes
         self._hooks: dict[int, list] = {}
         self._cpp_hooks: dict[int, object] = {}  # key -> attach(c), C++ hooks (_attach_cpp)
         self._hooked = False  # a pre/post hook or an observer is registered
+        self._unhooked = (
+            None  # the C++ communicator while nothing is (NOTE [compiled calls in C++])
+        )
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
         self._attached: dict[str, object] = {}  # NOTE [communicator attachments]
         self._refresh_fast()
         (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
     def _refresh_fast(self) -> None:
-        """NOTE [process group fast path]: the C++ communicator a process group may call directly,
-        or None while Python must see every op (hooks, observers, or a Python backend)."""
-        c = self._c
-        self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
-        self._fast = c if not self._hooked and isinstance(c, _C.Comm) else None
+        """NOTE [process group fast path]: the C++ communicator a process group may call directly
+        (its Python pre- and post-hooks see the call there: NOTE [hooks on the fast path]), or
+        None while Python must see every op (observers, or a Python backend)."""
+        c = self._c if isinstance(self._c, _C.Comm) else None
+        kinds = {h[3] for h in self._hooks.values()}
+        self._hooked = bool(kinds - {"abort"})
+        self._fast = None if "observe" in kinds else c
+        self._unhooked = None if self._hooked else c
 
     def _rebind(self, c) -> None:
         """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it, and so do the
         C++ hooks attached through _attach_cpp (the flight recorder, the NaN check)."""
         self._c = c
         for h in self._hooks.values():
-            h[2] = getattr(c, f"register_{h[0]}_hook")(h[1])
+            h[2] = self._register(h[0], h[1])
         if isinstance(c, _C.Comm):
             for attach in list(self._cpp_hooks.values()):
                 attach(c)
@@ -335,13 +342,22 @@ class TorchComm(_OpaqueBase):
         (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
         return self._add_hook("observe", fn)
 
+    def _register(self, kind: str, cb):
+        """``cb`` in the C++ registry (the Shim's for a Python backend); its remover. A C++
+        communicator's pre/post callbacks get the fast path's arguments too (NOTE [hooks on the
+        fast path])."""
+        register = getattr(self._c, f"register_{kind}_hook")
+        return (
+            register(cb, True) if kind != "abort" and isinstance(self._c, _C.Comm) else register(cb)
+        )
+
     def _add_hook(self, kind: str, fn) -> RemovableHandle:
         if not callable(fn):
             raise _TypeError(f"a hook must be callable, got {type(fn).__name__}")
         keys = []
         for k, cb in _ops.callbacks(self._key, kind, fn):
             keys.append(next(_keys))
-            self._hooks[keys[-1]] = [k, cb, getattr(self._c, f"register_{k}_hook")(cb)]
+            self._hooks[keys[-1]] = [k, cb, self._register(k, cb), kind]
         self._refresh_fast()
 
         def remove():

@@ -19,7 +19,7 @@ import typing
 
 from . import _device_a2av, _hook_types
 from ._hook_types import POST_OF, OpName, SplitPostHookArgs
-from ._options import _ms, _op
+from ._options import ReduceOp, _ms, _op
 from ._work import TorchWork
 
 Method = typing.Callable[..., TorchWork]  # a method of OPS, as type checkers see it
@@ -153,9 +153,12 @@ def methods(namespace: dict) -> dict[str, typing.Callable]:
 # so a communicator without hooks pays one attribute test per call) and builds torchcomms'
 # argument objects from it, once per call for all hooks. Post-hooks run as the C++ side reports
 # them, deferred to the moment the method has its result: split's post args carry the
-# communicator it made, and observers (``TorchComm._observe``) get the TorchWork. An op the C++
-# side issues for itself (a Ulysses transport's collective) has no call in flight: Python hooks
-# skip it, though it takes an op id.
+# communicator it made, and observers (``TorchComm._observe``) get the TorchWork. An op the
+# process group's C++ path issues (NOTE [process group fast path]) has no call in flight but
+# hands its arguments to the hooks itself (NOTE [hooks on the fast path]), so pre- and post-hooks
+# leave that path on; observers, which need the TorchWork, turn it off. An op the C++ side issues
+# for itself (a Ulysses transport's collective) has neither: Python hooks skip it, though it
+# takes an op id.
 _calls = threading.local()
 
 
@@ -203,7 +206,7 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
         return [("abort", fn)]
 
     def on_call(act):  # a callback that acts on the call in flight, where there is one
-        def cb(_name, op_id, _async_op):
+        def cb(_name, op_id, _async_op, _fast=None):
             call = getattr(_calls, "call", None)
             if call is not None and call.key == key:
                 act(call, op_id)
@@ -211,14 +214,41 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
         return cb
 
     if kind == "pre":
-        return [("pre", on_call(lambda call, op_id: fn(call.name, op_id, call.args)))]
+
+        def pre(name, op_id, async_op, fast=None):
+            if fast is not None:  # NOTE [hooks on the fast path]
+                fn(OpName(name), op_id, fast_pre_args(name, async_op, fast))
+                return
+            call = getattr(_calls, "call", None)
+            if call is not None and call.key == key:
+                fn(call.name, op_id, call.args)
+
+        return [("pre", pre)]
     if kind == "post":
-        return [("post", on_call(lambda c, op_id: c.posted.append(functools.partial(fn, op_id))))]
+
+        def post(name, op_id, async_op, fast=False):
+            if fast:  # NOTE [hooks on the fast path]: issued; no Python method waits for it
+                fn(op_id, POST_OF[OpName(name)]())
+                return
+            call = getattr(_calls, "call", None)
+            if call is not None and call.key == key:
+                call.posted.append(functools.partial(fn, op_id))
+
+        return [("post", post)]
     timed = on_call(lambda c, op_id: c.timed_out.append(functools.partial(fn, "timeout", op_id)))
     issued = on_call(
         lambda c, op_id: c.issued.append(functools.partial(_observe_issued, fn, op_id))
     )
     return [("pre", timed), ("post", issued)]
+
+
+def fast_pre_args(name: str, async_op: bool, fast: tuple):
+    """NOTE [hooks on the fast path]: the ``<Op>PreHookArgs`` of an op the process group's C++
+    path issued, from its (tensor or output, input or None, (RedOpType, factor) or None)."""
+    a, b, red = fast
+    cls = getattr(_hook_types, f"{_hook_types._camel(name)}PreHookArgs")
+    op = () if red is None else (ReduceOp(*red),)
+    return cls(a, async_op, *op) if b is None else cls(b, a, async_op, *op)
 
 
 def _observe_issued(fn, op_id: int, result) -> None:
