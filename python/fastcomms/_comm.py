@@ -137,11 +137,10 @@ class TorchComm(_OpaqueBase):
         self._options = options or CommOptions()
         self._key = next(_keys)
         # NOTE [one hook registry]: the hooks this communicator registered with its C++ one,
-        # key -> [kind, callback, remover, the kind asked for], kept to move them to the one
-        # reconfigure makes
+        # key -> [kind, callback, remover], kept to move them to the one reconfigure makes
         self._hooks: dict[int, list] = {}
         self._cpp_hooks: dict[int, object] = {}  # key -> attach(c), C++ hooks (_attach_cpp)
-        self._hooked = False  # a pre/post hook or an observer is registered
+        self._hooked = False  # a pre- or post-hook is registered
         self._unhooked = (
             None  # the C++ communicator while nothing is (NOTE [compiled calls in C++])
         )
@@ -153,11 +152,10 @@ class TorchComm(_OpaqueBase):
     def _refresh_fast(self) -> None:
         """NOTE [process group fast path]: the C++ communicator a process group may call directly
         (its Python pre- and post-hooks see the call there: NOTE [hooks on the fast path]), or
-        None while Python must see every op (observers, or a Python backend)."""
+        None for a Python backend."""
         c = self._c if isinstance(self._c, _C.Comm) else None
-        kinds = {h[3] for h in self._hooks.values()}
-        self._hooked = bool(kinds - {"abort"})
-        self._fast = None if "observe" in kinds else c
+        self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
+        self._fast = c
         self._unhooked = None if self._hooked else c
 
     def _rebind(self, c) -> None:
@@ -337,11 +335,6 @@ class TorchComm(_OpaqueBase):
         that ``abort_process_on_timeout_or_error`` triggers."""
         return self._add_hook("abort", fn)
 
-    def _observe(self, fn) -> RemovableHandle:
-        """fastcomms.hooks' flight recorder: ``fn(event, op_id, payload)``, event "issued"
-        (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
-        return self._add_hook("observe", fn)
-
     def _register(self, kind: str, cb):
         """``cb`` in the C++ registry (the Shim's for a Python backend); its remover. A C++
         communicator's pre/post callbacks get the fast path's arguments too (NOTE [hooks on the
@@ -357,7 +350,7 @@ class TorchComm(_OpaqueBase):
         keys = []
         for k, cb in _ops.callbacks(self._key, kind, fn):
             keys.append(next(_keys))
-            self._hooks[keys[-1]] = [k, cb, self._register(k, cb), kind]
+            self._hooks[keys[-1]] = [k, cb, self._register(k, cb)]
         self._refresh_fast()
 
         def remove():

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "binding.hpp"
+#include "fastcomms/core/clog.hpp"
 #include "fastcomms/core/flight_recorder.hpp"
 #include "py_common.hpp"
 
@@ -124,10 +125,24 @@ void bind_flight_recorder(py::module_& m) {
       });
 }
 
+void bind_clog(py::module_& m) {
+  py::class_<Clog, std::shared_ptr<Clog>>(m, "Clog", "NOTE [clog]; fastcomms.hooks.clog wraps it.")
+      .def(py::init([](const std::string& path, bool start, bool end, bool waited, bool buffers) {
+             return std::make_shared<Clog>(path, Clog::Options{start, end, waited, buffers});
+           }),
+           py::arg("path"), py::arg("start"), py::arg("end"), py::arg("waited"), py::arg("buffers"))
+      .def(
+          "attach", [](Clog& l, const PyComm& c) { l.attach(c.comm); },
+          "Logs the communicator's ops from now on (writes its new_comm line).")
+      .def("detach", &Clog::detach, py::call_guard<py::gil_scoped_release>())
+      .def("close", &Clog::close, py::call_guard<py::gil_scoped_release>());
+}
+
 }  // namespace
 
 void bind_hooks(py::module_& m) {
   bind_flight_recorder(m);
+  bind_clog(m);
   reopen<PyComm>(m, "Comm")
       .def(
           "register_pre_hook",
