@@ -1,13 +1,14 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-"""Host cost of a communicator call with and without a flight recorder (issue 54, item 3): a loop
+"""Host cost of a communicator call with and without hooks (issue 54, item 3): a loop
 of ``--calls`` ``comm.all_reduce(t, ReduceOp.SUM, False)`` on a 1-element float32 CPU tensor at
 world 1 over gloo (``eager``), and the same through the communicator's torch.distributed process
 group, ``dist.all_reduce(t, group=pg)`` (``pg``: NOTE [process group fast path]), each with no
-hook and with a ``FlightRecorderHook`` registered (``+fr``). Each ``--tree`` is
+hook, with a ``FlightRecorderHook`` registered (``+fr``) and with a Python pre-hook that does
+nothing (``+hook``: NOTE [hooks on the fast path]). Each ``--tree`` is
 ``name=package_dir:build_dir`` (the ``fastcomms`` package and the build holding its extension);
 the trees run in turn, one process per tree and round, interleaved, and inside a process the
-four kinds alternate loop by loop. The table gives the median over every timed loop, µs per
-call, and the ratio with a recorder to without.
+kinds alternate loop by loop. The table gives the median over every timed loop, µs per call,
+and the ratios with a hook to without.
 
 Usage: python3 tools/bench_hook_cost.py --tree before=/work/main/python:/work/main/build/python \\
        --tree after=python:build/python [--rounds 5] [--calls 2000] [--loops 3]"""
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 
-KINDS = ("eager", "eager+fr", "pg", "pg+fr")
+KINDS = ("eager", "eager+fr", "eager+hook", "pg", "pg+fr", "pg+hook")
 
 
 def child(calls: int, loops: int) -> None:
@@ -55,13 +56,17 @@ def child(calls: int, loops: int) -> None:
             loop(fn)
         for _ in range(loops):
             for kind in KINDS:
-                fr = None
+                fr = hook = None
                 if kind.endswith("+fr"):
                     fr = FlightRecorderHook(max_entries=2048)
                     fr.register_with_comm(comm)
+                if kind.endswith("+hook"):
+                    hook = comm.register_pre_hook(lambda name, op_id, args: None)
                 out[kind].append(loop(eager if kind.startswith("eager") else via_pg))
                 if fr is not None:
                     fr.unregister()
+                if hook is not None:
+                    hook.remove()
         comm.finalize()
     print(json.dumps(out))
 
@@ -88,13 +93,16 @@ def main() -> None:
             res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
             for k, v in res.items():
                 got[name][k] += v
-    print("| tree | " + " | ".join(KINDS) + " | eager+fr / eager | pg+fr / pg |")
-    print("|---" * (len(KINDS) + 3) + "|")
+    ratios = [(f"{k}+{h}", k) for h in ("fr", "hook") for k in ("eager", "pg")]
+    print(
+        "| tree | " + " | ".join(KINDS) + " | " + " | ".join(f"{a} / {b}" for a, b in ratios) + " |"
+    )
+    print("|---" * (len(KINDS) + len(ratios) + 1) + "|")
     for name, res in got.items():
         med = {k: statistics.median(v) for k, v in res.items()}
         cells = " | ".join(f"{med[k]:.1f}" for k in KINDS)
-        r1, r2 = med["eager+fr"] / med["eager"], med["pg+fr"] / med["pg"]
-        print(f"| {name} | {cells} | {r1:.2f}x | {r2:.2f}x |")
+        rs = " | ".join(f"{med[a] / med[b]:.2f}x" for a, b in ratios)
+        print(f"| {name} | {cells} | {rs} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesAsync', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Clog', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_async_check', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -204,10 +204,14 @@ class Comm:
         ...
     def register_abort_hook(self, arg0: collections.abc.Callable) -> collections.abc.Callable:
         ...
-    def register_post_hook(self, arg0: collections.abc.Callable) -> collections.abc.Callable:
-        ...
-    def register_pre_hook(self, arg0: collections.abc.Callable) -> collections.abc.Callable:
-        ...
+    def register_post_hook(self, fn: collections.abc.Callable, fast: bool = False) -> collections.abc.Callable:
+        """
+        fn(name, op_id, async_op), and with `fast` whether it is a fast-path op.
+        """
+    def register_pre_hook(self, fn: collections.abc.Callable, fast: bool = False) -> collections.abc.Callable:
+        """
+        fn(name, op_id, async_op), and with `fast` a fast-path op's arguments or None (NOTE [hooks on the fast path]).
+        """
     def scatter(self, arg0: torch.Tensor, arg1: collections.abc.Sequence[torch.Tensor], arg2: typing.SupportsInt, arg3: bool, arg4: datetime.timedelta | None, arg5: collections.abc.Mapping[str, str] | None) -> Work:
         ...
     def select_transport(self, arg0: str, arg1: bool) -> tuple:
@@ -259,6 +263,20 @@ class FlightRecorder:
         ...
     def size(self) -> int:
         ...
+class Clog:
+    """
+    NOTE [clog]; fastcomms.hooks.clog wraps it.
+    """
+    def __init__(self, path: str, start: bool, end: bool, waited: bool, buffers: bool) -> None:
+        ...
+    def attach(self, arg0: Comm) -> None:
+        """
+        Logs the communicator's ops from now on (writes its new_comm line).
+        """
+    def close(self) -> None:
+        ...
+    def detach(self) -> None:
+        ...
 class NanCheck:
     """
     NOTE [NaN check on the device]; fastcomms.hooks.NanCheckHook wraps it.
@@ -301,6 +319,8 @@ class Window:
 class UlyssesTransport:
     def all_to_all_4d(self, x: torch.Tensor, out: torch.Tensor, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, async_op: bool, kv_replicas: typing.SupportsInt = 1) -> Work:
         ...
+    def all_to_all_4d_on(self, x: torch.Tensor, out: torch.Tensor, side: typing.Any, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> Work:
+        ...
     def async_lane(self) -> UlyssesTransport:
         ...
     def check_errors(self) -> None:
@@ -319,20 +339,6 @@ class UlyssesTransport:
         ...
     @property
     def kind(self) -> str:
-        ...
-class UlyssesAsync:
-    LEND_RING: typing.ClassVar[int] = 4
-    def __init__(self, transport: UlyssesTransport, group: typing.SupportsInt, transport_reason: str) -> None:
-        ...
-    def call(self, x: torch.Tensor, mode: typing.SupportsInt, out: torch.Tensor | None, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, lend: bool, wire_dtype: torch.dtype | None) -> torch.Tensor:
-        ...
-    def destroy(self, collective: bool = True) -> None:
-        ...
-    def side_stream(self) -> typing.Any:
-        ...
-    def stats(self) -> tuple:
-        ...
-    def tune(self, knob: str, value: str) -> None:
         ...
 class ForwardingBackend(torch._C._distributed_c10d.Backend):
     def get_comm(self) -> typing.Any:
@@ -405,6 +411,20 @@ def _moe_gather_rows(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, 
     """
 def _moe_has_row_kernels() -> bool:
     ...
+def _moe_plan_expert(arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: torch.Tensor, arg3: typing.SupportsInt, arg4: typing.SupportsInt, arg5: typing.SupportsInt, arg6: bool) -> tuple:
+    """
+    The expert side of the plan from the received metadata: (counts, row_tok, row_slot, row_keep, back_rows, rows_from, row_total, row_w, src, row_scales or None)
+    """
+def _moe_plan_fits(ranks: typing.SupportsInt, local_experts: typing.SupportsInt) -> bool:
+    ...
+def _moe_plan_home(arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: typing.SupportsInt, arg4: typing.SupportsInt, arg5: typing.SupportsInt, arg6: typing.SupportsInt, arg7: typing.SupportsInt) -> tuple:
+    """
+    The home side of the routing plan: (head (P, 5), owner, local, send_tok, send_dest)
+    """
+def _moe_plan_send(arg0: torch.Tensor, arg1: torch.Tensor, arg2: torch.Tensor, arg3: torch.Tensor, arg4: torch.Tensor, arg5: torch.Tensor, arg6: torch.Tensor | None, arg7: torch.Tensor | None, arg8: torch.Tensor, arg9: torch.Tensor, arg10: typing.SupportsInt) -> tuple:
+    """
+    The plan after the header exchange: (send_splits, recv_splits, back_splits, slot_src, send_total); the metadata written into send[:, row_bytes:]
+    """
 def _moe_weighted_sum(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor | None, w: torch.Tensor) -> None:
     """
     out[t] = sum_j w[t, j] * src[index[t * k + j]] in float32, slot order, no FMA
@@ -413,6 +433,8 @@ def _register_comm_call(arg0: typing.Any) -> None:
     """
     Registers comm_call_'s kernel (NOTE [compiled calls in C++])
     """
+def _register_stream_completion(arg0: torch.Tensor, arg1: typing.Any) -> None:
+    ...
 def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
@@ -470,6 +492,8 @@ def ulysses_all_to_all_4d_fp8(x: torch.Tensor, group: typing.SupportsInt, mode: 
 def ulysses_all_to_all_4d_fp8_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, wire_dtype: torch.dtype | None, return_scales: bool = False, grad_wire_dtype: torch.dtype | None = None) -> torch.Tensor:
     ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
+    ...
+def ulysses_async_check(group: typing.SupportsInt, x: torch.Tensor, mode: typing.SupportsInt, kv_replicas: typing.SupportsInt, lend: bool, has_out: bool, transport_reason: str) -> None:
     ...
 def ulysses_geometry(shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, rank: typing.SupportsInt, size: typing.SupportsInt, kv_replicas: typing.SupportsInt = 1) -> tuple:
     ...

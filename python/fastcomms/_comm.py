@@ -143,25 +143,30 @@ class TorchComm(_OpaqueBase):
         # key -> [kind, callback, remover], kept to move them to the one reconfigure makes
         self._hooks: dict[int, list] = {}
         self._cpp_hooks: dict[int, object] = {}  # key -> attach(c), C++ hooks (_attach_cpp)
-        self._hooked = False  # a pre/post hook or an observer is registered
+        self._hooked = False  # a pre- or post-hook is registered
+        self._unhooked = (
+            None  # the C++ communicator while nothing is (NOTE [compiled calls in C++])
+        )
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
         self._attached: dict[str, object] = {}  # NOTE [communicator attachments]
         self._refresh_fast()
         (_compiled or _load_compiled()).ensure_token(device)  # NOTE [compiled communicator methods]
 
     def _refresh_fast(self) -> None:
-        """NOTE [process group fast path]: the C++ communicator a process group may call directly,
-        or None while Python must see every op (hooks, observers, or a Python backend)."""
-        c = self._c
+        """NOTE [process group fast path]: the C++ communicator a process group may call directly
+        (its Python pre- and post-hooks see the call there: NOTE [hooks on the fast path]), or
+        None for a Python backend."""
+        c = self._c if isinstance(self._c, _C.Comm) else None
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
-        self._fast = c if not self._hooked and isinstance(c, _C.Comm) else None
+        self._fast = c
+        self._unhooked = None if self._hooked else c
 
     def _rebind(self, c) -> None:
         """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it, and so do the
         C++ hooks attached through _attach_cpp (the flight recorder, the NaN check)."""
         self._c = c
         for h in self._hooks.values():
-            h[2] = getattr(c, f"register_{h[0]}_hook")(h[1])
+            h[2] = self._register(h[0], h[1])
         if isinstance(c, _C.Comm):
             for attach in list(self._cpp_hooks.values()):
                 attach(c)
@@ -341,10 +346,14 @@ class TorchComm(_OpaqueBase):
         that ``abort_process_on_timeout_or_error`` triggers."""
         return self._add_hook("abort", fn)
 
-    def _observe(self, fn) -> RemovableHandle:
-        """fastcomms.hooks' flight recorder: ``fn(event, op_id, payload)``, event "issued"
-        (payload: the TorchWork or None), "waited" (the work) or "timeout" (the error)."""
-        return self._add_hook("observe", fn)
+    def _register(self, kind: str, cb):
+        """``cb`` in the C++ registry (the Shim's for a Python backend); its remover. A C++
+        communicator's pre/post callbacks get the fast path's arguments too (NOTE [hooks on the
+        fast path])."""
+        register = getattr(self._c, f"register_{kind}_hook")
+        return (
+            register(cb, True) if kind != "abort" and isinstance(self._c, _C.Comm) else register(cb)
+        )
 
     def _add_hook(self, kind: str, fn) -> RemovableHandle:
         if not callable(fn):
@@ -352,7 +361,7 @@ class TorchComm(_OpaqueBase):
         keys = []
         for k, cb in _ops.callbacks(self._key, kind, fn):
             keys.append(next(_keys))
-            self._hooks[keys[-1]] = [k, cb, getattr(self._c, f"register_{k}_hook")(cb)]
+            self._hooks[keys[-1]] = [k, cb, self._register(k, cb)]
         self._refresh_fast()
 
         def remove():

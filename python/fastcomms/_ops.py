@@ -19,7 +19,7 @@ import typing
 
 from . import _device_a2av, _hook_types
 from ._hook_types import POST_OF, OpName, SplitPostHookArgs
-from ._options import _ms, _op
+from ._options import ReduceOp, _ms, _op
 from ._work import TorchWork
 
 Method = typing.Callable[..., TorchWork]  # a method of OPS, as type checkers see it
@@ -152,10 +152,12 @@ def methods(namespace: dict) -> dict[str, typing.Callable]:
 # callback that finds the call in flight on its thread (``_calls``; set only on the hooked path,
 # so a communicator without hooks pays one attribute test per call) and builds torchcomms'
 # argument objects from it, once per call for all hooks. Post-hooks run as the C++ side reports
-# them, deferred to the moment the method has its result: split's post args carry the
-# communicator it made, and observers (``TorchComm._observe``) get the TorchWork. An op the C++
-# side issues for itself (a Ulysses transport's collective) has no call in flight: Python hooks
-# skip it, though it takes an op id.
+# them, deferred to the moment the method has its result (split's post args carry the
+# communicator it made). An op the process group's C++ path issues (NOTE [process group fast
+# path]) has no call in flight but hands its arguments to the hooks itself (NOTE [hooks on the
+# fast path]), so hooks leave that path on. An op the C++ side issues for itself (a Ulysses
+# transport's collective) has neither: Python hooks skip it, though it takes an op id. The
+# library's own hooks (flight recorder, NaN check, clog) are C++ hooks on the communicator.
 _calls = threading.local()
 
 
@@ -164,9 +166,7 @@ class _Call:
 
     def __init__(self, key: int, name: OpName, pre_args) -> None:
         self.key, self.name, self._pre_args = key, name, pre_args
-        self.issued: list = []  # fn(result) of the observers, then
         self.posted: list = []  # fn(post args) of the post-hooks, once the method has its result
-        self.timed_out: list = []  # fn(error) of the observers, where the call times out
 
     @functools.cached_property
     def args(self):  # the <Op>PreHookArgs, made once for all hooks
@@ -182,14 +182,8 @@ def _hooked(comm, name: OpName, pre_args, issue):
     _calls.call = call
     try:
         result = issue()
-    except TimeoutError as e:
-        for fn in call.timed_out:
-            fn(e)
-        raise
     finally:
         _calls.call = outer
-    for fn in call.issued:
-        fn(result)
     if call.posted:
         args = SplitPostHookArgs(result) if name is OpName.split else POST_OF[name]()
         for fn in call.posted:
@@ -202,27 +196,39 @@ def callbacks(key: int, kind: str, fn) -> list[tuple[str, typing.Callable]]:
     if kind == "abort":
         return [("abort", fn)]
 
-    def on_call(act):  # a callback that acts on the call in flight, where there is one
-        def cb(_name, op_id, _async_op):
+    if kind == "pre":
+
+        def pre(name, op_id, async_op, fast=None):
+            if fast is not None:  # NOTE [hooks on the fast path]
+                fn(_OPNAMES[name], op_id, fast_pre_args(name, async_op, fast))
+                return
             call = getattr(_calls, "call", None)
             if call is not None and call.key == key:
-                act(call, op_id)
+                fn(call.name, op_id, call.args)
 
-        return cb
-
-    if kind == "pre":
-        return [("pre", on_call(lambda call, op_id: fn(call.name, op_id, call.args)))]
+        return [("pre", pre)]
     if kind == "post":
-        return [("post", on_call(lambda c, op_id: c.posted.append(functools.partial(fn, op_id))))]
-    timed = on_call(lambda c, op_id: c.timed_out.append(functools.partial(fn, "timeout", op_id)))
-    issued = on_call(
-        lambda c, op_id: c.issued.append(functools.partial(_observe_issued, fn, op_id))
-    )
-    return [("pre", timed), ("post", issued)]
+
+        def post(name, op_id, async_op, fast=False):
+            if fast:  # NOTE [hooks on the fast path]: issued; no Python method waits for it
+                fn(op_id, POST_OF[_OPNAMES[name]]())
+                return
+            call = getattr(_calls, "call", None)
+            if call is not None and call.key == key:
+                call.posted.append(functools.partial(fn, op_id))
+
+        return [("post", post)]
+    raise ValueError(f"unknown hook kind {kind!r}")
 
 
-def _observe_issued(fn, op_id: int, result) -> None:
-    work = result if isinstance(result, TorchWork) else None
-    if work is not None:
-        work._observers = [*(work._observers or ()), lambda event, p: fn(event, op_id, p)]
-    fn("issued", op_id, work)
+_OPNAMES = {n.value: n for n in OpName}
+_PRE_ARGS = {n: getattr(_hook_types, f"{_hook_types._camel(n)}PreHookArgs") for n in _OPNAMES}
+
+
+def fast_pre_args(name: str, async_op: bool, fast: tuple):
+    """NOTE [hooks on the fast path]: the ``<Op>PreHookArgs`` of an op the process group's C++
+    path issued, from its (tensor or output, input or None, (RedOpType, factor) or None)."""
+    a, b, red = fast
+    op = () if red is None else (ReduceOp(*red),)
+    cls = _PRE_ARGS[name]
+    return cls(a, async_op, *op) if b is None else cls(b, a, async_op, *op)

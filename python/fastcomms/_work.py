@@ -43,19 +43,9 @@ class TorchWork:
 
     def __init__(self, work: _C.Work) -> None:
         self._work = work
-        self._observers: list | None = None  # fn(event, payload): NOTE [one hook registry]
 
     def wait(self) -> None:
-        if self._observers is None:
-            return self._work.wait()
-        try:
-            self._work.wait()
-        except TimeoutError as e:
-            for fn in self._observers:
-                fn("timeout", e)
-            raise
-        for fn in self._observers:
-            fn("waited", self)
+        return self._work.wait()
 
     def is_completed(self) -> bool:
         return self._work.is_completed()

@@ -8,12 +8,9 @@ clog log, NOTE [clog]), all built on the communicator's pre/post/abort hooks
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 import pickle
-import threading
-import time
 import weakref
 from typing import Any
 
@@ -270,85 +267,10 @@ class NanCheckHook(_Registered):
         return self._registered_count > 0
 
 
-# NOTE [clog]: torchcomms' clog log format, version 1 (its documented format: a header
-# "V|1|base_timestamp=<epoch s>", one "C<id>|sig|<op>|<k>=<v>|...|comm=<name>" line per distinct
-# signature, then "C<id>|Q|work_id=<n>|+<s>" per call and "C<id>|S|", "|E|", "|W|" lifecycle
-# lines, "new_comm|comm=..|rank=..|world_size=..", "split|parent=..|child=..|ranks=..",
-# "WARN|..."). Where fastcomms learns of the lifecycle: a synchronous call starts (S) when its
-# pre-hook runs and ends (E) when it returns (on CUDA: issued in stream order); an asynchronous
-# call starts when it is issued, and ends and is waited (E, W) when a wait on its work returns
-# (fastcomms' works call nothing back when they complete, so an async call never waited logs no
-# E). Lines written during CUDA graph capture carry no "G<id>|" prefix and replays log nothing.
-_CLOG_DTYPES = {
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "bool",
-    torch.float8_e4m3fn: "fp8e4m3",
-    torch.float8_e5m2: "fp8e5m2",
-}
-_CLOG_RED = {"PRODUCT": "prod", "PREMUL_SUM": "premul_sum"}
+# NOTE [clog]: the log is C++ hooks on the communicator (include/fastcomms/core/clog.hpp), so
+# every path a call takes is logged and none is turned off
 _CLOG_EVENTS = ("Q", "S", "E", "W", "LIFECYCLE", "ALL", "NONE")
 _CLOG_VERBOSE = ("buffers",)
-_CLOG_UNLOGGED = ("finalize", "new_window", "split")
-_UNSEEN = object()  # clog: a post-hook whose op's pre-hook it never saw
-
-
-def _clog_red(op) -> str:
-    name = getattr(getattr(op, "type", op), "name", None)
-    return _CLOG_RED.get(name, name.lower()) if isinstance(name, str) else "unknown"
-
-
-def _clog_ptrs(ts) -> str:
-    return ",".join(f"{t.data_ptr():#x}" for t in ts)
-
-
-def _clog_signature(op: str, a: Any, buffers: bool) -> list[str] | None:
-    """The ``<k>=<v>`` fields of an operation's signature (None: not an operation clog logs):
-    the counts of its input and output (a list's, ``in_counts=`` / ``out_counts=``; the splits of
-    an all_to_all_v_single), the dtype of its first single tensor (of a list's first tensor
-    where all are lists), its reduction, root, peer, number of ops, ``async_op`` and, with
-    ``buffers``, the tensors' addresses (``buf=`` for an in-place tensor)."""
-    if op in _CLOG_UNLOGGED:
-        return None
-    fields, kv, ptrs = a._fields, [], []
-    if op in ("send", "recv"):
-        n, out = a.tensor.numel(), op == "recv"
-        kv = [f"in_count={0 if out else n}", f"out_count={n if out else 0}"]
-        ptrs = [f"{'out' if out else 'in'}={_clog_ptrs([a.tensor])}"]
-    elif "tensor" in fields:  # in place
-        kv = [f"in_count={a.tensor.numel()}", f"out_count={a.tensor.numel()}"]
-        ptrs = [f"buf={_clog_ptrs([a.tensor])}"]
-    elif op == "all_to_all_v_single":
-        kv = [
-            f"{k}_splits={','.join(str(int(v)) for v in getattr(a, f'{k}put_split_sizes'))}"
-            for k in ("in", "out")
-        ]
-    elif "input" in fields:
-        for k, v in (("in", a.input), ("out", a.output)):
-            lst = isinstance(v, list | tuple)
-            counts = ",".join(str(t.numel()) for t in v) if lst else v.numel()
-            kv.append(f"{k}_count{'s' if lst else ''}={counts}")
-    if "input" in fields:
-        ptrs = [
-            f"{k}={_clog_ptrs(v if isinstance(v, list | tuple) else [v])}"
-            for k, v in (("in", a.input), ("out", a.output))
-        ]
-    if kv:  # the dtype of the first single tensor (all_to_all: of the first input)
-        ts = [getattr(a, f) for f in ("tensor", "input", "output") if f in fields]
-        t = next((v for v in ts if isinstance(v, torch.Tensor)), None)
-        t = t if t is not None else next(iter(a.input), None)
-        kv.append(f"dtype={_CLOG_DTYPES.get(getattr(t, 'dtype', None), 'other')}")
-    kv += [f"red_op={_clog_red(a.op)}"] if "op" in fields else []
-    kv += [f"{f}={getattr(a, f)}" for f in ("root", "peer", "num_ops") if f in fields]
-    kv.append(f"async_op={'t' if a.async_op else 'f'}")
-    return kv + ptrs if buffers else kv
 
 
 class clog(_Registered):  # noqa: N801  (torchcomms' name)
@@ -372,101 +294,24 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
             if v not in _CLOG_VERBOSE:
                 raise ValueError(f"clog: unknown verbose field {v!r}; expected {_CLOG_VERBOSE}")
         every = "ALL" in events or "LIFECYCLE" in events
-        self._events = {e for e in "SEW" if every or e in events}
-        self._buffers = "buffers" in verbose
-        self._lock = threading.Lock()
-        self._sigs: dict[str, int] = {}
-        self._work_ids = itertools.count(1)
-        # op_id -> (corr id, async) of a logged op, None for one clog does not log, until its
-        # post-hook; op_id -> the ranks of a split
-        self._open: dict[int, tuple[int, bool] | None] = {}
-        self._splits: dict[int, list[int]] = {}
-        self._async: dict[int, int] = {}  # op_id -> corr id, until a wait on its work returns
-        self._base = round(time.time(), 3)
-        self._file = open(output, "w", encoding="utf-8")  # noqa: SIM115  (kept open)
-        self._line(f"V|{self.VERSION}|base_timestamp={self._base:.3f}")
-
-    def _line(self, text: str) -> None:
-        with self._lock:
-            self._file.write(text + "\n")
-            self._file.flush()
-
-    def _ts(self) -> str:
-        return f"+{time.time() - self._base:.3f}"
-
-    def _event(self, corr: int, event: str) -> None:
-        if event in self._events:
-            self._line(f"C{corr}|{event}|{self._ts()}")
+        start, end, waited = (every or e in events for e in "SEW")
+        self._log = _C.Clog(str(output), start, end, waited, "buffers" in verbose)
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
-        name = comm.get_name()
-        self._line(f"new_comm|comm={name}|rank={comm.get_rank()}|world_size={comm.get_size()}")
+        if not isinstance(comm._c, _C.Comm):
+            raise _C.UnsupportedError(
+                f"clog: communicator {comm.get_name()!r} runs a backend written in Python "
+                f"({comm.get_backend()!r}); clog logs the C++ backends' communicators"
+            )
+        self._handles.append(comm._attach_cpp(self._log.attach))
 
-        def pre(op, op_id, args):
-            opname = getattr(op, "value", str(op))
-            if opname == "split":
-                with self._lock:
-                    self._splits[op_id] = list(args.ranks)
-                return
-            kv = _clog_signature(opname, args, self._buffers)
-            if kv is None:  # finalize, new_window: not logged
-                with self._lock:
-                    self._open[op_id] = None
-                return
-            sig = "|".join([opname, *kv, f"comm={name}"])
-            lines = []
-            with self._lock:
-                corr = self._sigs.get(sig)
-                if corr is None:
-                    corr = self._sigs[sig] = len(self._sigs) + 1
-                    lines.append(f"C{corr}|sig|{sig}")
-                lines.append(f"C{corr}|Q|work_id={next(self._work_ids)}|{self._ts()}")
-                if "S" in self._events and not args.async_op:
-                    lines.append(f"C{corr}|S|{self._ts()}")
-                self._open[op_id] = (corr, bool(args.async_op))
-            for text in lines:
-                self._line(text)
-
-        def post(op_id, args):
-            with self._lock:
-                ranks = self._splits.pop(op_id, None)
-                entry = self._open.pop(op_id, _UNSEEN) if ranks is None else None
-            if ranks is not None:
-                child = getattr(args, "new_comm", None)
-                if child is not None:
-                    joined = ",".join(str(r) for r in ranks)
-                    self._line(f"split|parent={name}|child={child.get_name()}|ranks={joined}")
-                return
-            if entry is _UNSEEN:
-                self._line(f"WARN|post-hook of op {op_id} on {name} without a pre-hook")
-                return
-            if entry is None:
-                return
-            corr, async_op = entry
-            if async_op:
-                with self._lock:
-                    self._async[op_id] = corr
-            self._event(corr, "S" if async_op else "E")
-
-        def observe(event, op_id, payload):
-            if event != "waited":
-                return
-            with self._lock:
-                corr = self._async.pop(op_id, None)
-            if corr is None:
-                return
-            self._event(corr, "E")
-            self._event(corr, "W")
-
-        self._handles += [
-            comm.register_pre_hook(pre),
-            comm.register_post_hook(post),
-            comm._observe(observe),
-        ]
+    def unregister(self) -> None:
+        """Stops (what was written stays)."""
+        super().unregister()
+        self._log.detach()
 
     def close(self) -> None:
         """Stops logging and closes the file."""
         self.unregister()
-        with self._lock:
-            self._file.close()
+        self._log.close()

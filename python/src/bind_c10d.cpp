@@ -15,9 +15,10 @@
 // communicator (measured on one H200: about 13 us of host time per call through Python against
 // 8 us for the communicator's own call, docs/benchmarks.md). The backend reads the TorchComm's
 // `_fast` on every call (a reconfigure replaces it): the C++ communicator (fastcomms._C.Comm), or
-// None while the communicator has Python hooks or observers, which only the Python path runs, or
-// is a Python backend's. Then, and for the calls this path does not cover (several tensors, a
-// PREMUL_SUM factor held in a tensor), the call goes to the Python object `impl`
+// None while the communicator has observers (fastcomms.hooks' clog), which only the Python path
+// runs, or is a Python backend's; Python pre- and post-hooks see the call here too (NOTE [hooks
+// on the fast path] in py_common.hpp). Then, and for the calls this path does not cover (several
+// tensors, a PREMUL_SUM factor held in a tensor), the call goes to the Python object `impl`
 // (fastcomms.device_mesh's ops over the communicator), method by method. The work keeps the op's
 // tensors as the Python path does (a dropped unfinished work parks them, NOTE [python tensors
 // outlive their op]), and errors reach Python as the same exceptions (NOTE [error mapping]).
@@ -146,6 +147,24 @@ std::optional<ReduceOp> fast_red(const c10d::ReduceOp& op) {
 
 enum class FastOp { kAllReduce, kAllGatherSingle, kReduceScatterSingle, kAllToAllSingle };
 
+// NOTE [hooks on the fast path]: a fast call's tensors and reduction, for Python pre-hooks.
+struct FastFrontend : HookFrontend {
+  const at::Tensor* a = nullptr;  // all_reduce's tensor, else the output
+  const at::Tensor* b = nullptr;  // the input (undefined for all_reduce)
+  std::optional<ReduceOp> red;    // the reducing ops' reduction
+
+  FastFrontend(const at::Tensor& a_, const at::Tensor& b_, std::optional<ReduceOp> r)
+      : a(&a_), b(&b_), red(r) {
+    args = [](const HookFrontend& h) -> py::object {
+      const auto& f = static_cast<const FastFrontend&>(h);
+      py::object red = py::none();
+      if (f.red) red = py::make_tuple(py::cast(f.red->type), f.red->factor);
+      py::object b = f.b->defined() ? py::cast(*f.b) : py::none();
+      return py::make_tuple(py::cast(*f.a), b, red);
+    };
+  }
+};
+
 class ForwardingBackend final : public c10d::Backend {
  public:
   ForwardingBackend(int rank, int size, py::object impl)
@@ -261,7 +280,10 @@ class ForwardingBackend final : public c10d::Backend {
     py::object handle = py::getattr(comm_, "_fast", py::none());
     if (handle.is_none()) return nullptr;
     const PyComm& c = handle.cast<const PyComm&>();
-    const CallOptions o = c.opts(true, std::nullopt, std::nullopt);
+    CallOptions o = c.opts(true, std::nullopt, std::nullopt);
+    const bool reduces = op == FastOp::kAllReduce || op == FastOp::kReduceScatterSingle;
+    const FastFrontend frontend(a, b, reduces ? red : std::nullopt);
+    o.frontend = &frontend;
     fast_calls.fetch_add(1, std::memory_order_relaxed);
     try {
       PyWork w = [&] {

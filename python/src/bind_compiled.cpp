@@ -23,7 +23,7 @@ namespace {
 // NOTE [compiled calls in C++]: the kernel of ``fastcomms::comm_call_``, the node a compiled
 // communicator call becomes (NOTE [compiled communicator methods], _compiled.py). A call that
 // needs nothing of Python (a C++ communicator without Python hooks or observers: its
-// ``TorchComm._fast`` is set, NOTE [process group fast path]; synchronous; no per-call hints or
+// ``TorchComm._unhooked`` is set, NOTE [process group fast path]; synchronous; no per-call hints or
 // timeout; one of the methods below) runs here, on the C++ communicator, as the eager method's
 // own binding runs it (same checks, errors and parked tensors). Every other call goes to the
 // Python kernel, ``_compiled._comm_call_``. A Python kernel behind the dispatcher cost about as
@@ -125,7 +125,7 @@ void comm_call_body(torch::jit::Stack* stack) {
   const py::handle comm(a[1].toPyObject());
   PyComm* c = nullptr;
   if (plain && !mutated.empty()) {
-    const py::object fast = comm.attr("_fast");
+    const py::object fast = comm.attr("_unhooked");
     if (!fast.is_none()) c = fast.cast<PyComm*>();
   }
   std::optional<PyWork> issued;

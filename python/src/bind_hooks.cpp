@@ -1,8 +1,10 @@
 // Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
-// Hooks on a communicator from Python (NOTE [one hook registry] in fastcomms/_comm.py): pre and
-// post hooks see the op's name, id and async flag; abort hooks run before an abort; a Python
-// backend draws its op ids from the same counter (NOTE [op ids]). Each registration returns its
-// remover. The flight recorder is C++ (NOTE [flight recorder in C++]); fastcomms.hooks wraps it.
+// Hooks on a communicator from Python (NOTE [one hook registry] in fastcomms/_ops.py): pre and
+// post hooks see the op's name, id and async flag, and a fast-path op's arguments (pre: its
+// tensors, NOTE [hooks on the fast path] in py_common.hpp; post: whether it is one); abort hooks
+// run before an abort; a Python backend draws its op ids from the same counter (NOTE [op ids]).
+// Each registration returns its remover. The flight recorder is C++ (NOTE [flight recorder in
+// C++]); fastcomms.hooks wraps it.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "binding.hpp"
+#include "fastcomms/core/clog.hpp"
 #include "fastcomms/core/flight_recorder.hpp"
 #include "py_common.hpp"
 
@@ -122,29 +125,58 @@ void bind_flight_recorder(py::module_& m) {
       });
 }
 
+void bind_clog(py::module_& m) {
+  py::class_<Clog, std::shared_ptr<Clog>>(m, "Clog", "NOTE [clog]; fastcomms.hooks.clog wraps it.")
+      .def(py::init([](const std::string& path, bool start, bool end, bool waited, bool buffers) {
+             return std::make_shared<Clog>(path, Clog::Options{start, end, waited, buffers});
+           }),
+           py::arg("path"), py::arg("start"), py::arg("end"), py::arg("waited"), py::arg("buffers"))
+      .def(
+          "attach", [](Clog& l, const PyComm& c) { l.attach(c.comm); },
+          "Logs the communicator's ops from now on (writes its new_comm line).")
+      .def("detach", &Clog::detach, py::call_guard<py::gil_scoped_release>())
+      .def("close", &Clog::close, py::call_guard<py::gil_scoped_release>());
+}
+
 }  // namespace
 
 void bind_hooks(py::module_& m) {
   bind_flight_recorder(m);
+  bind_clog(m);
   reopen<PyComm>(m, "Comm")
-      .def("register_pre_hook",
-           [](PyComm& c, py::function fn) {
-             auto h =
-                 std::make_shared<RemovableHandle>(c.comm->register_pre_hook([fn](const OpInfo& i) {
-                   py::gil_scoped_acquire gil;
-                   fn(std::string(op_name(i.op)), i.op_id, i.async_op);
-                 }));
-             return py::cpp_function([h] { h->remove(); });
-           })
-      .def("register_post_hook",
-           [](PyComm& c, py::function fn) {
-             auto h = std::make_shared<RemovableHandle>(
-                 c.comm->register_post_hook([fn](const OpInfo& i) {
-                   py::gil_scoped_acquire gil;
-                   fn(std::string(op_name(i.op)), i.op_id, i.async_op);
-                 }));
-             return py::cpp_function([h] { h->remove(); });
-           })
+      .def(
+          "register_pre_hook",
+          [](PyComm& c, py::function fn, bool fast) {
+            auto h = std::make_shared<RemovableHandle>(
+                c.comm->register_pre_hook([fn, fast](const OpInfo& i) {
+                  py::gil_scoped_acquire gil;
+                  if (fast) {
+                    fn(std::string(op_name(i.op)), i.op_id, i.async_op, frontend_args(i.frontend));
+                  } else {
+                    fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                  }
+                }));
+            return py::cpp_function([h] { h->remove(); });
+          },
+          py::arg("fn"), py::arg("fast") = false,
+          "fn(name, op_id, async_op), and with `fast` a fast-path op's arguments or None (NOTE "
+          "[hooks on the fast path]).")
+      .def(
+          "register_post_hook",
+          [](PyComm& c, py::function fn, bool fast) {
+            auto h = std::make_shared<RemovableHandle>(
+                c.comm->register_post_hook([fn, fast](const OpInfo& i) {
+                  py::gil_scoped_acquire gil;
+                  if (fast) {
+                    fn(std::string(op_name(i.op)), i.op_id, i.async_op, i.frontend != nullptr);
+                  } else {
+                    fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                  }
+                }));
+            return py::cpp_function([h] { h->remove(); });
+          },
+          py::arg("fn"), py::arg("fast") = false,
+          "fn(name, op_id, async_op), and with `fast` whether it is a fast-path op.")
       .def_static("next_op_id", &next_op_id)  // NOTE [op ids]: Python backends draw from it
       .def("register_abort_hook", [](PyComm& c, py::function fn) {
         auto h = std::make_shared<RemovableHandle>(c.comm->register_abort_hook([fn] {

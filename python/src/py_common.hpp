@@ -44,6 +44,27 @@ void release_finished();
 /// (bind_store.cpp).
 std::shared_ptr<Store> py_store(pybind11::object store);
 
+/// NOTE [hooks on the fast path]: what a C++ path of the extension that issues an op without
+/// Python (the process group's fast path, bind_c10d.cpp) hands the communicator as
+/// CallOptions::frontend, so that Python pre-hooks still get the call's argument objects and
+/// the path stays on while they are registered. Inside this extension OpInfo::frontend is one of
+/// these or null (the Python path's calls find their arguments on their thread: NOTE [one hook
+/// registry] in fastcomms/_ops.py). `args` builds, with the GIL held and only for a hook that asks,
+/// the tuple fastcomms._ops.fast_pre_args reads: (tensor or output, input or None, reduction as
+/// (RedOpType, factor) or None).
+struct HookFrontend {
+  static constexpr uint64_t kTag = 0x66632d686f6f6b73ULL;  // "fc-hooks"
+  uint64_t tag = kTag;
+  pybind11::object (*args)(const HookFrontend&) = nullptr;
+};
+
+/// The Python arguments of a fast-path op's frontend, or None for an op without one (GIL held).
+inline pybind11::object frontend_args(const void* frontend) {
+  const auto* f = static_cast<const HookFrontend*>(frontend);
+  if (f == nullptr || f->tag != HookFrontend::kTag || f->args == nullptr) return pybind11::none();
+  return f->args(*f);
+}
+
 /// The communicator Python holds (fastcomms._C.Comm; TorchComm._c).
 struct PyComm {
   std::shared_ptr<Communicator> comm;

@@ -209,6 +209,7 @@ void PyWork::wait_nogil() {
     if (abort_on_error && ProcessAbort::applies(e.code())) abort_on_error->abort_process(e.what());
     throw;
   }
+  work->waited();  // NOTE [wait observers]
 }
 
 void PyWork::wait() {

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 
+#include "fastcomms/core/clog.hpp"
 #include "fastcomms/core/flight_recorder.hpp"
 #include "fastcomms/core/reduce_op.hpp"
 #include "harness.hpp"
@@ -627,6 +630,128 @@ TEST(Gloo, FlightRecorderRecordsFromTheHooks) {
     comm.barrier();
     EXPECT_EQ(fr->size(), 2u);
     EXPECT_EQ(dumps.load(), 0);
+    sub->finalize();
+  });
+}
+
+// NOTE [clog]: each op's signature fields, by the form of its arguments.
+TEST(Clog, SignatureFields) {
+  const auto join = [](const OpInfo& i, bool buffers) {
+    const auto kv = Clog::signature(i, buffers);
+    if (!kv) return std::string("none");
+    std::string s;
+    for (const auto& f : *kv) s += (s.empty() ? "" : "|") + f;
+    return s;
+  };
+  alignas(8) static char mem[64];
+  TensorView a = TensorView::contiguous(mem, DType::kBFloat16, {3, 2});
+  TensorView b = TensorView::contiguous(mem + 16, DType::kFloat32, {4});
+  TensorView lst[2] = {TensorView::contiguous(mem, DType::kInt64, {1}),
+                       TensorView::contiguous(mem + 8, DType::kInt64, {2})};
+  const ReduceOp premul{RedOpType::kPremulSum, 0.5};
+  OpInfo i{};
+  i.op = OpKind::kScatter;  // a list in, one tensor out; the dtype is the single tensor's
+  i.inputs = lst;
+  i.outputs = {&b, 1};
+  i.peer = 1;
+  EXPECT_EQ(join(i, false), "in_counts=1,2|out_count=4|dtype=f32|root=1|async_op=f");
+  i.op = OpKind::kAllToAll;  // lists both ways: the first input's dtype
+  i.outputs = lst;
+  i.async_op = true;
+  EXPECT_EQ(join(i, false), "in_counts=1,2|out_counts=1,2|dtype=i64|async_op=t");
+  i.inputs = {};  // (a rank with no inputs)
+  EXPECT_EQ(join(i, false), "in_counts=|out_counts=1,2|dtype=other|async_op=t");
+  i = OpInfo{};
+  i.op = OpKind::kReduceScatterSingle;
+  i.inputs = {&a, 1};
+  i.outputs = {&b, 1};
+  i.reduce = &premul;
+  const auto hex = [](const void* p) {  // as Python writes f"{t.data_ptr():#x}"
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx",
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+    return std::string(buf);
+  };
+  EXPECT_EQ(join(i, true), "in_count=6|out_count=4|dtype=bf16|red_op=premul_sum|async_op=f|in=" +
+                               hex(mem) + "|out=" + hex(mem + 16));
+  i = OpInfo{};
+  i.op = OpKind::kAllToAllVSingle;
+  const int64_t ins[] = {1, 2}, outs[] = {2, 1};
+  i.inputs = {&a, 1};
+  i.outputs = {&a, 1};
+  i.input_splits = ins;
+  i.output_splits = outs;
+  EXPECT_EQ(join(i, false), "in_splits=1,2|out_splits=2,1|dtype=bf16|async_op=f");
+  i = OpInfo{};
+  i.op = OpKind::kRecv;
+  i.outputs = {&b, 1};
+  i.peer = 3;
+  EXPECT_EQ(join(i, false), "in_count=0|out_count=4|dtype=f32|peer=3|async_op=f");
+  i = OpInfo{};
+  i.op = OpKind::kBatchP2P;
+  i.num_ops = 4;
+  EXPECT_EQ(join(i, false), "num_ops=4|async_op=f");
+  i.op = OpKind::kBarrier;
+  EXPECT_EQ(join(i, true), "async_op=f");
+  i.op = OpKind::kFinalize;
+  EXPECT_EQ(join(i, false), "none");
+}
+
+// NOTE [wait observers]: run once, at the first waited(); one added after runs at once.
+TEST(Clog, WaitObserversRunOnce) {
+  CompletedWork w;
+  int n = 0;
+  w.on_waited([&] { ++n; });
+  w.wait();
+  EXPECT_EQ(n, 0);  // a wait alone is not a frontend's
+  w.waited();
+  w.waited();
+  EXPECT_EQ(n, 1);
+  w.on_waited([&] { n += 10; });
+  EXPECT_EQ(n, 11);
+}
+
+// NOTE [clog]: the log of a communicator's ops, sync and async (its end and wait at waited()),
+// the split line, nothing after detach.
+TEST(Gloo, ClogLogsFromTheHooks) {
+  const auto dir = std::filesystem::temp_directory_path();
+  run_threads(2, [&](Communicator& comm) {
+    const auto path = dir / ("fastcomms_clog_" + std::to_string(::getpid()) + "_" +
+                             std::to_string(comm.rank()) + ".log");
+    auto log = std::make_shared<Clog>(path.string(), Clog::Options{true, true, true, false});
+    log->attach(comm.shared_from_this());
+    HostTensor t(DType::kFloat32, 4);
+    comm.all_reduce(t.view(), ReduceOp::sum());
+    auto w = comm.broadcast(t.view(), 0, mode(true));
+    w->wait();
+    w->waited();
+    auto sub = comm.split({0, 1}, "clog_sub");
+    log->detach();
+    comm.barrier();
+    log->close();
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    std::filesystem::remove(path);
+    ASSERT_EQ(lines.size(), 12u);
+    EXPECT_EQ(lines[0].rfind("V|1|base_timestamp=", 0), 0u);
+    EXPECT_EQ(lines[1], "new_comm|comm=" + comm.name() + "|rank=" + std::to_string(comm.rank()) +
+                            "|world_size=2");
+    EXPECT_EQ(lines[2],
+              "C1|sig|all_reduce|in_count=4|out_count=4|dtype=f32|red_op=sum|"
+              "async_op=f|comm=" +
+                  comm.name());
+    EXPECT_EQ(lines[3].rfind("C1|Q|work_id=1|+", 0), 0u);
+    EXPECT_EQ(lines[4].rfind("C1|S|+", 0), 0u);
+    EXPECT_EQ(lines[5].rfind("C1|E|+", 0), 0u);
+    EXPECT_EQ(
+        lines[6],
+        "C2|sig|broadcast|in_count=4|out_count=4|dtype=f32|root=0|async_op=t|comm=" + comm.name());
+    EXPECT_EQ(lines[7].rfind("C2|Q|work_id=2|+", 0), 0u);
+    EXPECT_EQ(lines[8].rfind("C2|S|+", 0), 0u);
+    EXPECT_EQ(lines[9].rfind("C2|E|+", 0), 0u);
+    EXPECT_EQ(lines[10].rfind("C2|W|+", 0), 0u);
+    EXPECT_EQ(lines[11], "split|parent=" + comm.name() + "|child=clog_sub|ranks=0,1");
     sub->finalize();
   });
 }

@@ -140,10 +140,11 @@ def process_group_fast_path(comm, rank, size):
     """NOTE [process group fast path]: all_reduce, all_gather_into_tensor and
     reduce_scatter_tensor on a fastcomms process group reach the communicator from C++, bit for
     bit what torch's own group gives; calls the table does not cover, and every call while the
-    communicator has Python hooks, take the Python path (the hooks see them)."""
+    communicator runs a Python backend, take the Python path; Python hooks see either path's
+    calls."""
     import time
 
-    from fastcomms import _C
+    from fastcomms import _C, ReduceOp
 
     pg = _create_torchcomm_process_group(comm, "fc_fast")
     dev = comm.get_device()
@@ -195,13 +196,33 @@ def process_group_fast_path(comm, rank, size):
     ref = x.clone()
     dist.all_reduce(ref)
     assert _same(t, ref)
-    # with a hook the Python path runs, so the hook sees the op; after its removal, fast again
-    seen = []
-    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append(name.value))
-    assert fast(lambda: dist.all_reduce(x.clone(), group=pg)) == 0
+    # NOTE [hooks on the fast path]: pre- and post-hooks leave the path on and see its calls as
+    # the Python path's (the same tensors, the reduction); an observer turns it off
+    seen, posted = [], []
+    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
+    post = comm.register_post_hook(lambda op_id, args: posted.append((op_id, type(args).__name__)))
+    t, rs2 = x.clone(), torch.empty(5, device=dev)
+    assert fast(lambda: dist.all_reduce(t, dist.ReduceOp.MAX, group=pg)) == 1
+    assert fast(lambda: dist.reduce_scatter_tensor(rs2, x, group=pg)) == 1
+    assert fast(lambda: dist.all_gather_into_tensor(out, x, group=pg)) == 1
+    (n0, id0, a0), (n1, id1, a1), (n2, id2, a2) = seen
+    assert (n0.value, n1.value, n2.value) == (
+        "all_reduce",
+        "reduce_scatter_single",
+        "all_gather_single",
+    )
+    assert a0.tensor is t and a0.op == ReduceOp.MAX and a0.async_op is True, a0
+    assert a1.input is x and a1.output is rs2 and a1.op == ReduceOp.SUM, a1
+    assert a2.input is x and a2.output is out and not hasattr(a2, "op"), a2
+    assert posted == [
+        (id0, "AllReducePostHookArgs"),
+        (id1, "ReduceScatterSinglePostHookArgs"),
+        (id2, "AllGatherSinglePostHookArgs"),
+    ], posted
     hook.remove()
-    assert seen == ["all_reduce"], seen
+    post.remove()
     assert fast(lambda: dist.all_reduce(x.clone(), group=pg)) == 1
+    assert len(seen) == 3 and len(posted) == 3, (seen, posted)
     # an error is fastcomms' exception, on every rank, and the group works after it
     with pytest.raises(TypeError, match="BAND needs an integer or bool tensor"):
         dist.all_reduce(torch.ones(3, device=dev), dist.ReduceOp.BAND, group=pg)
@@ -224,7 +245,7 @@ def process_group_fast_path(comm, rank, size):
 
 def process_group_wait_errors(comm, rank, size):
     """An error that comes at wait (a timeout: the other ranks never issue) is the same
-    fastcomms exception on the fast path as on the Python path (a hook forces that one)."""
+    fastcomms exception on the fast path as on the Python path (forced by clearing `_fast`)."""
     import datetime
 
     from fastcomms import _C
@@ -234,7 +255,8 @@ def process_group_wait_errors(comm, rank, size):
         sub = comm.split(
             list(range(size)), f"wait_err_{path}", timeout=datetime.timedelta(seconds=1)
         )
-        hook = sub.register_pre_hook(lambda *a: None) if path == "python" else None
+        if path == "python":  # (the path a Python backend's group takes)
+            sub._fast = None
         pg = _create_torchcomm_process_group(sub, f"fc_wait_err_{path}")
         if rank == 0:
             before = _C._fast_calls()
@@ -243,8 +265,6 @@ def process_group_wait_errors(comm, rank, size):
             with pytest.raises(Exception) as info:
                 w.wait()
             got[path] = (type(info.value), str(info.value))
-        if hook is not None:
-            hook.remove()
         dist.barrier()  # torch's own group: the others wait here while rank 0 times out
         sub.abort()
     if rank == 0:

@@ -65,7 +65,8 @@ def test_one_registry_one_sequence(comms):
     ha = a.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
     hb = b.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
     hp = a.register_post_hook(lambda op_id, args: post.append((op_id, type(args).__name__)))
-    assert a._fast is None
+    # NOTE [hooks on the fast path]: the process group's C++ path stays on, the compiled one not
+    assert a._fast is not None and a._unhooked is None
     # a hook registered on the C++ communicator itself sees the same ops and ids
     remove_raw = a.get_backend_impl().register_pre_hook(lambda *i: raw.append(i))
     x = torch.ones(2)
@@ -88,26 +89,35 @@ def test_one_registry_one_sequence(comms):
     child.finalize()
     for h in (ha, hb, hp, hs):
         h.remove()
-    assert a._fast is not None
+    assert a._fast is not None and a._unhooked is a._fast
     n = len(seen)
     a.barrier(False)
     assert len(seen) == n  # removed
 
 
-def test_observer_and_finalize(tmp_path, monkeypatch):
+def test_finalize_and_async_hooks(monkeypatch):
     monkeypatch.setenv("TORCHCOMM_RANK", "0")
     monkeypatch.setenv("TORCHCOMM_SIZE", "1")
     comm = fastcomms.new_comm("gloo", "cpu", "obs", store=dist.HashStore())
-    events, pre = [], []
-    comm._observe(lambda event, op_id, payload: events.append((event, op_id, payload)))
+    pre, post = [], []
     comm.register_pre_hook(lambda name, op_id, args: pre.append((name, op_id)))
+    comm.register_post_hook(lambda op_id, args: post.append(op_id))
     w = comm.all_reduce(torch.ones(1), ReduceOp.SUM, True)
     w.wait()
-    op_id = pre[0][1]
-    assert events == [("issued", op_id, w), ("waited", op_id, w)]
+    assert post == [pre[0][1]] and pre[0][0] is OpName.all_reduce
     comm.finalize()
     assert pre[-1] == (OpName.finalize, 0)
-    assert events[-1] == ("issued", 0, None)
+
+
+def test_clog_refuses_a_python_backend(tmp_path):
+    from fastcomms.hooks import clog
+
+    fake = fastcomms.new_comm("fake", "cpu", "fake_clog")
+    log = clog(str(tmp_path / "c.log"), ["ALL"])
+    with pytest.raises(fastcomms.UnsupportedError, match="backend written in Python"):
+        log.register_with_comm(fake)
+    log.close()
+    fake.finalize()
 
 
 def test_python_backend_draws_from_the_sequence():

@@ -427,6 +427,17 @@ def clog_lines(comm, rank, size):
     after = open(path).read().splitlines()
     assert after[len(lines)] == f"new_comm|comm=sub|rank={rank}|world_size={size}", after
     assert after[len(lines) + 1 :] == [], after[len(lines) :]
+    # the process group's C++ path stays on and is logged (NOTE [clog] in clog.hpp)
+    from fastcomms import _C
+    from fastcomms.device_mesh import _create_torchcomm_process_group
+
+    pg = _create_torchcomm_process_group(comm, "clog_pg")
+    before, t = _C._fast_calls(), torch.ones(2)
+    torch.distributed.all_reduce(t, group=pg)
+    assert _C._fast_calls() == before + 1
+    new = open(path).read().splitlines()[len(after) :]
+    sig = f"all_reduce|in_count=2|out_count=2|dtype=f32|red_op=sum|async_op=t|buf={t.data_ptr():#x}"
+    assert any(ln.endswith(f"|sig|{sig}|comm={name}") for ln in new), new
     log.close()
     quiet.close()
     with pytest.raises(ValueError, match="unknown event"):

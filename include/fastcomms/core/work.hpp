@@ -56,9 +56,37 @@ class Work {
   /// earlier, so a dropped handle that is never waited releases them all the same.
   virtual bool tensors_released() const { return is_completed(); }
 
+  /// NOTE [wait observers]: `fn` runs once, on the thread of the first frontend wait on this
+  /// work that returns without an error (the clog's end and wait events): the frontends (the
+  /// Python work, the process group's) call waited() after wait(); a work waited before `fn` is
+  /// added runs it at once.
+  void on_waited(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(held_mu_);
+      if (!was_waited_) {
+        on_waited_.push_back(std::move(fn));
+        return;
+      }
+    }
+    fn();
+  }
+  /// Runs the wait observers, once (the frontends call it after a wait that returned).
+  void waited() {
+    std::vector<std::function<void()>> fns;
+    {
+      std::lock_guard<std::mutex> lock(held_mu_);
+      if (was_waited_) return;
+      was_waited_ = true;
+      fns.swap(on_waited_);
+    }
+    for (auto& fn : fns) fn();
+  }
+
  private:
   std::mutex held_mu_;
   std::vector<std::shared_ptr<const void>> held_;
+  std::vector<std::function<void()>> on_waited_;
+  bool was_waited_ = false;
 };
 
 using WorkPtr = std::shared_ptr<Work>;
