@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Clog', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_async_check', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Clog', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesAsync', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -319,8 +319,6 @@ class Window:
 class UlyssesTransport:
     def all_to_all_4d(self, x: torch.Tensor, out: torch.Tensor, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, async_op: bool, kv_replicas: typing.SupportsInt = 1) -> Work:
         ...
-    def all_to_all_4d_on(self, x: torch.Tensor, out: torch.Tensor, side: typing.Any, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> Work:
-        ...
     def async_lane(self) -> UlyssesTransport:
         ...
     def check_errors(self) -> None:
@@ -339,6 +337,20 @@ class UlyssesTransport:
         ...
     @property
     def kind(self) -> str:
+        ...
+class UlyssesAsync:
+    LEND_RING: typing.ClassVar[int] = 4
+    def __init__(self, transport: UlyssesTransport, group: typing.SupportsInt, transport_reason: str) -> None:
+        ...
+    def call(self, x: torch.Tensor, mode: typing.SupportsInt, out: torch.Tensor | None, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, lend: bool, wire_dtype: torch.dtype | None) -> torch.Tensor:
+        ...
+    def destroy(self, collective: bool = True) -> None:
+        ...
+    def side_stream(self) -> typing.Any:
+        ...
+    def stats(self) -> tuple:
+        ...
+    def tune(self, knob: str, value: str) -> None:
         ...
 class ForwardingBackend(torch._C._distributed_c10d.Backend):
     def get_comm(self) -> typing.Any:
@@ -433,8 +445,6 @@ def _register_comm_call(arg0: typing.Any) -> None:
     """
     Registers comm_call_'s kernel (NOTE [compiled calls in C++])
     """
-def _register_stream_completion(arg0: torch.Tensor, arg1: typing.Any) -> None:
-    ...
 def _ulysses_register(arg0: UlyssesTransport) -> int:
     ...
 def _ulysses_unregister(arg0: typing.SupportsInt) -> None:
@@ -492,8 +502,6 @@ def ulysses_all_to_all_4d_fp8(x: torch.Tensor, group: typing.SupportsInt, mode: 
 def ulysses_all_to_all_4d_fp8_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt, wire_dtype: torch.dtype | None, return_scales: bool = False, grad_wire_dtype: torch.dtype | None = None) -> torch.Tensor:
     ...
 def ulysses_all_to_all_4d_out(x: torch.Tensor, out: torch.Tensor, group: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, kv_replicas: typing.SupportsInt = 1) -> torch.Tensor:
-    ...
-def ulysses_async_check(group: typing.SupportsInt, x: torch.Tensor, mode: typing.SupportsInt, kv_replicas: typing.SupportsInt, lend: bool, has_out: bool, transport_reason: str) -> None:
     ...
 def ulysses_geometry(shape: collections.abc.Sequence[typing.SupportsInt], element_size: typing.SupportsInt, mode: typing.SupportsInt, seq: collections.abc.Sequence[typing.SupportsInt] | None, heads: collections.abc.Sequence[typing.SupportsInt] | None, rank: typing.SupportsInt, size: typing.SupportsInt, kv_replicas: typing.SupportsInt = 1) -> tuple:
     ...
