@@ -14,8 +14,7 @@ namespace fastcomms {
 namespace {
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 const char* clog_dtype(DType dt) {
@@ -192,7 +191,8 @@ std::optional<std::vector<std::string>> Clog::signature(const OpInfo& i, bool bu
     case Shape::kNone:
       break;
   }
-  if (!kv.empty()) kv.push_back(std::string("dtype=") + (first ? clog_dtype(first->dtype) : "other"));
+  if (!kv.empty())
+    kv.push_back(std::string("dtype=") + (first ? clog_dtype(first->dtype) : "other"));
   if (i.reduce != nullptr) kv.push_back(std::string("red_op=") + clog_red(i.reduce->type));
   if (f->extra != nullptr) {
     const bool ops = std::string(f->extra) == "num_ops";
@@ -206,8 +206,7 @@ std::optional<std::vector<std::string>> Clog::signature(const OpInfo& i, bool bu
 
 Clog::Clog(const std::string& path, Options options) : options_(options) {
   file_ = std::fopen(path.c_str(), "w");
-  FASTCOMMS_CHECK(file_ != nullptr, kInvalidArgument, "clog: cannot open ", path,
-                  " for writing");
+  FASTCOMMS_CHECK(file_ != nullptr, kInvalidArgument, "clog: cannot open ", path, " for writing");
   base_ = std::round(now_s() * 1000.0) / 1000.0;
   char head[64];
   std::snprintf(head, sizeof(head), "V|1|base_timestamp=%.3f", base_);
@@ -291,8 +290,7 @@ void Clog::post(const std::string& comm, const OpInfo& i) {
     return;
   }
   if (!entry) {
-    line("WARN|post-hook of op " + std::to_string(i.op_id) + " on " + comm +
-         " without a pre-hook");
+    line("WARN|post-hook of op " + std::to_string(i.op_id) + " on " + comm + " without a pre-hook");
     return;
   }
   if (!*entry) return;

@@ -4,7 +4,8 @@ of ``--calls`` ``comm.all_reduce(t, ReduceOp.SUM, False)`` on a 1-element float3
 world 1 over gloo (``eager``), and the same through the communicator's torch.distributed process
 group, ``dist.all_reduce(t, group=pg)`` (``pg``: NOTE [process group fast path]), each with no
 hook, with a ``FlightRecorderHook`` registered (``+fr``) and with a Python pre-hook that does
-nothing (``+hook``: NOTE [hooks on the fast path]). Each ``--tree`` is
+nothing (``+hook``: NOTE [hooks on the fast path]) and with a ``clog`` writing every event to a
+file (``+clog``: NOTE [clog]). Each ``--tree`` is
 ``name=package_dir:build_dir`` (the ``fastcomms`` package and the build holding its extension);
 the trees run in turn, one process per tree and round, interleaved, and inside a process the
 kinds alternate loop by loop. The table gives the median over every timed loop, µs per call,
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 
-KINDS = ("eager", "eager+fr", "eager+hook", "pg", "pg+fr", "pg+hook")
+KINDS = ("eager", "eager+fr", "eager+hook", "eager+clog", "pg", "pg+fr", "pg+hook", "pg+clog")
 
 
 def child(calls: int, loops: int) -> None:
@@ -31,7 +32,7 @@ def child(calls: int, loops: int) -> None:
     import torch.distributed as dist
     from fastcomms import ReduceOp
     from fastcomms.device_mesh import _create_torchcomm_process_group
-    from fastcomms.hooks import FlightRecorderHook
+    from fastcomms.hooks import FlightRecorderHook, clog
 
     os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1")
     out = {k: [] for k in KINDS}
@@ -62,9 +63,14 @@ def child(calls: int, loops: int) -> None:
                     fr.register_with_comm(comm)
                 if kind.endswith("+hook"):
                     hook = comm.register_pre_hook(lambda name, op_id, args: None)
+                if kind.endswith("+clog"):
+                    fr = clog(os.path.join(d, "clog.log"), ["ALL"])
+                    fr.register_with_comm(comm)
                 out[kind].append(loop(eager if kind.startswith("eager") else via_pg))
                 if fr is not None:
                     fr.unregister()
+                    if kind.endswith("+clog"):
+                        fr.close()
                 if hook is not None:
                     hook.remove()
         comm.finalize()
@@ -93,7 +99,7 @@ def main() -> None:
             res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
             for k, v in res.items():
                 got[name][k] += v
-    ratios = [(f"{k}+{h}", k) for h in ("fr", "hook") for k in ("eager", "pg")]
+    ratios = [(f"{k}+{h}", k) for h in ("fr", "hook", "clog") for k in ("eager", "pg")]
     print(
         "| tree | " + " | ".join(KINDS) + " | " + " | ".join(f"{a} / {b}" for a, b in ratios) + " |"
     )
