@@ -2,9 +2,11 @@
 // The clog log (NOTE [clog] in clog.hpp).
 #include "fastcomms/core/clog.hpp"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "fastcomms/error.hpp"
@@ -206,7 +208,8 @@ std::optional<std::vector<std::string>> Clog::signature(const OpInfo& i, bool bu
 
 Clog::Clog(const std::string& path, Options options) : options_(options) {
   file_ = std::fopen(path.c_str(), "w");
-  FASTCOMMS_CHECK(file_ != nullptr, kInvalidArgument, "clog: cannot open ", path, " for writing");
+  FASTCOMMS_CHECK(file_ != nullptr, kInvalidArgument, "clog: cannot open ", path,
+                  " for writing: ", std::strerror(errno));
   base_ = std::round(now_s() * 1000.0) / 1000.0;
   char head[64];
   std::snprintf(head, sizeof(head), "V|1|base_timestamp=%.3f", base_);
@@ -237,6 +240,11 @@ void Clog::attach(const std::shared_ptr<Communicator>& comm) {
   std::vector<RemovableHandle> hs;
   hs.push_back(comm->register_pre_hook([self, name](const OpInfo& i) { self->pre(name, i); }));
   hs.push_back(comm->register_post_hook([self, name](const OpInfo& i) { self->post(name, i); }));
+  hs.push_back(comm->register_error_hook([self](const OpInfo& i, const Error&) {
+    std::lock_guard<std::mutex> lock(self->mu_);  // an op that raised: no post-hook comes
+    self->open_.erase(i.op_id);
+    self->splits_.erase(i.op_id);
+  }));
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& h : hs) handles_.push_back(std::move(h));
 }
@@ -248,11 +256,7 @@ void Clog::pre(const std::string& comm, const OpInfo& i) {
     return;
   }
   const auto kv = signature(i, options_.buffers);
-  if (!kv) {  // finalize, new_window: not logged
-    std::lock_guard<std::mutex> lock(mu_);
-    open_[i.op_id] = std::nullopt;
-    return;
-  }
+  if (!kv) return;  // finalize, new_window: not logged
   std::string sig = op_name(i.op);
   for (const std::string& f : *kv) sig += "|" + f;
   sig += "|comm=" + comm;
@@ -270,8 +274,9 @@ void Clog::pre(const std::string& comm, const OpInfo& i) {
 }
 
 void Clog::post(const std::string& comm, const OpInfo& i) {
+  if (i.op != OpKind::kSplit && !form(i.op)) return;  // finalize, new_window: not logged
   std::optional<std::vector<int>> ranks;
-  std::optional<std::optional<std::pair<int, bool>>> entry;
+  std::optional<std::pair<int, bool>> entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto s = splits_.find(i.op_id); s != splits_.end()) {
@@ -293,8 +298,7 @@ void Clog::post(const std::string& comm, const OpInfo& i) {
     line("WARN|post-hook of op " + std::to_string(i.op_id) + " on " + comm + " without a pre-hook");
     return;
   }
-  if (!*entry) return;
-  const auto [corr, async_op] = **entry;
+  const auto [corr, async_op] = *entry;
   const std::string c = "C" + std::to_string(corr);
   if (!async_op) {
     if (options_.end) line(c + "|E|" + stamp());

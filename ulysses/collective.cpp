@@ -54,6 +54,7 @@ class UnpackWork : public Work {
 
   void wait() override {
     inner_->wait();
+    inner_->waited();  // NOTE [wait observers]: this Work is the exchange's frontend
     std::lock_guard<std::mutex> lock(mu_);
     if (error_) std::rethrow_exception(error_);
     if (unpacked_) return;

@@ -163,7 +163,7 @@ class TorchComm(_OpaqueBase):
 
     def _rebind(self, c) -> None:
         """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it, and so do the
-        C++ hooks attached through _attach_cpp (the flight recorder, the NaN check)."""
+        C++ hooks attached through _attach_cpp (the flight recorder, the NaN check, clog)."""
         self._c = c
         for h in self._hooks.values():
             h[2] = self._register(h[0], h[1])

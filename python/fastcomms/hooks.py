@@ -2,8 +2,9 @@
 """Hooks to register on a communicator, as torchcomms' ``torchcomms.hooks`` names them:
 ``FlightRecorderHook`` (the last operations, in torch's flight-recorder trace format),
 ``NanCheckHook`` (raises before an operation whose input holds a NaN) and ``clog`` (torchcomms'
-clog log, NOTE [clog]), all built on the communicator's pre/post/abort hooks
-(``TorchComm.register_*_hook``)."""
+clog log, NOTE [clog]): each wraps C++ hooks on the communicator (attached through
+``TorchComm._attach_cpp``, so they follow it through a reconfigure); the flight recorder also
+takes a backend written in Python through its Python hooks."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from . import _C
+from ._pybackend import Shim
 
 __all__ = ["FlightRecorderHook", "NanCheckHook", "clog"]
 
@@ -299,7 +301,7 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
-        if not isinstance(comm._c, _C.Comm):
+        if isinstance(comm._c, Shim):  # (one awaiting reconfigure attaches when it is made)
             raise _C.UnsupportedError(
                 f"clog: communicator {comm.get_name()!r} runs a backend written in Python "
                 f"({comm.get_backend()!r}); clog logs the C++ backends' communicators"

@@ -15,13 +15,13 @@
 // communicator (measured on one H200: about 13 us of host time per call through Python against
 // 8 us for the communicator's own call, docs/benchmarks.md). The backend reads the TorchComm's
 // `_fast` on every call (a reconfigure replaces it): the C++ communicator (fastcomms._C.Comm), or
-// None while the communicator has observers (fastcomms.hooks' clog), which only the Python path
-// runs, or is a Python backend's; Python pre- and post-hooks see the call here too (NOTE [hooks
-// on the fast path] in py_common.hpp). Then, and for the calls this path does not cover (several
-// tensors, a PREMUL_SUM factor held in a tensor), the call goes to the Python object `impl`
-// (fastcomms.device_mesh's ops over the communicator), method by method. The work keeps the op's
-// tensors as the Python path does (a dropped unfinished work parks them, NOTE [python tensors
-// outlive their op]), and errors reach Python as the same exceptions (NOTE [error mapping]).
+// None for a Python backend's communicator or one awaiting its first reconfigure; Python pre- and
+// post-hooks see the call here too (NOTE [hooks on the fast path] in py_common.hpp). Then, and for
+// the calls this path does not cover (several tensors, a PREMUL_SUM factor held in a tensor), the
+// call goes to the Python object `impl` (fastcomms.device_mesh's ops over the communicator), method
+// by method. The work keeps the op's tensors as the Python path does (a dropped unfinished work
+// parks them, NOTE [python tensors outlive their op]), and errors reach Python as the same
+// exceptions (NOTE [error mapping]).
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -22,7 +22,7 @@ namespace {
 
 // NOTE [compiled calls in C++]: the kernel of ``fastcomms::comm_call_``, the node a compiled
 // communicator call becomes (NOTE [compiled communicator methods], _compiled.py). A call that
-// needs nothing of Python (a C++ communicator without Python hooks or observers: its
+// needs nothing of Python (a C++ communicator without Python pre- or post-hooks: its
 // ``TorchComm._unhooked`` is set, NOTE [process group fast path]; synchronous; no per-call hints or
 // timeout; one of the methods below) runs here, on the C++ communicator, as the eager method's
 // own binding runs it (same checks, errors and parked tensors). Every other call goes to the

@@ -147,13 +147,16 @@ void bind_hooks(py::module_& m) {
       .def(
           "register_pre_hook",
           [](PyComm& c, py::function fn, bool fast) {
+            // held(): copies of the hook (the registry's, made on the op's thread without the
+            // GIL) share one reference instead of counting the Python object's
             auto h = std::make_shared<RemovableHandle>(
-                c.comm->register_pre_hook([fn, fast](const OpInfo& i) {
+                c.comm->register_pre_hook([fn = held(std::move(fn)), fast](const OpInfo& i) {
                   py::gil_scoped_acquire gil;
                   if (fast) {
-                    fn(std::string(op_name(i.op)), i.op_id, i.async_op, frontend_args(i.frontend));
+                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op,
+                          frontend_args(i.frontend));
                   } else {
-                    fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op);
                   }
                 }));
             return py::cpp_function([h] { h->remove(); });
@@ -165,12 +168,13 @@ void bind_hooks(py::module_& m) {
           "register_post_hook",
           [](PyComm& c, py::function fn, bool fast) {
             auto h = std::make_shared<RemovableHandle>(
-                c.comm->register_post_hook([fn, fast](const OpInfo& i) {
+                c.comm->register_post_hook([fn = held(std::move(fn)), fast](const OpInfo& i) {
                   py::gil_scoped_acquire gil;
                   if (fast) {
-                    fn(std::string(op_name(i.op)), i.op_id, i.async_op, i.frontend != nullptr);
+                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op,
+                          is_hook_frontend(i.frontend));
                   } else {
-                    fn(std::string(op_name(i.op)), i.op_id, i.async_op);
+                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op);
                   }
                 }));
             return py::cpp_function([h] { h->remove(); });
@@ -179,10 +183,11 @@ void bind_hooks(py::module_& m) {
           "fn(name, op_id, async_op), and with `fast` whether it is a fast-path op.")
       .def_static("next_op_id", &next_op_id)  // NOTE [op ids]: Python backends draw from it
       .def("register_abort_hook", [](PyComm& c, py::function fn) {
-        auto h = std::make_shared<RemovableHandle>(c.comm->register_abort_hook([fn] {
-          py::gil_scoped_acquire gil;
-          fn();
-        }));
+        auto h = std::make_shared<RemovableHandle>(
+            c.comm->register_abort_hook([fn = held(std::move(fn))] {
+              py::gil_scoped_acquire gil;
+              (*fn)();
+            }));
         return py::cpp_function([h] { h->remove(); });
       });
 }

@@ -58,10 +58,16 @@ struct HookFrontend {
   pybind11::object (*args)(const HookFrontend&) = nullptr;
 };
 
+/// Whether an op's frontend is a fast path's HookFrontend.
+inline bool is_hook_frontend(const void* frontend) {
+  const auto* f = static_cast<const HookFrontend*>(frontend);
+  return f != nullptr && f->tag == HookFrontend::kTag && f->args != nullptr;
+}
+
 /// The Python arguments of a fast-path op's frontend, or None for an op without one (GIL held).
 inline pybind11::object frontend_args(const void* frontend) {
+  if (!is_hook_frontend(frontend)) return pybind11::none();
   const auto* f = static_cast<const HookFrontend*>(frontend);
-  if (f == nullptr || f->tag != HookFrontend::kTag || f->args == nullptr) return pybind11::none();
   return f->args(*f);
 }
 

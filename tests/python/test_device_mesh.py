@@ -197,7 +197,7 @@ def process_group_fast_path(comm, rank, size):
     dist.all_reduce(ref)
     assert _same(t, ref)
     # NOTE [hooks on the fast path]: pre- and post-hooks leave the path on and see its calls as
-    # the Python path's (the same tensors, the reduction); an observer turns it off
+    # the Python path's (the same tensors, the reduction)
     seen, posted = [], []
     hook = comm.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id, args)))
     post = comm.register_post_hook(lambda op_id, args: posted.append((op_id, type(args).__name__)))

@@ -1,6 +1,6 @@
 # Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
 """The methods written from the operation table keep torchcomms' signatures (NOTE [operation
-table]), and hooks, observers and the C++ communicator share one registry and one op-id
+table]), and Python hooks, the C++ hooks and the C++ communicator share one registry and one op-id
 sequence (NOTE [one hook registry], NOTE [op ids]). One process, world 1 over gloo."""
 
 import inspect

@@ -438,6 +438,18 @@ def clog_lines(comm, rank, size):
     new = open(path).read().splitlines()[len(after) :]
     sig = f"all_reduce|in_count=2|out_count=2|dtype=f32|red_op=sum|async_op=t|buf={t.data_ptr():#x}"
     assert any(ln.endswith(f"|sig|{sig}|comm={name}") for ln in new), new
+    # the Ulysses collective transport's own byte exchange is logged, ended and waited when the
+    # transport waits for it (NOTE [wait observers])
+    from fastcomms.ulysses import UlyssesGroup
+
+    g = UlyssesGroup(comm)
+    start = len(open(path).read().splitlines())
+    g.all_to_all_4d(torch.randn(1, 2, size, 4))
+    new = open(path).read().splitlines()[start:]
+    assert any("|sig|all_to_all_v_single|" in ln and "|dtype=u8|" in ln for ln in new), new
+    kinds = [ln.split("|")[1] for ln in new if re.match(r"C\d+\|[QSEW]\|", ln)]
+    assert kinds[-4:] == ["Q", "S", "E", "W"], new
+    g.destroy()
     log.close()
     quiet.close()
     with pytest.raises(ValueError, match="unknown event"):

@@ -29,7 +29,9 @@ namespace fastcomms {
 /// call starts (S) at its pre-hook and ends (E) when it returns (on CUDA: issued in stream
 /// order); an asynchronous call starts when it is issued, and ends and is waited (E, W) when a
 /// wait on its work returns (works call nothing back when they complete, so an async call never
-/// waited logs no E). Lines written during CUDA graph capture carry no "G<id>|" prefix and
+/// waited logs no E). Ops the library issues for itself on the communicator (the Ulysses
+/// collective transport's byte exchanges) are logged too, their E and W when the transport waits
+/// for them. Lines written during CUDA graph capture carry no "G<id>|" prefix and
 /// replays log nothing. Thread-safe; each line is flushed as it is written.
 class Clog : public std::enable_shared_from_this<Clog> {
  public:
@@ -72,9 +74,9 @@ class Clog : public std::enable_shared_from_this<Clog> {
   std::FILE* file_ = nullptr;
   std::map<std::string, int> sigs_;
   uint64_t work_ids_ = 0;
-  // op id -> (corr id, async) of a logged op, nullopt for one clog does not log, until its
-  // post-hook; op id -> the ranks of a split
-  std::map<uint64_t, std::optional<std::pair<int, bool>>> open_;
+  // op id -> (corr id, async) of a logged op until its post-hook (or its error); op id -> the
+  // ranks of a split
+  std::map<uint64_t, std::pair<int, bool>> open_;
   std::map<uint64_t, std::vector<int>> splits_;
   std::vector<RemovableHandle> handles_;
 };
