@@ -721,7 +721,10 @@ class UlyssesAsync {
                     x.device().str(), " and ", dst.device().str());
     // the caller's current stream on x's device (not the current device's: a caller under
     // another device's guard, or that never set one, still orders x's producers before the call)
-    const c10::Stream caller = torch_current_stream(x.device().index());
+    // (device-generic: a build without CUDA runs this path for a torch.distributed group's CUDA
+    // tensors too)
+    const c10::Stream caller =
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device());
     c10::StreamGuard on_side(s);  // the side stream (and x's device) is current for the call
     {
       c10::Event ev(c10::DeviceType::CUDA);  // the side stream waits for the caller's
