@@ -2,6 +2,8 @@
 // The clog log (NOTE [clog] in clog.hpp).
 #include "fastcomms/core/clog.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "fastcomms/core/reduce_op.hpp"
 #include "fastcomms/error.hpp"
 
 namespace fastcomms {
@@ -47,28 +50,12 @@ const char* clog_dtype(DType dt) {
   return "other";
 }
 
-const char* clog_red(RedOpType t) {
-  switch (t) {
-    case RedOpType::kSum:
-      return "sum";
-    case RedOpType::kProduct:
-      return "prod";
-    case RedOpType::kMin:
-      return "min";
-    case RedOpType::kMax:
-      return "max";
-    case RedOpType::kBand:
-      return "band";
-    case RedOpType::kBor:
-      return "bor";
-    case RedOpType::kBxor:
-      return "bxor";
-    case RedOpType::kAvg:
-      return "avg";
-    case RedOpType::kPremulSum:
-      return "premul_sum";
-  }
-  return "unknown";
+// torchcomms' name of a reduction: torch's, in lower case, "prod" for PRODUCT
+std::string clog_red(RedOpType t) {
+  if (t == RedOpType::kProduct) return "prod";
+  std::string s(red_op_name(t));
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
 }
 
 std::string ptrs(std::span<const TensorView> ts) {

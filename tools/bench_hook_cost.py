@@ -57,20 +57,20 @@ def child(calls: int, loops: int) -> None:
             loop(fn)
         for _ in range(loops):
             for kind in KINDS:
-                fr = hook = None
+                rec = hook = None  # a FlightRecorderHook or a clog
                 if kind.endswith("+fr"):
-                    fr = FlightRecorderHook(max_entries=2048)
-                    fr.register_with_comm(comm)
+                    rec = FlightRecorderHook(max_entries=2048)
+                    rec.register_with_comm(comm)
                 if kind.endswith("+hook"):
                     hook = comm.register_pre_hook(lambda name, op_id, args: None)
                 if kind.endswith("+clog"):
-                    fr = clog(os.path.join(d, "clog.log"), ["ALL"])
-                    fr.register_with_comm(comm)
+                    rec = clog(os.path.join(d, "clog.log"), ["ALL"])
+                    rec.register_with_comm(comm)
                 out[kind].append(loop(eager if kind.startswith("eager") else via_pg))
-                if fr is not None:
-                    fr.unregister()
+                if rec is not None:
+                    rec.unregister()
                     if kind.endswith("+clog"):
-                        fr.close()
+                        rec.close()
                 if hook is not None:
                     hook.remove()
         comm.finalize()

@@ -138,6 +138,25 @@ void bind_clog(py::module_& m) {
       .def("close", &Clog::close, py::call_guard<py::gil_scoped_release>());
 }
 
+// A Python pre- or post-hook registered with `reg`: fn(name, op_id, async_op), and with `fast`
+// what `extra` makes of the op (NOTE [hooks on the fast path]); returns its remover. held():
+// copies of the hook (the registry's, made on the op's thread without the GIL) share one
+// reference instead of counting the Python object's.
+template <typename Register, typename Extra>
+py::cpp_function python_hook(Register reg, py::function fn, bool fast, Extra extra) {
+  auto h = std::make_shared<RemovableHandle>(
+      reg([fn = held(std::move(fn)), fast, extra](const OpInfo& i) {
+        py::gil_scoped_acquire gil;
+        const std::string name(op_name(i.op));
+        if (fast) {
+          (*fn)(name, i.op_id, i.async_op, extra(i));
+        } else {
+          (*fn)(name, i.op_id, i.async_op);
+        }
+      }));
+  return py::cpp_function([h] { h->remove(); });
+}
+
 }  // namespace
 
 void bind_hooks(py::module_& m) {
@@ -147,19 +166,9 @@ void bind_hooks(py::module_& m) {
       .def(
           "register_pre_hook",
           [](PyComm& c, py::function fn, bool fast) {
-            // held(): copies of the hook (the registry's, made on the op's thread without the
-            // GIL) share one reference instead of counting the Python object's
-            auto h = std::make_shared<RemovableHandle>(
-                c.comm->register_pre_hook([fn = held(std::move(fn)), fast](const OpInfo& i) {
-                  py::gil_scoped_acquire gil;
-                  if (fast) {
-                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op,
-                          frontend_args(i.frontend));
-                  } else {
-                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op);
-                  }
-                }));
-            return py::cpp_function([h] { h->remove(); });
+            return python_hook(
+                [&c](Communicator::PreHook h) { return c.comm->register_pre_hook(std::move(h)); },
+                std::move(fn), fast, [](const OpInfo& i) { return frontend_args(i.frontend); });
           },
           py::arg("fn"), py::arg("fast") = false,
           "fn(name, op_id, async_op), and with `fast` a fast-path op's arguments or None (NOTE "
@@ -167,17 +176,10 @@ void bind_hooks(py::module_& m) {
       .def(
           "register_post_hook",
           [](PyComm& c, py::function fn, bool fast) {
-            auto h = std::make_shared<RemovableHandle>(
-                c.comm->register_post_hook([fn = held(std::move(fn)), fast](const OpInfo& i) {
-                  py::gil_scoped_acquire gil;
-                  if (fast) {
-                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op,
-                          is_hook_frontend(i.frontend));
-                  } else {
-                    (*fn)(std::string(op_name(i.op)), i.op_id, i.async_op);
-                  }
-                }));
-            return py::cpp_function([h] { h->remove(); });
+            return python_hook(
+                [&c](Communicator::PostHook h) { return c.comm->register_post_hook(std::move(h)); },
+                std::move(fn), fast,
+                [](const OpInfo& i) { return py::bool_(is_hook_frontend(i.frontend)); });
           },
           py::arg("fn"), py::arg("fast") = false,
           "fn(name, op_id, async_op), and with `fast` whether it is a fast-path op.")
