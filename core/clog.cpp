@@ -197,7 +197,8 @@ Clog::Clog(const std::string& path, Options options) : options_(options) {
   file_ = std::fopen(path.c_str(), "w");
   FASTCOMMS_CHECK(file_ != nullptr, kInvalidArgument, "clog: cannot open ", path,
                   " for writing: ", std::strerror(errno));
-  base_ = std::round(now_s() * 1000.0) / 1000.0;
+  // (rounded down, so no event is stamped before it: rounding up made the first events "+-0.000")
+  base_ = std::floor(now_s() * 1000.0) / 1000.0;
   char head[64];
   std::snprintf(head, sizeof(head), "V|1|base_timestamp=%.3f", base_);
   line(head);
@@ -215,7 +216,7 @@ void Clog::line(const std::string& text) {
 
 std::string Clog::stamp() const {
   char buf[48];
-  std::snprintf(buf, sizeof(buf), "+%.3f", now_s() - base_);
+  std::snprintf(buf, sizeof(buf), "+%.3f", std::max(0.0, now_s() - base_));
   return buf;
 }
 

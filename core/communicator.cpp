@@ -568,6 +568,7 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
   ctx.hints = &o.options.hints;
   ctx.prefix = prefix(op);
   ctx.stream = o.stream;
+  ctx.frontend = o.frontend;
   fp.op = static_cast<int32_t>(op);
   fp.key = o.call_key;
   ctx.fingerprint = fp;
@@ -609,7 +610,7 @@ WorkPtr Communicator::run(OpKind op, const CallOptions& o, Fn&& issue, CallFinge
 
 WorkPtr Communicator::send(const TensorView& t, int dst, const CallOptions& o) {
   const OpKind op = OpKind::kSend;
-  check_peer(op, "dst", dst, false);
+  check_peer(op, "dst", dst, backend_->capabilities().self_p2p);
   check_tensor(op, "tensor", t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->send(t, dst, c); }, {}, nullptr,
@@ -618,7 +619,7 @@ WorkPtr Communicator::send(const TensorView& t, int dst, const CallOptions& o) {
 
 WorkPtr Communicator::recv(const TensorView& t, int src, const CallOptions& o) {
   const OpKind op = OpKind::kRecv;
-  check_peer(op, "src", src, false);
+  check_peer(op, "src", src, backend_->capabilities().self_p2p);
   check_tensor(op, "tensor", t);
   return run(
       op, o, [&](const OpContext& c) { return backend_->recv(t, src, c); }, {}, nullptr,
@@ -659,7 +660,7 @@ WorkPtr Communicator::batch_p2p(const std::vector<P2POp>& ops, const CallOptions
     check_peer(op, p.kind == P2POp::Kind::kSend ? "send dst" : "recv src", p.peer, true);
     check_tensor(op, "tensor", p.tensor);
   }
-  check_self_pairs(op, ops);
+  if (!backend_->capabilities().self_p2p) check_self_pairs(op, ops);
   OpInfo rec{};
   rec.num_ops = ops.size();
   return run(

@@ -9,7 +9,7 @@ import torch
 import torch._C._distributed_c10d
 import torch.distributed.distributed_c10d
 import typing
-__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Clog', 'Comm', 'FlightRecorder', 'FlightRecorderShapes', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesAsync', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_geometry', 'ulysses_shapes']
+__all__: list[str] = ['AbortedError', 'AllGatherP', 'BackendError', 'Clog', 'Comm', 'FlightRecorder', 'ForwardingBackend', 'NanCheck', 'RedOpType', 'StoreWindow', 'TimeoutError', 'TypeError', 'UlyssesAsync', 'UlyssesTransport', 'UnsupportedError', 'ValueError', 'Window', 'Work', 'WorkStatus', 'arm_device_faults', 'build_info', 'built_backends', 'deregister_local_buffer', 'device_window', 'device_window_layout', 'has_transport', 'host_name', 'is_backend_built', 'make_backend', 'nvlink_decision', 'nvlink_matrix', 'process_group_transport', 'register_local_buffer', 'select_transport', 'store_window', 'ulysses_all_to_all_4d', 'ulysses_all_to_all_4d_fp8', 'ulysses_all_to_all_4d_fp8_out', 'ulysses_all_to_all_4d_out', 'ulysses_geometry', 'ulysses_shapes']
 class AbortedError(RuntimeError):
     pass
 class BackendError(RuntimeError):
@@ -121,6 +121,8 @@ class WorkStatus:
     def value(self) -> int:
         ...
 class Work:
+    def _set_status(self, arg0: WorkStatus) -> bool:
+        ...
     def _tensors_released(self) -> bool:
         ...
     def is_completed(self) -> bool:
@@ -138,7 +140,7 @@ class AllGatherP:
         ...
 class Comm:
     @staticmethod
-    def next_op_id() -> int:
+    def over_python_backend(arg0: typing.Any, arg1: str, arg2: typing.Any, arg3: str, arg4: typing.SupportsInt, arg5: typing.Any) -> Comm:
         ...
     def __init__(self, arg0: str, arg1: typing.SupportsInt, arg2: typing.SupportsInt, arg3: str, arg4: typing.SupportsInt, arg5: typing.Any, arg6: datetime.timedelta, arg7: bool, arg8: str, arg9: collections.abc.Mapping[str, str]) -> None:
         ...
@@ -192,6 +194,8 @@ class Comm:
         ...
     def new_window(self) -> Window:
         ...
+    def python_backend(self) -> typing.Any:
+        ...
     def rank(self) -> int:
         ...
     def recv(self, arg0: torch.Tensor, arg1: typing.SupportsInt, arg2: bool, arg3: datetime.timedelta | None, arg4: collections.abc.Mapping[str, str] | None) -> Work:
@@ -232,9 +236,6 @@ class Comm:
         ...
     def timeout(self) -> datetime.timedelta:
         ...
-class FlightRecorderShapes:
-    def __init__(self, arg0: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt]], arg1: collections.abc.Sequence[str], arg2: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt]], arg3: collections.abc.Sequence[str]) -> None:
-        ...
 class FlightRecorder:
     """
     NOTE [flight recorder in C++]; fastcomms.hooks wraps it.
@@ -253,12 +254,6 @@ class FlightRecorder:
         ...
     def groups(self) -> list:
         ...
-    def issued(self, arg0: typing.SupportsInt) -> None:
-        ...
-    def record(self, arg0: str, arg1: str, arg2: typing.SupportsInt, arg3: typing.SupportsInt, arg4: typing.SupportsInt, arg5: str, arg6: typing.SupportsInt, arg7: bool, arg8: FlightRecorderShapes) -> None:
-        """
-        The pre-hook record of an op of a backend written in Python.
-        """
     def reset(self) -> None:
         ...
     def size(self) -> int:
@@ -285,10 +280,6 @@ class NanCheck:
         ...
     def attach(self, arg0: Comm) -> None:
         ...
-    def check(self, arg0: str, arg1: str, arg2: collections.abc.Sequence[torch.Tensor], arg3: collections.abc.Sequence[torch.Tensor]) -> None:
-        """
-        The check of one op's tensors (a backend written in Python has no C++ hook).
-        """
     def check_pending(self) -> None:
         """
         Raises for a NaN a completed device check found.

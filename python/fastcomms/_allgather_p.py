@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from . import _hook_types as _ht
-from ._C import UnsupportedError
 from ._ops import _hooked
 from ._options import _ms, _TypeError, _ValueError
 from ._work import TorchWork
@@ -49,13 +48,7 @@ def _where(comm, op: str) -> str:
 
 
 def _native(comm, op: str):
-    c = comm._c
-    if not hasattr(c, "all_gather_p_init"):
-        raise UnsupportedError(
-            f"{_where(comm, op)} backend '{comm.get_backend()}' has no persistent all-gather "
-            "(a Python backend, TorchCommBackend, implements none)"
-        )
-    return c
+    return comm._c  # (a Python backend's gathers as its all_gather_single)
 
 
 def _check_handle(comm, handle, op: str) -> AllGatherPHandle:

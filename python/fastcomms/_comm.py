@@ -155,8 +155,8 @@ class TorchComm(_OpaqueBase):
     def _refresh_fast(self) -> None:
         """NOTE [process group fast path]: the C++ communicator a process group may call directly
         (its Python pre- and post-hooks see the call there: NOTE [hooks on the fast path]), or
-        None for a Python backend."""
-        c = self._c if isinstance(self._c, _C.Comm) else None
+        None for a Python backend (NOTE [python backend trampoline])."""
+        c = self._c if isinstance(self._c, _C.Comm) and self._c.python_backend() is None else None
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
         self._fast = c
         self._unhooked = None if self._hooked else c
@@ -209,6 +209,9 @@ class TorchComm(_OpaqueBase):
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._c.set_timeout(_ms(timeout))
+        impl = self._c.python_backend() if isinstance(self._c, _C.Comm) else None
+        if impl is not None and hasattr(impl, "set_timeout"):  # torchcomms' protocol passes it on
+            impl.set_timeout(timeout)
 
     def set_hints(self, hints: dict[str, str]) -> None:
         self._c.set_hints(dict(hints))
@@ -260,9 +263,8 @@ class TorchComm(_OpaqueBase):
     def get_backend_impl(self):
         """The backend object under this communicator (torchcomms' escape hatch): the extension's
         communicator, or the ``TorchCommBackend`` instance of a Python backend."""
-        from ._pybackend import Shim
-
-        return self._c._b if isinstance(self._c, Shim) else self._c
+        impl = self._c.python_backend() if isinstance(self._c, _C.Comm) else None
+        return self._c if impl is None else impl
 
     def get_nccl_comm_ptr(self) -> int:
         """The NCCL communicator (``ncclComm_t``) as an int, for torch's symmetric memory and other
@@ -347,7 +349,7 @@ class TorchComm(_OpaqueBase):
         return self._add_hook("abort", fn)
 
     def _register(self, kind: str, cb):
-        """``cb`` in the C++ registry (the Shim's for a Python backend); its remover. A C++
+        """``cb`` in the C++ communicator's registry; its remover. A C++
         communicator's pre/post callbacks get the fast path's arguments too (NOTE [hooks on the
         fast path])."""
         register = getattr(self._c, f"register_{kind}_hook")
@@ -586,13 +588,14 @@ def new_comm(
         name = name or f"{backend}_{next(_names)}"
         unconfigured, options = _reconfigure.new_reconfigurable(backend, name, opts, hints, store)
         return TorchComm(unconfigured, device, options)
-    if backend in _registry._python_backends:
-        from ._pybackend import Shim
-
+    if backend in _registry._python_backends:  # NOTE [python backend trampoline]
         opts.hints, opts.name = hints, name or f"{backend}_{next(_names)}"
         impl = _registry._python_backends[backend]()
         impl.init(device, opts.name, opts)
-        return TorchComm(Shim(impl, backend, opts.name, opts, ReduceOp), device, opts)
+        c = _C.Comm.over_python_backend(
+            impl, backend, opts, device.type, device.index or 0, ReduceOp
+        )
+        return TorchComm(c, device, opts)
     try:
         launch = _bootstrap.required()
         given = store

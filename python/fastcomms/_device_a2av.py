@@ -32,13 +32,6 @@ def _where(c) -> str:
 
 def _native(c):
     """``c`` if it is a communicator of the extension on a CUDA device; else why not."""
-    if not isinstance(c, _C.Comm):
-        where = _where(c)
-        # Refused rather than silently slow: a Python backend has no device buffers to map.
-        raise UnsupportedError(
-            f"{where} runs on fastcomms' built-in CUDA backends (nvlink, nccl), not on a Python "
-            f"backend ({type(c).__name__})"
-        )
     backend = c.backend()
     if backend == "gloo" or not backend.startswith(("nccl", "nvlink")):
         where = _where(c)

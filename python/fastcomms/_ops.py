@@ -146,9 +146,9 @@ def methods(namespace: dict) -> dict[str, typing.Callable]:
     return out
 
 
-# NOTE [one hook registry]: a communicator's hooks live in the C++ communicator's registry (for a
-# Python backend, in the Shim that stands in for it: fastcomms/_pybackend.py), which numbers the
-# ops (NOTE [op ids]) and calls them on the calling thread. A Python hook is registered there as a
+# NOTE [one hook registry]: a communicator's hooks live in the C++ communicator's registry (a
+# backend written in Python's too: NOTE [python backend trampoline]), which numbers the ops
+# (NOTE [op ids]) and calls them on the calling thread. A Python hook is registered there as a
 # callback that finds the call in flight on its thread (``_calls``; set only on the hooked path,
 # so a communicator without hooks pays one attribute test per call) and builds torchcomms'
 # argument objects from it, once per call for all hooks. Post-hooks run as the C++ side reports

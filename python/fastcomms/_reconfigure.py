@@ -13,7 +13,6 @@ import socket
 from . import _C, _bootstrap, _registry
 from ._C import UnsupportedError
 from ._options import CommOptions, _ms, _TypeError, _ValueError
-from ._pybackend import _Standin
 from ._work import _DoneWork
 
 
@@ -27,9 +26,26 @@ class ReconfigureOptions:
         self.hints = dict(hints or {})
 
 
-class _Unconfigured(_Standin):
+class _Unconfigured:
     """What a communicator made with ``enable_reconfigure=True`` holds until its first
-    ``reconfigure``: it knows its name and backend, and every op says to reconfigure first."""
+    ``reconfigure``: it knows its name, backend, timeout and hints, and every op says to
+    reconfigure first."""
+
+    def __init__(self, backend, name, timeout, hints) -> None:
+        self._backend, self._name, self._timeout = backend, name, timeout
+        self._hints = dict(hints)
+
+    def name(self):
+        return self._name
+
+    def backend(self):
+        return self._backend
+
+    def timeout(self):
+        return self._timeout
+
+    def hints(self):
+        return dict(self._hints)
 
     def set_timeout(self, td) -> None:
         self._timeout = td

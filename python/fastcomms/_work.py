@@ -56,11 +56,11 @@ class TorchWork:
     def _set_status(self, status: WorkStatus) -> None:
         """Sets the status of a work a Python backend returned (torchcomms': for backends whose
         works finish out of band); other works raise RuntimeError."""
-        if not isinstance(self._work, _Work):
-            raise RuntimeError("_set_status is only supported on Python-created work objects")
         if not isinstance(status, WorkStatus):
             raise TypeError(f"_set_status: status must be a WorkStatus, got {status!r}")
-        self._work._set = status
+        set_status = getattr(self._work, "_set_status", None)
+        if set_status is None or not set_status(status):
+            raise RuntimeError("_set_status is only supported on Python-created work objects")
 
     def wait_blocking(self) -> None:
         """Blocks this thread until the op has finished (``wait()`` on a CUDA backend only
@@ -85,34 +85,6 @@ class _DoneWork:
 
     def status(self) -> WorkStatus:
         return WorkStatus.COMPLETED
-
-
-class _Work:
-    """A backend method's result as the communicator's Work."""
-
-    def __init__(self, result):
-        self._r = result
-        self._waited = False
-        self._set = None  # the status TorchWork._set_status gave it (torchcomms')
-
-    def wait(self):
-        if self._r is not None:
-            self._r.wait()
-        self._waited = True  # a work without is_completed is complete once waited for
-        self._set = None  # as torchcomms' Python work: COMPLETED once waited
-
-    def is_completed(self):
-        if self._set is not None:
-            return self._set == WorkStatus.COMPLETED
-        if self._r is None or self._waited:
-            return True
-        done = getattr(self._r, "is_completed", None)
-        return bool(done()) if done is not None else False
-
-    def status(self):
-        if self._set is not None:
-            return self._set
-        return WorkStatus.COMPLETED if self.is_completed() else WorkStatus.INPROGRESS
 
 
 class UlyssesWork:

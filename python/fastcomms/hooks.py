@@ -3,8 +3,8 @@
 ``FlightRecorderHook`` (the last operations, in torch's flight-recorder trace format),
 ``NanCheckHook`` (raises before an operation whose input holds a NaN) and ``clog`` (torchcomms'
 clog log, NOTE [clog]): each wraps C++ hooks on the communicator (attached through
-``TorchComm._attach_cpp``, so they follow it through a reconfigure); the flight recorder also
-takes a backend written in Python through its Python hooks."""
+``TorchComm._attach_cpp``, so they follow it through a reconfigure), for every backend: one
+written in Python is under the C++ communicator too (NOTE [python backend trampoline])."""
 
 from __future__ import annotations
 
@@ -15,54 +15,9 @@ import pickle
 import weakref
 from typing import Any
 
-import torch
-
 from . import _C
-from ._pybackend import Shim
 
 __all__ = ["FlightRecorderHook", "NanCheckHook", "clog"]
-
-
-def _tensors(args: Any) -> list[tuple[str, Any]]:
-    """(label, tensor) pairs of a pre-hook argument object: its tensor, input and output."""
-    out = []
-    for label in ("tensor", "input", "output"):
-        v = getattr(args, label, None) if label in getattr(args, "_fields", ()) else None
-        if isinstance(v, torch.Tensor):
-            out.append((label, v))
-        elif isinstance(v, list | tuple):
-            out.extend((f"{label}[{i}]", t) for i, t in enumerate(v) if isinstance(t, torch.Tensor))
-    return out
-
-
-# torch's names of the scalar types, as its flight recorder writes them ("Float", "Long", ...)
-_DTYPE_NAMES = {
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.int16: "Short",
-    torch.int32: "Int",
-    torch.int64: "Long",
-    torch.bool: "Bool",
-    torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}
-
-
-def _sizes_and_dtypes(tensors):
-    return [list(t.shape) for t in tensors], [
-        _DTYPE_NAMES.get(t.dtype, str(t.dtype).split(".")[-1]) for t in tensors
-    ]
-
-
-def _io(args: Any) -> tuple[list, list]:
-    """(inputs, outputs) of a pre-hook argument object; an in-place ``tensor`` is both."""
-    pairs = _tensors(args)
-    ins = [t for label, t in pairs if label == "tensor" or label.startswith("input")]
-    return ins, [t for label, t in pairs if not label.startswith("input")]
 
 
 class _Registered:
@@ -120,34 +75,9 @@ class FlightRecorderHook(_Registered):
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts recording ``comm``'s operations."""
-        if isinstance(comm._c, _C.Comm):
-            dump = functools.partial(_dump_for, weakref.ref(self))
-            self._handles.append(comm._attach_cpp(lambda c: self._fr.attach(c, dump)))
-            self._attached = True
-            return
-        self._register_python_backend(comm)
-
-    def _register_python_backend(self, comm: Any) -> None:
-        """A backend written in Python has no C++ communicator to hook: its calls are recorded
-        from its Python hooks."""
-        name, backend = comm.get_name(), comm.get_backend()
-        rank, size = comm.get_rank(), comm.get_size()
-        timeout_ms = max(1, int(comm.get_options().timeout.total_seconds() * 1000))
-
-        def pre(op, op_id, args):
-            ins, outs = _io(args)
-            in_sizes, in_dtypes = _sizes_and_dtypes(ins)
-            out_sizes, out_dtypes = _sizes_and_dtypes(outs)
-            shapes = _C.FlightRecorderShapes(in_sizes, in_dtypes, out_sizes, out_dtypes)
-            opname = getattr(op, "value", str(op))
-            async_op = bool(getattr(args, "async_op", False))
-            self._fr.record(name, backend, rank, size, timeout_ms, opname, op_id, async_op, shapes)
-
-        self._handles += [
-            comm.register_pre_hook(pre),
-            comm.register_post_hook(lambda op_id, args: self._fr.issued(op_id)),
-            comm.register_abort_hook(lambda: self.dump_file(rank)),
-        ]
+        dump = functools.partial(_dump_for, weakref.ref(self))
+        self._handles.append(comm._attach_cpp(lambda c: self._fr.attach(c, dump)))
+        self._attached = True
 
     def unregister(self) -> None:
         """Stops (what was recorded stays)."""
@@ -243,20 +173,7 @@ class NanCheckHook(_Registered):
         self._registered_count = 0
 
     def register_with_comm(self, comm: Any) -> None:
-        if isinstance(comm._c, _C.Comm):
-            self._handles.append(comm._attach_cpp(self._nc.attach))
-        else:  # a backend written in Python: the same check, from its Python hooks
-            name = comm.get_name()
-
-            def floating(ts):
-                return [t for t in ts if t.is_floating_point()]
-
-            def pre(op, op_id, args):
-                ins, outs = _io(args)
-                opname = getattr(op, "value", str(op))
-                self._nc.check(opname, name, floating(ins), floating(outs))
-
-            self._handles.append(comm.register_pre_hook(pre))
+        self._handles.append(comm._attach_cpp(self._nc.attach))
         self._registered_count += 1
 
     def unregister(self) -> None:
@@ -301,11 +218,6 @@ class clog(_Registered):  # noqa: N801  (torchcomms' name)
 
     def register_with_comm(self, comm: Any) -> None:
         """Starts logging ``comm``'s operations (writes its ``new_comm`` line)."""
-        if isinstance(comm._c, Shim):  # (one awaiting reconfigure attaches when it is made)
-            raise _C.UnsupportedError(
-                f"clog: communicator {comm.get_name()!r} runs a backend written in Python "
-                f"({comm.get_backend()!r}); clog logs the C++ backends' communicators"
-            )
         self._handles.append(comm._attach_cpp(self._log.attach))
 
     def unregister(self) -> None:

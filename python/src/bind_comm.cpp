@@ -116,11 +116,13 @@ void bind_comm(py::module_& m) {
            })
       .def("send",
            [](PyComm& c, at::Tensor t, int dst, bool a, Ms to, H h) {
-             return issue(c, {t}, [&] { return c.comm->send(view(t), dst, c.opts(a, to, h)); });
+             return issue(c, {t}, a, to, h,
+                          [&](const CallOptions& o) { return c.comm->send(view(t), dst, o); });
            })
       .def("recv",
            [](PyComm& c, at::Tensor t, int src, bool a, Ms to, H h) {
-             return issue(c, {t}, [&] { return c.comm->recv(view(t), src, c.opts(a, to, h)); });
+             return issue(c, {t}, a, to, h,
+                          [&](const CallOptions& o) { return c.comm->recv(view(t), src, o); });
            })
       .def("batch",
            [](PyComm& c, std::vector<std::tuple<bool, at::Tensor, int>> ops, bool a, Ms to, H h) {
@@ -130,40 +132,43 @@ void bind_comm(py::module_& m) {
                p.push_back({is_send ? P2POp::Kind::kSend : P2POp::Kind::kRecv, view(t), peer});
                keep.push_back(t);
              }
-             return issue(c, keep, [&] { return c.comm->batch_p2p(p, c.opts(a, to, h)); });
+             return issue(c, keep, a, to, h,
+                          [&](const CallOptions& o) { return c.comm->batch_p2p(p, o); });
            })
       .def("broadcast",
            [](PyComm& c, at::Tensor t, int root, bool a, Ms to, H h) {
-             return issue(c, {t},
-                          [&] { return c.comm->broadcast(view(t), root, c.opts(a, to, h)); });
+             return issue(c, {t}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->broadcast(view(t), root, o);
+             });
            })
       .def("all_reduce",
            [](PyComm& c, at::Tensor t, RedOpType op, Factor f, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep{t};
              const ReduceOp r = to_op(op, f, t, keep);
-             return issue(c, keep,
-                          [&] { return c.comm->all_reduce(view(t), r, c.opts(a, to, h)); });
+             return issue(c, keep, a, to, h,
+                          [&](const CallOptions& o) { return c.comm->all_reduce(view(t), r, o); });
            })
       .def("reduce",
            [](PyComm& c, at::Tensor t, int root, RedOpType op, Factor f, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep{t};
              const ReduceOp r = to_op(op, f, t, keep);
-             return issue(c, keep,
-                          [&] { return c.comm->reduce(view(t), root, r, c.opts(a, to, h)); });
+             return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+               return c.comm->reduce(view(t), root, r, o);
+             });
            })
       .def("all_gather",
            [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, bool v, bool a, Ms to, H h) {
              std::vector<at::Tensor> keep = outs;
              keep.push_back(in);
-             return issue(c, keep, [&] {
-               return v ? c.comm->all_gather_v(views(outs), view(in), c.opts(a, to, h))
-                        : c.comm->all_gather(views(outs), view(in), c.opts(a, to, h));
+             return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+               return v ? c.comm->all_gather_v(views(outs), view(in), o)
+                        : c.comm->all_gather(views(outs), view(in), o);
              });
            })
       .def("all_gather_single",
            [](PyComm& c, at::Tensor out, at::Tensor in, bool a, Ms to, H h) {
-             return issue(c, {out, in}, [&] {
-               return c.comm->all_gather_single(view(out), view(in), c.opts(a, to, h));
+             return issue(c, {out, in}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->all_gather_single(view(out), view(in), o);
              });
            })
       .def("reduce_scatter",
@@ -172,9 +177,9 @@ void bind_comm(py::module_& m) {
              std::vector<at::Tensor> keep = ins;
              keep.push_back(out);
              const ReduceOp r = to_op(op, f, out, keep);
-             return issue(c, keep, [&] {
-               return v ? c.comm->reduce_scatter_v(view(out), views(ins), r, c.opts(a, to, h))
-                        : c.comm->reduce_scatter(view(out), views(ins), r, c.opts(a, to, h));
+             return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+               return v ? c.comm->reduce_scatter_v(view(out), views(ins), r, o)
+                        : c.comm->reduce_scatter(view(out), views(ins), r, o);
              });
            })
       .def(
@@ -182,22 +187,21 @@ void bind_comm(py::module_& m) {
           [](PyComm& c, at::Tensor out, at::Tensor in, RedOpType op, Factor f, bool a, Ms to, H h) {
             std::vector<at::Tensor> keep{out, in};
             const ReduceOp r = to_op(op, f, out, keep);
-            return issue(c, keep, [&] {
-              return c.comm->reduce_scatter_single(view(out), view(in), r, c.opts(a, to, h));
+            return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+              return c.comm->reduce_scatter_single(view(out), view(in), r, o);
             });
           })
       .def("all_to_all_single",
            [](PyComm& c, at::Tensor out, at::Tensor in, bool a, Ms to, H h) {
-             return issue(c, {out, in}, [&] {
-               return c.comm->all_to_all_single(view(out), view(in), c.opts(a, to, h));
+             return issue(c, {out, in}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->all_to_all_single(view(out), view(in), o);
              });
            })
       .def("all_to_all_v_single",
            [](PyComm& c, at::Tensor out, at::Tensor in, std::vector<int64_t> out_s,
               std::vector<int64_t> in_s, bool a, Ms to, H h) {
-             return issue(c, {out, in}, [&] {
-               return c.comm->all_to_all_v_single(view(out), view(in), out_s, in_s,
-                                                  c.opts(a, to, h));
+             return issue(c, {out, in}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->all_to_all_v_single(view(out), view(in), out_s, in_s, o);
              });
            })
       .def("all_to_all",
@@ -205,21 +209,22 @@ void bind_comm(py::module_& m) {
               H h) {
              std::vector<at::Tensor> keep = outs;
              keep.insert(keep.end(), ins.begin(), ins.end());
-             return issue(c, keep, [&] {
-               return c.comm->all_to_all(views(outs), views(ins), c.opts(a, to, h));
+             return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+               return c.comm->all_to_all(views(outs), views(ins), o);
              });
            })
       .def("barrier",
            [](PyComm& c, bool a, Ms to, H h) {
-             return issue(c, {}, [&] { return c.comm->barrier(c.opts(a, to, h)); });
+             return issue(c, {}, a, to, h,
+                          [&](const CallOptions& o) { return c.comm->barrier(o); });
            })
       .def(
           "scatter",
           [](PyComm& c, at::Tensor out, std::vector<at::Tensor> ins, int root, bool a, Ms to, H h) {
             std::vector<at::Tensor> keep = ins;
             keep.push_back(out);
-            return issue(c, keep, [&] {
-              return c.comm->scatter(view(out), views(ins), root, c.opts(a, to, h));
+            return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+              return c.comm->scatter(view(out), views(ins), root, o);
             });
           })
       .def(
@@ -227,14 +232,14 @@ void bind_comm(py::module_& m) {
           [](PyComm& c, std::vector<at::Tensor> outs, at::Tensor in, int root, bool a, Ms to, H h) {
             std::vector<at::Tensor> keep = outs;
             keep.push_back(in);
-            return issue(c, keep, [&] {
-              return c.comm->gather(views(outs), view(in), root, c.opts(a, to, h));
+            return issue(c, keep, a, to, h, [&](const CallOptions& o) {
+              return c.comm->gather(views(outs), view(in), root, o);
             });
           })
       .def("gather_single",
            [](PyComm& c, at::Tensor out, at::Tensor in, int root, bool a, Ms to, H h) {
-             return issue(c, {out, in}, [&] {
-               return c.comm->gather_single(view(out), view(in), root, c.opts(a, to, h));
+             return issue(c, {out, in}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->gather_single(view(out), view(in), root, o);
              });
            })
       .def("split",
@@ -292,8 +297,8 @@ void bind_comm(py::module_& m) {
            })
       .def("all_gather_p_exec",
            [](PyComm& c, PyAllGatherP& p, at::Tensor in, bool a, Ms to, H h) {
-             return issue(c, {p.output, in}, [&] {
-               return c.comm->all_gather_p_exec(*p.h, view(in), c.opts(a, to, h));
+             return issue(c, {p.output, in}, a, to, h, [&](const CallOptions& o) {
+               return c.comm->all_gather_p_exec(*p.h, view(in), o);
              });
            })
       .def("all_gather_p_free", [](PyComm& c, PyAllGatherP& p) {

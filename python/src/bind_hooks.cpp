@@ -2,9 +2,8 @@
 // Hooks on a communicator from Python (NOTE [one hook registry] in fastcomms/_ops.py): pre and
 // post hooks see the op's name, id and async flag, and a fast-path op's arguments (pre: its
 // tensors, NOTE [hooks on the fast path] in py_common.hpp; post: whether it is one); abort hooks
-// run before an abort; a Python backend draws its op ids from the same counter (NOTE [op ids]).
-// Each registration returns its remover. The flight recorder is C++ (NOTE [flight recorder in
-// C++]); fastcomms.hooks wraps it.
+// run before an abort. Each registration returns its remover. The flight recorder is C++ (NOTE
+// [flight recorder in C++]); fastcomms.hooks wraps it.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -71,11 +70,6 @@ py::dict entry_dict(const FlightRecorder::Entry& e) {
 
 void bind_flight_recorder(py::module_& m) {
   using FR = FlightRecorder;
-  py::class_<FR::Shapes>(m, "FlightRecorderShapes")
-      .def(py::init([](std::vector<std::vector<int64_t>> is, std::vector<std::string> id,
-                       std::vector<std::vector<int64_t>> os, std::vector<std::string> od) {
-        return FR::Shapes{std::move(is), std::move(os), std::move(id), std::move(od)};
-      }));
   py::class_<FR, std::shared_ptr<FR>>(m, "FlightRecorder",
                                       "NOTE [flight recorder in C++]; fastcomms.hooks wraps it.")
       .def(py::init<size_t, bool>(), py::arg("max_entries"), py::arg("isolated"))
@@ -93,15 +87,6 @@ void bind_flight_recorder(py::module_& m) {
       .def("enabled", &FR::enabled)
       .def("size", &FR::size)
       .def("reset", &FR::reset)
-      .def(
-          "record",
-          [](FR& f, const std::string& comm, const std::string& backend, int rank, int size,
-             int64_t timeout_ms, const std::string& op, uint64_t op_id, bool async_op,
-             FR::Shapes shapes) {
-            f.record(comm, backend, rank, size, timeout_ms, op, op_id, async_op, std::move(shapes));
-          },
-          "The pre-hook record of an op of a backend written in Python.")
-      .def("issued", [](FR& f, uint64_t op_id) { f.issued(op_id, nullptr); })
       .def("entries",
            [](FR& f, bool include_completed) {
              py::list out;
@@ -183,7 +168,6 @@ void bind_hooks(py::module_& m) {
           },
           py::arg("fn"), py::arg("fast") = false,
           "fn(name, op_id, async_op), and with `fast` whether it is a fast-path op.")
-      .def_static("next_op_id", &next_op_id)  // NOTE [op ids]: Python backends draw from it
       .def("register_abort_hook", [](PyComm& c, py::function fn) {
         auto h = std::make_shared<RemovableHandle>(
             c.comm->register_abort_hook([fn = held(std::move(fn))] {

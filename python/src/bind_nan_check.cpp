@@ -200,15 +200,6 @@ void bind_nan_check(py::module_& m) {
       .def(py::init<bool, bool>(), py::arg("check_inputs"), py::arg("check_outputs"))
       .def("attach", [](NanCheck& n, const PyComm& c) { n.attach(c.comm); })
       .def("detach", &NanCheck::detach)
-      .def(
-          "check",
-          [](NanCheck& n, const std::string& op, const std::string& comm,
-             const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs) {
-            const std::vector<TensorView> in = views(ins), out = views(outs);
-            n.check_pending();
-            n.check(op, comm, in, out);
-          },
-          "The check of one op's tensors (a backend written in Python has no C++ hook).")
       .def("check_pending", &NanCheck::check_pending,
            "Raises for a NaN a completed device check found.")
       .def("pending", &NanCheck::pending, "Device checks not read yet.");

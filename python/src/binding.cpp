@@ -24,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
   fp::bind_errors(m);  // first: every other component raises these
   fp::bind_store(m);
   fp::bind_comm(m);  // before the components that add methods to Comm
+  fp::bind_pybackend(m);
   fp::bind_hooks(m);
   fp::bind_nan_check(m);
   fp::bind_window(m);

@@ -23,6 +23,8 @@ void bind_errors(pybind11::module_& m);
 void bind_store(pybind11::module_& m);
 /// The communicator (Comm), its works, enums and the backend registry.
 void bind_comm(pybind11::module_& m);
+/// Backends written in Python under the C++ communicator (NOTE [python backend trampoline]).
+void bind_pybackend(pybind11::module_& m);
 /// Hooks on a communicator (pre, post, abort) and the op ids Python backends draw.
 void bind_hooks(pybind11::module_& m);
 /// The NaN check, a C++ hook (NOTE [NaN check on the device]).

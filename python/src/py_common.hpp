@@ -71,6 +71,10 @@ inline pybind11::object frontend_args(const void* frontend) {
   return f->args(*f);
 }
 
+/// The name under which a backend written in Python lends itself (NOTE [python backend
+/// trampoline] in bind_pybackend.cpp): a layer that issues ops from C++ refuses its communicator.
+inline constexpr const char* kLentPythonBackend = "python_backend";
+
 /// The communicator Python holds (fastcomms._C.Comm; TorchComm._c).
 struct PyComm {
   std::shared_ptr<Communicator> comm;

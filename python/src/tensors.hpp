@@ -68,6 +68,38 @@ PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, Fn&& fn) {
   return pw;
 }
 
+/// NOTE [python backend trampoline]: what the Python methods' calls (bind_comm.cpp) hand the
+/// communicator as CallOptions::frontend: the call's torch tensors, in the order its Backend call
+/// lists its views (a list's tensors, then the tensor beside it; a reduction's factor tensor
+/// last), so a backend written in Python (bind_pybackend.cpp) is called with the caller's own
+/// tensor objects. Hooks see it as OpInfo::frontend and ignore it (it is no HookFrontend).
+struct CallTensors {
+  static constexpr uint64_t kTag = 0x66632d74656e736fULL;  // "fc-tenso"
+  uint64_t tag = kTag;
+  const std::vector<at::Tensor>* tensors = nullptr;
+};
+
+/// issue(), the call's tensors `keep` handed to fn as its CallOptions' frontend (NOTE [python
+/// backend trampoline]): fn(const CallOptions&) issues the op with the options of
+/// (async_op, timeout, hints).
+template <typename Fn>
+PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, bool async_op,
+             std::optional<std::chrono::milliseconds> timeout, std::optional<Hints> hints,
+             Fn&& fn) {
+  CallOptions o = c.opts(async_op, timeout, std::move(hints));
+  const CallTensors rec{CallTensors::kTag, &keep};
+  o.frontend = &rec;
+  WorkPtr w;
+  {
+    pybind11::gil_scoped_release release;
+    w = fn(static_cast<const CallOptions&>(o));
+  }
+  release_finished();
+  PyWork pw(std::move(w), std::move(keep));
+  pw.abort_on_error = c.comm->process_abort_on_error();
+  return pw;
+}
+
 /// A Ulysses call on `stream` (default: the caller's current torch stream of x's device), the
 /// GIL released while it is issued; the Work keeps x and out.
 PyWork transport_call(UlyssesTransport& tr, const at::Tensor& x, const at::Tensor& out,

@@ -109,17 +109,6 @@ def test_finalize_and_async_hooks(monkeypatch):
     assert pre[-1] == (OpName.finalize, 0)
 
 
-def test_clog_refuses_a_python_backend(tmp_path):
-    from fastcomms.hooks import clog
-
-    fake = fastcomms.new_comm("fake", "cpu", "fake_clog")
-    log = clog(str(tmp_path / "c.log"), ["ALL"])
-    with pytest.raises(fastcomms.UnsupportedError, match="backend written in Python"):
-        log.register_with_comm(fake)
-    log.close()
-    fake.finalize()
-
-
 def test_python_backend_draws_from_the_sequence():
     fake = fastcomms.new_comm("fake", "cpu", "fake_ids")
     ids = []

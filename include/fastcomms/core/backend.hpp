@@ -64,6 +64,10 @@ struct Capabilities {
   uint64_t ops = 0;           ///< Bit (1 << OpKind) per supported op.
   bool cpu_tensors = false;   ///< Takes CPU tensors.
   bool cuda_tensors = false;  ///< Takes CUDA tensors.
+  /// Judges point-to-point ops with this rank itself on its own (a backend written in Python,
+  /// as torchcomms leaves it to its backends); else the communicator refuses a send or recv to
+  /// self and a self pair without its partner (NOTE [self pairs in a batch]).
+  bool self_p2p = false;
   bool supports(OpKind op) const { return (ops >> static_cast<int>(op)) & 1u; }
 };
 
@@ -125,6 +129,11 @@ struct OpContext {
   /// Bytes to and from every peer for the ops whose sizes differ per peer (the _v forms and the
   /// list all_to_all), for the call check; empty for the others.
   std::vector<int64_t> peer_out, peer_in;
+  /// The caller's own record of the call (CallOptions::frontend), opaque to the core. Only a
+  /// backend made by the same layer as the caller reads it (NOTE [python backend trampoline]:
+  /// a backend written in Python gets the call's torch tensors from it); null for an op the
+  /// library issues for itself.
+  const void* frontend = nullptr;
 };
 
 /// NOTE [call check]: how a communicator's calls are compared across ranks (FASTCOMMS_CHECK_CALLS,

@@ -53,7 +53,7 @@ struct OpInfo {
 /// NOTE [op ids]: the next op id of the process. Every communicator of the process numbers its
 /// ops from this one sequence, starting at 1 (as torchcomms numbers ops across its
 /// communicators), so hooks and the flight recorder see ids that never repeat across
-/// communicators; a backend written in Python (fastcomms._pybackend) draws from it too.
+/// communicators, a backend written in Python's included (NOTE [python backend trampoline]).
 /// finalize takes none (its hooks see 0).
 uint64_t next_op_id();
 
@@ -85,8 +85,9 @@ struct CallOptions {
   /// of the fingerprint (NOTE [call check]): the Ulysses layer passes its geometry, so calls whose
   /// byte counts agree but whose layouts differ are caught too. 0: none.
   uint64_t call_key = 0;
-  /// The caller's own record of the call, handed to hooks as OpInfo::frontend (the Python
-  /// binding: the call's torch tensors, NOTE [hook op record]); the core never reads it.
+  /// The caller's own record of the call, handed to hooks as OpInfo::frontend (NOTE [hook op
+  /// record]) and to the backend as OpContext::frontend (NOTE [python backend trampoline]); the
+  /// core never reads it.
   const void* frontend = nullptr;
 };
 

@@ -43,8 +43,9 @@ class Work {
   }
   /// Current status; never blocks.
   virtual WorkStatus status() const = 0;
-  /// True once the op has finished, successfully or not.
-  bool is_completed() const {
+  /// True once the op has finished, successfully or not (a backend written in Python keeps
+  /// torchcomms' meaning of its works: complete only as COMPLETED).
+  virtual bool is_completed() const {
     const WorkStatus s = status();
     return s == WorkStatus::kCompleted || s == WorkStatus::kTimedOut || s == WorkStatus::kError;
   }

@@ -1,0 +1,214 @@
+# Copyright (c) fastcomms authors. SPDX-License-Identifier: Apache-2.0
+"""NOTE [python backend trampoline]: a backend written in Python (torchcomms' protocol) under the
+C++ communicator. Its methods get the caller's own tensor objects in torchcomms' order, its
+calls pass the communicator's argument checks and hooks (flight recorder, NaN check, clog), a
+sync op is waited for, the backend's own exceptions reach the caller as themselves, and the
+library's C++ paths refuse it. One process, no store."""
+
+import json
+import re
+
+import fastcomms
+import pytest
+import torch
+from fastcomms import ReduceOp
+
+
+class Token:
+    """An async result: done once waited for."""
+
+    def __init__(self, log):
+        self.log, self.done = log, False
+
+    def wait(self):
+        self.done = True
+        self.log.append("wait")
+
+    def is_completed(self):
+        return self.done
+
+
+class Recording(fastcomms.TorchCommBackend):
+    """Rank 0 of 2; records every call's method and arguments and returns a Token."""
+
+    def init(self, device, name, options):
+        self.calls = []
+
+    def get_rank(self):
+        return 0
+
+    def get_size(self):
+        return 2
+
+    def __getattr__(self, method):
+        if method.startswith("_") or method in ("split", "get_backend_version"):
+            raise AttributeError(method)
+
+        def op(*args):
+            self.calls.append((method, args))
+            return Token(self.calls)
+
+        return op
+
+
+fastcomms.register_backend("recording_py", Recording)
+
+
+@pytest.fixture
+def rec():
+    comm = fastcomms.new_comm("recording_py", "cpu", f"rec{torch.randint(1 << 30, ()).item()}")
+    yield comm, comm.get_backend_impl()
+    comm.finalize()
+
+
+def _last(impl, method):
+    return next(c[1] for c in reversed(impl.calls) if c != "wait" and c[0] == method)
+
+
+def test_methods_get_the_callers_tensors_in_torchcomms_order(rec):
+    comm, impl = rec
+    assert isinstance(impl, Recording) and comm.get_backend() == "recording_py"
+    n = int(torch.randint(1, 5, ()).item())
+    x, y = torch.randn(2 * n), torch.randn(2 * n)
+    outs, ins = [torch.empty(n), torch.empty(n)], [torch.randn(n), torch.randn(n)]
+
+    comm.all_reduce(x, ReduceOp.MAX, False)
+    t, op, a = _last(impl, "all_reduce")
+    assert t is x and op.type == ReduceOp.MAX.type and a is False
+    factor = torch.tensor([0.5])
+    comm.reduce_scatter_v(outs[0], ins, ReduceOp.PREMUL_SUM(factor), True).wait()
+    out, lst, op, a = _last(impl, "reduce_scatter_v")
+    assert out is outs[0] and all(p is q for p, q in zip(lst, ins, strict=True)) and a is True
+    assert op.type == ReduceOp.PREMUL_SUM(factor).type and torch.equal(op.factor, factor)
+    comm.reduce(x, 1, ReduceOp.PREMUL_SUM(2.0), False)
+    t, root, op, _ = _last(impl, "reduce")
+    assert t is x and root == 1 and op.factor == 2.0
+    comm.all_gather(outs, ins[0], False)
+    lst, t, _ = _last(impl, "all_gather")
+    assert all(p is q for p, q in zip(lst, outs, strict=True)) and t is ins[0]
+    # the even forms arrive as themselves, not as the _v forms the communicator runs them as
+    comm.all_to_all_single(y, x, False)
+    assert _last(impl, "all_to_all_single")[:2] == (y, x)
+    comm.all_to_all_v_single(y, x, [n, n], [2 * n, 0], False)
+    o, i, os_, is_, _ = _last(impl, "all_to_all_v_single")
+    assert o is y and i is x and list(os_) == [n, n] and list(is_) == [2 * n, 0]
+    comm.gather_single(y, ins[0], 0, False)
+    o, i, root, _ = _last(impl, "gather_single")
+    assert o is y and i is ins[0] and root == 0
+    comm.scatter(outs[1], ins, 0, False)
+    o, lst, root, _ = _last(impl, "scatter")
+    assert o is outs[1] and all(p is q for p, q in zip(lst, ins, strict=True))
+    comm.all_to_all(outs, ins, False)
+    lo, li, _ = _last(impl, "all_to_all")
+    assert [id(t) for t in lo + li] == [id(t) for t in outs + ins]
+    comm.send(x, 1, False)
+    assert _last(impl, "send")[:2] == (x, 1)
+    batch = comm.batch_op_create()
+    batch.send(x, 1)
+    batch.recv(y, 1)
+    batch.issue(False)
+    (ops, _) = _last(impl, "batch_op_issue")
+    assert [(s, t is u, p) for (s, t, p), u in zip(ops, (x, y), strict=True)] == [
+        (True, True, 1),
+        (False, True, 1),
+    ]
+    comm.barrier(False)
+    assert _last(impl, "barrier") == (False,)
+    gathered = torch.empty(2 * n)
+    h = comm.all_gather_p_init(gathered)
+    comm.all_gather_p_exec(h, ins[1], False)
+    o, i, _ = _last(impl, "all_gather_single")
+    assert o is gathered and i is ins[1]
+    comm.all_gather_p_free(h)
+
+
+def test_sync_ops_are_waited_and_async_ones_are_not(rec):
+    comm, impl = rec
+    comm.broadcast(torch.ones(3), 0, False)
+    assert impl.calls[-1] == "wait"  # the communicator waited for the sync op's token
+    w = comm.broadcast(torch.ones(3), 0, True)
+    assert impl.calls[-1][0] == "broadcast" and not w.is_completed()
+    w.wait()
+    assert w.is_completed() and impl.calls[-1] == "wait"
+
+
+def test_the_communicators_argument_checks_apply(rec):
+    comm, impl = rec
+    before = len(impl.calls)
+    with pytest.raises(ValueError, match="dst must be in"):
+        comm.send(torch.ones(1), 5, False)
+    with pytest.raises(ValueError, match="tensor_list"):
+        comm.all_gather([torch.empty(2)], torch.ones(2), False)  # two ranks, one output
+    assert len(impl.calls) == before  # refused before the backend was called
+
+
+def test_the_backends_own_exception_reaches_the_caller():
+    class Failing(Recording):
+        def all_reduce(self, tensor, op, async_op):
+            raise KeyError("from the backend")
+
+    fastcomms.register_backend("failing_py", Failing)
+    comm = fastcomms.new_comm("failing_py", "cpu", "failing")
+    with pytest.raises(KeyError, match="from the backend"):
+        comm.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+    comm.barrier(False)  # the communicator goes on
+    comm.finalize()
+
+
+def test_an_op_the_backend_lacks_is_unsupported():
+    comm = fastcomms.new_comm("fake", "cpu", "fake_lacks")
+    del type(comm.get_backend_impl()).broadcast
+    try:
+        with pytest.raises(fastcomms.UnsupportedError, match="does not implement broadcast"):
+            comm.broadcast(torch.ones(1), 0, False)
+    finally:
+        from fastcomms._fake import FakeBackend
+
+        FakeBackend.broadcast = lambda self, *args: None
+    comm.finalize()
+
+
+def test_cpp_hooks_on_a_python_backend(rec, tmp_path):
+    """The flight recorder, the NaN check and clog are the C++ communicator's hooks, on a
+    Python backend as on any other."""
+    from fastcomms.hooks import FlightRecorderHook, NanCheckHook, clog
+
+    comm, impl = rec
+    fr = FlightRecorderHook(isolated=True, max_entries=8)
+    fr.register_with_comm(comm)
+    log = clog(str(tmp_path / "c.log"), ["ALL"])
+    log.register_with_comm(comm)
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, True).wait()
+    entries = json.loads(fr.dump_json())["entries"]
+    assert [e["profiling_name"] for e in entries] == ["recording_py:all_reduce"]
+    assert entries[0]["input_sizes"] == [[4]]
+    nan = NanCheckHook()
+    nan.register_with_comm(comm)
+    calls = len(impl.calls)
+    with pytest.raises(RuntimeError, match="NaN"):
+        comm.all_reduce(torch.tensor([float("nan")]), ReduceOp.SUM, False)
+    assert len(impl.calls) == calls  # stopped before the backend saw it
+    nan.unregister()
+    fr.unregister()
+    log.close()
+    lines = (tmp_path / "c.log").read_text().splitlines()
+    assert any(ln.startswith("C1|sig|all_reduce|in_count=4|") for ln in lines), lines
+    events = [ln for ln in lines if re.match(r"C\d+\|[QSEW]\|", ln)]
+    assert [ln.split("|")[1] for ln in events][:4] == list("QSEW"), lines
+    assert all(re.search(r"\|\+\d+\.\d{3}$", ln) for ln in events), events
+
+
+def test_library_cpp_paths_refuse_a_python_backend(rec):
+    comm, _ = rec
+    assert comm._fast is None and comm._unhooked is None  # NOTE [process group fast path]
+    with pytest.raises(fastcomms.UnsupportedError, match="needs a built-in backend"):
+        comm._c.select_transport("auto", False)
+
+
+def test_set_status_on_a_python_backends_work(rec):
+    from fastcomms import WorkStatus
+
+    comm, _ = rec
+    w = comm.barrier(True)
+    w._set_status(WorkStatus.COMPLETED)
+    assert w.is_completed()
