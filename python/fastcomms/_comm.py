@@ -144,9 +144,6 @@ class TorchComm(_OpaqueBase):
         self._hooks: dict[int, list] = {}
         self._cpp_hooks: dict[int, object] = {}  # key -> attach(c), C++ hooks (_attach_cpp)
         self._hooked = False  # a pre- or post-hook is registered
-        self._unhooked = (
-            None  # the C++ communicator while nothing is (NOTE [compiled calls in C++])
-        )
         self._reconf_uuids: set[int] = set()  # the uuids reconfigure() has used
         self._attached: dict[str, object] = {}  # NOTE [communicator attachments]
         self._refresh_fast()
@@ -158,8 +155,7 @@ class TorchComm(_OpaqueBase):
         None for a Python backend (NOTE [python backend trampoline])."""
         c = self._c if isinstance(self._c, _C.Comm) and self._c.python_backend() is None else None
         self._hooked = any(kind != "abort" for kind, _, _ in self._hooks.values())
-        self._fast = c
-        self._unhooked = None if self._hooked else c
+        self._fast = c  # (the compiled calls' C++ kernel's too: NOTE [compiled calls in C++])
 
     def _rebind(self, c) -> None:
         """Reconfigure: ``c`` replaces the C++ communicator; the hooks move to it, and so do the

@@ -93,10 +93,10 @@ import hashlib
 import torch
 from torch._C._distributed_c10d import _register_work
 
-from . import _C, _torch_compat, _waits
+from . import _C, _ops, _torch_compat, _waits
 from ._C import RedOpType
 from ._comm import TorchComm
-from ._options import ReduceOp, _op, _ValueError
+from ._options import _op, _ValueError
 from ._work import _DoneWork, _RegisteredWork
 
 _tokens: dict[str, torch.Tensor] = {}  # device -> the order token of the calls on it
@@ -122,35 +122,8 @@ def ensure_token(device: torch.device) -> None:
         _tokens[key] = torch.empty(0, device=device)
 
 
-def _red(n: list[int], f: list[float]) -> ReduceOp:
-    return ReduceOp(RedOpType(n[0]), f[0])
-
-
 # the methods that write a list of tensors (NOTE [eager autograd] returns them as a list)
 _LIST_WRITTEN = frozenset(("all_gather", "all_gather_v", "all_to_all", "gather"))
-
-# method -> the eager method's arguments before ``async_op``: fn(outs, ins, ints, floats)
-_ARGS = {
-    "send": lambda o, i, n, f: (i[0], n[0]),
-    "recv": lambda o, i, n, f: (o[0], n[0]),
-    "broadcast": lambda o, i, n, f: (o[0], n[0]),
-    "all_reduce": lambda o, i, n, f: (o[0], _red(n, f)),
-    "reduce": lambda o, i, n, f: (o[0], n[1], _red(n, f)),
-    "all_gather": lambda o, i, n, f: (o, i[0]),
-    "all_gather_v": lambda o, i, n, f: (o, i[0]),
-    "all_gather_single": lambda o, i, n, f: (o[0], i[0]),
-    "reduce_scatter": lambda o, i, n, f: (o[0], i, _red(n, f)),
-    "reduce_scatter_v": lambda o, i, n, f: (o[0], i, _red(n, f)),
-    "reduce_scatter_single": lambda o, i, n, f: (o[0], i[0], _red(n, f)),
-    "all_to_all_single": lambda o, i, n, f: (o[0], i[0]),
-    # ints: the output splits then the input splits, each half of the list
-    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :]),
-    "all_to_all": lambda o, i, n, f: (o, i),
-    "barrier": lambda o, i, n, f: (),
-    "scatter": lambda o, i, n, f: (o[0], i, n[0]),
-    "gather": lambda o, i, n, f: (o, i[0], n[0]),
-    "gather_single": lambda o, i, n, f: (o[0], i[0], n[0]),
-}
 
 
 def _run_batch(comm, outs, ins, n, async_op, kw):
@@ -184,7 +157,7 @@ def _run(comm, method, mutated, inputs, ints, floats, hints, timeout_s, async_op
     ins, ints = list(inputs), list(ints)[:-1]
     if method == "batch":
         return outs, _run_batch(comm, outs, ins, ints, async_op, kw)
-    args = _ARGS[method](outs, ins, ints, list(floats)[:-1])
+    args = _ops.COMPILED_ARGS[method](outs, ins, ints, list(floats)[:-1])
     return outs, getattr(comm, method)(*args, async_op, **kw)
 
 

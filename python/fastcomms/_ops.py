@@ -18,6 +18,7 @@ import threading
 import typing
 
 from . import _device_a2av, _hook_types
+from ._C import RedOpType
 from ._hook_types import POST_OF, OpName, SplitPostHookArgs
 from ._options import ReduceOp, _ms, _op
 from ._work import TorchWork
@@ -94,6 +95,36 @@ OPS = (
 
 # The communicator's operations (its methods of those names; the "fake" backend's ops too)
 COLLECTIVE_METHODS = tuple(op.name for op in OPS if not op.name.startswith("_"))
+
+
+def _red(n: list[int], f: list[float]) -> ReduceOp:
+    return ReduceOp(RedOpType(n[0]), f[0])
+
+
+# The inverse of the rows' compiled columns: method -> the eager method's arguments before
+# ``async_op`` from what a compiled call passes, fn(written, read, ints, floats) (the compiled
+# calls' kernels and the hooks of a call the C++ kernel runs, NOTE [hooks on the fast path])
+COMPILED_ARGS = {
+    "send": lambda o, i, n, f: (i[0], n[0]),
+    "recv": lambda o, i, n, f: (o[0], n[0]),
+    "broadcast": lambda o, i, n, f: (o[0], n[0]),
+    "all_reduce": lambda o, i, n, f: (o[0], _red(n, f)),
+    "reduce": lambda o, i, n, f: (o[0], n[1], _red(n, f)),
+    "all_gather": lambda o, i, n, f: (o, i[0]),
+    "all_gather_v": lambda o, i, n, f: (o, i[0]),
+    "all_gather_single": lambda o, i, n, f: (o[0], i[0]),
+    "reduce_scatter": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_v": lambda o, i, n, f: (o[0], i, _red(n, f)),
+    "reduce_scatter_single": lambda o, i, n, f: (o[0], i[0], _red(n, f)),
+    "all_to_all_single": lambda o, i, n, f: (o[0], i[0]),
+    # ints: the output splits then the input splits, each half of the list
+    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :]),
+    "all_to_all": lambda o, i, n, f: (o, i),
+    "barrier": lambda o, i, n, f: (),
+    "scatter": lambda o, i, n, f: (o[0], i, n[0]),
+    "gather": lambda o, i, n, f: (o, i[0], n[0]),
+    "gather_single": lambda o, i, n, f: (o[0], i[0], n[0]),
+}
 
 
 def _source(op: Op) -> str:
@@ -225,9 +256,36 @@ _OPNAMES = {n.value: n for n in OpName}
 _PRE_ARGS = {n: getattr(_hook_types, f"{_hook_types._camel(n)}PreHookArgs") for n in _OPNAMES}
 
 
+def _pre_of_call() -> dict[str, typing.Callable]:
+    """method -> fn(the method's arguments, async_op): its ``<Op>PreHookArgs``, written from the
+    rows as the methods are (NOTE [operation table])."""
+    namespace = {"_ht": _hook_types, "_host_splits": _device_a2av.host_splits}
+    out = {}
+    for op in OPS:
+        if op.name.startswith("_"):
+            continue
+        prep = op.prep.split("\n    ")[-1]  # (the device route is the call's, not its arguments')
+        src = "\n".join(
+            [
+                f"def {op.name}({op.params + ', ' if op.params else ''}async_op):",
+                *([f"    {prep}"] if prep else []),
+                f"    return _ht.{_PRE_ARGS[op.name].__name__}({op.pre})",
+            ]
+        )
+        exec(compile(src, f"<fastcomms pre-hook args of {op.name}>", "exec"), namespace)  # noqa: S102
+        out[op.name] = namespace.pop(op.name)
+    return out
+
+
+_PRE_OF_CALL = _pre_of_call()
+
+
 def fast_pre_args(name: str, async_op: bool, fast: tuple):
-    """NOTE [hooks on the fast path]: the ``<Op>PreHookArgs`` of an op the process group's C++
-    path issued, from its (tensor or output, input or None, (RedOpType, factor) or None)."""
+    """NOTE [hooks on the fast path]: the ``<Op>PreHookArgs`` of an op a C++ path issued: the
+    process group's, from its (tensor or output, input or None, (RedOpType, factor) or None); a
+    compiled call's (NOTE [compiled calls in C++]), from its (written, read, ints, floats)."""
+    if len(fast) == 4:
+        return _PRE_OF_CALL[name](*COMPILED_ARGS[name](*fast), async_op)
     a, b, red = fast
     op = () if red is None else (ReduceOp(*red),)
     cls = _PRE_ARGS[name]

@@ -22,15 +22,34 @@ namespace {
 
 // NOTE [compiled calls in C++]: the kernel of ``fastcomms::comm_call_``, the node a compiled
 // communicator call becomes (NOTE [compiled communicator methods], _compiled.py). A call that
-// needs nothing of Python (a C++ communicator without Python pre- or post-hooks: its
-// ``TorchComm._unhooked`` is set, NOTE [process group fast path]; synchronous; no per-call hints or
-// timeout; one of the methods below) runs here, on the C++ communicator, as the eager method's
-// own binding runs it (same checks, errors and parked tensors). Every other call goes to the
-// Python kernel, ``_compiled._comm_call_``. A Python kernel behind the dispatcher cost about as
+// needs nothing of Python (a built-in backend's communicator: its ``TorchComm._fast`` is set,
+// NOTE [process group fast path]; synchronous; no per-call hints or timeout; one of the methods
+// below) runs here, on the C++ communicator, as the eager method's own binding runs it (same
+// checks, errors and parked tensors). Python hooks stay on it: the call hands them its arguments
+// (CompiledFrontend, NOTE [hooks on the fast path]), from which they get the same
+// ``<Op>PreHookArgs`` as the eager call's. Every other call goes to the Python kernel,
+// ``_compiled._comm_call_``. A Python kernel behind the dispatcher cost about as
 // much again as the eager call itself (the 2-core CPU machine: 70 against 22 us;
 // docs/benchmarks.md).
 std::atomic<uint64_t> compiled_fast_calls{0};
 py::object* comm_call_python = nullptr;  // _compiled._comm_call_ (kept for the process)
+
+// NOTE [hooks on the fast path]: a compiled call's arguments as it passes them, for Python
+// pre-hooks (fastcomms._ops.fast_pre_args makes the method's arguments of them).
+struct CompiledFrontend : HookFrontend {
+  const std::vector<at::Tensor>* o;
+  const std::vector<at::Tensor>* i;
+  const std::vector<int64_t>* n;
+  const std::vector<double>* f;
+  CompiledFrontend(const std::vector<at::Tensor>& o_, const std::vector<at::Tensor>& i_,
+                   const std::vector<int64_t>& n_, const std::vector<double>& f_)
+      : o(&o_), i(&i_), n(&n_), f(&f_) {
+    args = [](const HookFrontend& h) -> py::object {
+      const auto& c = static_cast<const CompiledFrontend&>(h);
+      return py::make_tuple(*c.o, *c.i, *c.n, *c.f);
+    };
+  }
+};
 
 // The eager method's C++ call for `method` (its tensors as the compiled call passes them: the
 // written, the read; its integers and floats without their pad), or nullopt where this kernel
@@ -39,7 +58,9 @@ std::optional<PyWork> compiled_issue(PyComm& c, const std::string& method,
                                      const std::vector<at::Tensor>& o,
                                      const std::vector<at::Tensor>& i,
                                      const std::vector<int64_t>& n, const std::vector<double>& f) {
-  const CallOptions opts = c.opts(false, std::nullopt, std::nullopt);
+  CallOptions opts = c.opts(false, std::nullopt, std::nullopt);
+  const CompiledFrontend frontend(o, i, n, f);
+  opts.frontend = &frontend;
   const auto red = [&] { return ReduceOp{static_cast<RedOpType>(n.at(0)), f.at(0)}; };
   const auto peer = [&](size_t k) { return static_cast<int>(n.at(k)); };  // a root or a source
   std::vector<at::Tensor> keep = o;
@@ -125,7 +146,7 @@ void comm_call_body(torch::jit::Stack* stack) {
   const py::handle comm(a[1].toPyObject());
   PyComm* c = nullptr;
   if (plain && !mutated.empty()) {
-    const py::object fast = comm.attr("_unhooked");
+    const py::object fast = comm.attr("_fast");
     if (!fast.is_none()) c = fast.cast<PyComm*>();
   }
   std::optional<PyWork> issued;

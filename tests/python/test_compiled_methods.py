@@ -644,10 +644,11 @@ def eager_autograd(comm, rank, size):
 
 
 def call_paths(comm, rank, size):
-    """NOTE [compiled calls in C++]: a synchronous compiled call on a C++ communicator without
-    Python hooks runs in comm_call_'s C++ kernel (its counter counts it); async, with per-call
-    hints, or with a hook registered (which sees it), the Python kernel runs it and the counter
-    stays; the results are the same either way, and the C++ path is back once the hook is gone."""
+    """NOTE [compiled calls in C++]: a synchronous compiled call on a built-in backend's
+    communicator runs in comm_call_'s C++ kernel (its counter counts it), Python hooks
+    registered or not (they see the call with the eager call's arguments, NOTE [hooks on the
+    fast path]); async or with per-call hints, the Python kernel runs it and the counter stays;
+    the results are the same either way."""
     from fastcomms import _C
 
     torch._dynamo.reset()
@@ -672,10 +673,15 @@ def call_paths(comm, rank, size):
     assert run() == 1
     assert run(async_op=True) == 0
     assert run(hints=HINTS) == 0
-    seen = []
-    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
+    seen, posts = [], []
+    hook = comm.register_pre_hook(lambda name, op_id, args: seen.append((str(name), op_id, args)))
+    post = comm.register_post_hook(lambda op_id, args: posts.append(op_id))
     try:
-        assert run() == 0 and len(seen) == 1 and "all_reduce" in seen[0], seen
+        assert run() == 1 and len(seen) == 1 and "all_reduce" in seen[0][0], seen
+        args = seen[0][2]
+        assert type(args).__name__ == "AllReducePreHookArgs" and args.op == ReduceOp.SUM
+        assert args.async_op is False and tuple(args.tensor.shape) == (4,)
+        assert posts == [seen[0][1]]
         # an error in the Python kernel reaches the caller through the C++ one unchanged
         with pytest.raises(ValueError) as eager:
             comm.broadcast(torch.ones(3), size + 5, False)
@@ -690,6 +696,7 @@ def call_paths(comm, rank, size):
         assert f"rank {rank}" in str(got.value) and str(size + 5) in str(got.value)
     finally:
         hook.remove()
+        post.remove()
     assert run() == 1
 
 
