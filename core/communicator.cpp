@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -63,16 +65,29 @@ auto Communicator::hooked(OpInfo info, Body&& body) {
   } else {
     try {
       result = body();
-    } catch (const Error& e) {
+    } catch (...) {
+      // The hooks see the op's Error, or another exception (a backend written in Python raises
+      // its own) as a backend error, so what they opened for the op is closed; the caller gets
+      // the exception as it was raised.
+      const std::exception_ptr raised = std::current_exception();
+      std::optional<Error> seen;
+      try {
+        std::rethrow_exception(raised);
+      } catch (const Error& e) {
+        seen.emplace(e);
+      } catch (...) {
+        seen.emplace(ErrorCode::kBackendError,
+                     detail::cat(prefix(info.op), log::current_exception_text()));
+      }
       for (auto& fn : hooks.error) {
         try {
-          fn(info, e);
+          fn(info, *seen);
         } catch (...) {  // the op's own error is the one the caller gets
           FASTCOMMS_LOG(kError, prefix(info.op),
                         "an error hook raised: ", log::current_exception_text());
         }
       }
-      throw;
+      std::rethrow_exception(raised);
     }
   }
   if (hooks.post.empty()) return result;

@@ -5,7 +5,10 @@ world 1 over gloo (``eager``), and the same through the communicator's torch.dis
 group, ``dist.all_reduce(t, group=pg)`` (``pg``: NOTE [process group fast path]), each with no
 hook, with a ``FlightRecorderHook`` registered (``+fr``) and with a Python pre-hook that does
 nothing (``+hook``: NOTE [hooks on the fast path]) and with a ``clog`` writing every event to a
-file (``+clog``: NOTE [clog]). Each ``--tree`` is
+file (``+clog``: NOTE [clog]); the same call compiled (``compiled``: ``torch.compile`` of a
+function making it, NOTE [compiled calls in C++]), without and with the pre-hook; and the call on
+the "fake" backend, which is written in Python (``fake``: NOTE [python backend trampoline]),
+without hooks, with the recorder and with the pre-hook. Each ``--tree`` is
 ``name=package_dir:build_dir`` (the ``fastcomms`` package and the build holding its extension);
 the trees run in turn, one process per tree and round, interleaved, and inside a process the
 kinds alternate loop by loop. The table gives the median over every timed loop, µs per call,
@@ -23,7 +26,21 @@ import sys
 import tempfile
 import time
 
-KINDS = ("eager", "eager+fr", "eager+hook", "eager+clog", "pg", "pg+fr", "pg+hook", "pg+clog")
+KINDS = (
+    "eager",
+    "eager+fr",
+    "eager+hook",
+    "eager+clog",
+    "pg",
+    "pg+fr",
+    "pg+hook",
+    "pg+clog",
+    "compiled",
+    "compiled+hook",
+    "fake",
+    "fake+fr",
+    "fake+hook",
+)
 
 
 def child(calls: int, loops: int) -> None:
@@ -39,6 +56,7 @@ def child(calls: int, loops: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         comm = fastcomms.new_comm("gloo", "cpu", "hook_cost", store=dist.FileStore(f"{d}/s", 1))
         pg = _create_torchcomm_process_group(comm, "hook_cost_pg")
+        fake = fastcomms.new_comm("fake", "cpu", "hook_cost_fake")
         t = torch.ones(1)
 
         def eager():
@@ -47,32 +65,49 @@ def child(calls: int, loops: int) -> None:
         def via_pg():
             dist.all_reduce(t, group=pg)
 
+        def step(x):
+            comm.all_reduce(x, ReduceOp.SUM, False)
+
+        step = torch.compile(step, fullgraph=True, backend="inductor")
+
+        def compiled():
+            step(t)
+
+        def on_fake():
+            fake.all_reduce(t, ReduceOp.SUM, False)
+
+        fns = {"eager": eager, "pg": via_pg, "compiled": compiled, "fake": on_fake}
+
         def loop(fn):
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             return (time.perf_counter() - t0) / calls * 1e6
 
-        for fn in (eager, via_pg):  # warm-up
+        for fn in fns.values():  # warm-up
             loop(fn)
         for _ in range(loops):
             for kind in KINDS:
                 rec = hook = None  # a FlightRecorderHook or a clog
+                on = fake if kind.startswith("fake") else comm
+                fn = fns[kind.split("+")[0]]
                 if kind.endswith("+fr"):
                     rec = FlightRecorderHook(max_entries=2048)
-                    rec.register_with_comm(comm)
+                    rec.register_with_comm(on)
                 if kind.endswith("+hook"):
-                    hook = comm.register_pre_hook(lambda name, op_id, args: None)
+                    hook = on.register_pre_hook(lambda name, op_id, args: None)
                 if kind.endswith("+clog"):
                     rec = clog(os.path.join(d, "clog.log"), ["ALL"])
-                    rec.register_with_comm(comm)
-                out[kind].append(loop(eager if kind.startswith("eager") else via_pg))
+                    rec.register_with_comm(on)
+                fn()  # (a compiled call may recompile when a hook comes or goes)
+                out[kind].append(loop(fn))
                 if rec is not None:
                     rec.unregister()
                     if kind.endswith("+clog"):
                         rec.close()
                 if hook is not None:
                     hook.remove()
+        fake.finalize()
         comm.finalize()
     print(json.dumps(out))
 
@@ -99,16 +134,16 @@ def main() -> None:
             res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
             for k, v in res.items():
                 got[name][k] += v
-    ratios = [(f"{k}+{h}", k) for h in ("fr", "hook", "clog") for k in ("eager", "pg")]
-    print(
-        "| tree | " + " | ".join(KINDS) + " | " + " | ".join(f"{a} / {b}" for a, b in ratios) + " |"
-    )
-    print("|---" * (len(KINDS) + len(ratios) + 1) + "|")
-    for name, res in got.items():
-        med = {k: statistics.median(v) for k, v in res.items()}
-        cells = " | ".join(f"{med[k]:.1f}" for k in KINDS)
-        rs = " | ".join(f"{med[a] / med[b]:.2f}x" for a, b in ratios)
-        print(f"| {name} | {cells} | {rs} |")
+    ratios = [(k, "eager") for k in ("compiled", "fake")]
+    ratios += [(k, k.split("+")[0]) for k in KINDS if "+" in k]
+    med = {n: {k: statistics.median(v) for k, v in res.items()} for n, res in got.items()}
+    print("| call, µs (ratio: median over median) | " + " | ".join(trees) + " |")
+    print("|---" * (len(trees) + 1) + "|")
+    for k in KINDS:
+        print(f"| {k} | " + " | ".join(f"{med[n][k]:.1f}" for n in trees) + " |")
+    for a_, b_ in ratios:
+        cells = " | ".join(f"{med[n][a_] / med[n][b_]:.2f}x" for n in trees)
+        print(f"| {a_} / {b_} | {cells} |")
 
 
 if __name__ == "__main__":

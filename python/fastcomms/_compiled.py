@@ -500,9 +500,11 @@ def _adjoint(ctx, grads):
         d_in = _grad_call(comm, _ADJOINT[method], outs, [g[0]], **kw)
         d_in = [t * f if f != 1.0 else t for t in d_in]
     elif method in ("all_to_all_single", "all_to_all_v_single"):
-        half = len(ints) // 2  # the splits swap: what came from a rank goes back to it
         like_input = [g[0].new_empty(ctx.in_shapes[0])]
-        d_in = _grad_call(comm, method, like_input, [g[0]], ints[half:] + ints[:half], **kw)
+        if ints:  # the splits swap: what came from a rank goes back to it
+            outs, ins = ints[1 : 1 + ints[0]], ints[1 + ints[0] :]
+            ints = [len(ins), *ins, *outs]
+        d_in = _grad_call(comm, method, like_input, [g[0]], ints, **kw)
     elif method == "all_to_all":
         outs = [t.new_empty(s) for t, s in zip(g, ctx.in_shapes, strict=True)]
         d_in = _grad_call(comm, "all_to_all", outs, g, **kw)

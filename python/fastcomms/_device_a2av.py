@@ -32,6 +32,12 @@ def _where(c) -> str:
 
 def _native(c):
     """``c`` if it is a communicator of the extension on a CUDA device; else why not."""
+    if c.python_backend() is not None:  # (its name may be anything, "nccl_x" too)
+        # Refused rather than silently slow: a Python backend has no device buffers to map.
+        raise UnsupportedError(
+            f"{_where(c)} runs on fastcomms' built-in CUDA backends (nvlink, nccl), not on a "
+            f"backend written in Python ({c.backend()!r})"
+        )
     backend = c.backend()
     if backend == "gloo" or not backend.startswith(("nccl", "nvlink")):
         where = _where(c)

@@ -70,7 +70,7 @@ OPS = (
     Op("all_to_all_single", "output, input", "(output,)", "(input,)", "()",
        "input, output, async_op", "all_to_all_single(output, input"),
     Op("all_to_all_v_single", "output, input, output_split_sizes, input_split_sizes",
-       "(output,)", "(input,)", "(*outs, *ins)", "input, output, ins, outs, async_op",
+       "(output,)", "(input,)", "(len(outs), *outs, *ins)", "input, output, ins, outs, async_op",
        "all_to_all_v_single(output, input, outs, ins",
        prep="if (w := _device_route(self, output, input, output_split_sizes, input_split_sizes, "
        "async_op, timeout)) is not None: return w\n    "
@@ -117,8 +117,9 @@ COMPILED_ARGS = {
     "reduce_scatter_v": lambda o, i, n, f: (o[0], i, _red(n, f)),
     "reduce_scatter_single": lambda o, i, n, f: (o[0], i[0], _red(n, f)),
     "all_to_all_single": lambda o, i, n, f: (o[0], i[0]),
-    # ints: the output splits then the input splits, each half of the list
-    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[: len(n) // 2], n[len(n) // 2 :]),
+    # ints: how many output splits, the output splits, then the input splits (either may be
+    # empty: even splits)
+    "all_to_all_v_single": lambda o, i, n, f: (o[0], i[0], n[1 : 1 + n[0]], n[1 + n[0] :]),
     "all_to_all": lambda o, i, n, f: (o, i),
     "barrier": lambda o, i, n, f: (),
     "scatter": lambda o, i, n, f: (o[0], i, n[0]),

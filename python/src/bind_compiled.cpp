@@ -78,9 +78,12 @@ std::optional<PyWork> compiled_issue(PyComm& c, const std::string& method,
     return run([&] { return cm.reduce_scatter_single(view(o.at(0)), view(i.at(0)), red(), opts); });
   if (method == "all_to_all_single")
     return run([&] { return cm.all_to_all_single(view(o.at(0)), view(i.at(0)), opts); });
-  if (method == "all_to_all_v_single") {  // ints: the output splits, then the input splits
-    const auto half = static_cast<std::ptrdiff_t>(n.size() / 2);
-    const std::vector<int64_t> outs(n.begin(), n.begin() + half), ins(n.begin() + half, n.end());
+  if (method == "all_to_all_v_single") {  // ints: how many output splits, they, the input splits
+    const auto half = static_cast<std::ptrdiff_t>(n.at(0));
+    FASTCOMMS_CHECK(half >= 0 && half < static_cast<std::ptrdiff_t>(n.size()), kInternal,
+                    "comm_call_: all_to_all_v_single's ints do not hold ", half, " output splits");
+    const std::vector<int64_t> outs(n.begin() + 1, n.begin() + 1 + half),
+        ins(n.begin() + 1 + half, n.end());
     return run(
         [&] { return cm.all_to_all_v_single(view(o.at(0)), view(i.at(0)), outs, ins, opts); });
   }

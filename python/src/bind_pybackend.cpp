@@ -6,11 +6,13 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "binding.hpp"
+#include "fastcomms/core/log.hpp"
 #include "tensors.hpp"
 
 namespace py = pybind11;
@@ -31,50 +33,84 @@ namespace {
 // waited for by the communicator, as every backend's is. A method the backend lacks raises
 // kUnsupported naming it; an exception the backend raises reaches the caller as itself.
 
-// A Python object C++ holds: dropped with the GIL taken; leaked once Python is gone.
+// Python objects dropped on a thread without the GIL, released by the next thread that has it
+// (drop_orphans): a thread without the GIL never waits for it here, since it may hold a lock a
+// thread with the GIL waits for (the flight recorder drops works under its own).
+std::mutex orphans_mu;
+std::vector<PyObject*> orphans;
+
+void drop_orphans() {  // GIL held
+  std::vector<PyObject*> gone;
+  {
+    std::lock_guard<std::mutex> lock(orphans_mu);
+    gone.swap(orphans);
+  }
+  for (PyObject* o : gone) Py_DECREF(o);
+}
+
+// A Python object C++ holds: dropped at once where the thread has the GIL, else later (above);
+// left alone once Python is gone.
 struct Held {
   py::object o;
   explicit Held(py::object x) : o(std::move(x)) {}
   Held(const Held&) = delete;
   Held& operator=(const Held&) = delete;
   ~Held() {
-    if (!usable()) {
-      o.release();
+    if (!usable() || !PyGILState_Check()) {
+      PyObject* p = o.release().ptr();
+      if (usable() && p != nullptr) {
+        std::lock_guard<std::mutex> lock(orphans_mu);
+        orphans.push_back(p);
+      }
       return;
     }
-    py::gil_scoped_acquire gil;
     o = py::object();
   }
 };
 
 // What a Python backend's method returned, as a Work: None is done; an object with wait() is
-// done once waited for, or when its is_completed() says so; TorchWork._set_status (torchcomms',
-// for works that finish out of band) overrides that until the next wait.
+// done once waited for (wait() calls it once, the communicator's wait of a sync op included), or
+// when its is_completed() says so; TorchWork._set_status (torchcomms', for works that finish out
+// of band) overrides that until the next wait. is_completed() is asked only on a thread that has
+// the GIL (a thread without it, the flight recorder's under its lock, reads "in progress" until
+// then), and one that raises reads "in progress" too (logged): the state is polled from places
+// where no Python error can be raised.
 class PythonWork final : public Work {
  public:
   explicit PythonWork(py::object r) : done_(r.is_none()), r_(std::move(r)) {}
   WorkStatus status() const override {
     if (const int s = set_.load(); s >= 0) return static_cast<WorkStatus>(s);
     if (done_.load()) return WorkStatus::kCompleted;
-    py::gil_scoped_acquire gil;
-    const py::object is_completed = py::getattr(r_.o, "is_completed", py::none());
-    return !is_completed.is_none() && py::bool_(is_completed()) ? WorkStatus::kCompleted
-                                                                : WorkStatus::kInProgress;
+    if (!usable() || !PyGILState_Check()) return WorkStatus::kInProgress;
+    try {
+      const py::object is_completed = py::getattr(r_.o, "is_completed", py::none());
+      if (!is_completed.is_none() && py::bool_(is_completed())) {
+        done_ = true;
+        return WorkStatus::kCompleted;
+      }
+    } catch (py::error_already_set& e) {
+      FASTCOMMS_LOG(kError, "a Python backend's work raised in is_completed(): ", e.what());
+    }
+    return WorkStatus::kInProgress;
   }
   void wait() override {
-    if (!r_.o.is_none()) {
+    if (!done_.load()) {
       py::gil_scoped_acquire gil;
+      drop_orphans();
       r_.o.attr("wait")();
     }
     done_ = true;  // a work without is_completed is complete once waited for
     set_ = -1;     // as torchcomms' Python work: COMPLETED once waited
   }
+  // The backend's methods got the tensors themselves: nothing to keep for a dropped work (as the
+  // Python work it was before the trampoline).
+  bool tensors_released() const override { return true; }
   // torchcomms' Python work: complete only as COMPLETED (a status set to ERROR is not complete).
   bool is_completed() const override { return status() == WorkStatus::kCompleted; }
   void set_status(WorkStatus s) { set_ = static_cast<int>(s); }
 
  private:
-  std::atomic<bool> done_;
+  mutable std::atomic<bool> done_;
   std::atomic<int> set_{-1};
   Held r_;
 };
@@ -246,6 +282,7 @@ class PyBackend final : public Backend {
   WorkPtr call(const OpContext& ctx, const char* method, Args&& args) {
     const Ts& t = tensors(ctx);
     py::gil_scoped_acquire gil;
+    drop_orphans();
     const py::object fn = py::getattr(impl_.o, method, py::none());
     FASTCOMMS_CHECK(!fn.is_none(), kUnsupported, ctx.prefix, "backend '", name_,
                     "' does not implement ", method);

@@ -200,10 +200,10 @@ void bind_ulysses(py::module_& m) {
 
   reopen<PyComm>(m, "Comm").def("select_transport", [](PyComm& c, const std::string& transport,
                                                        bool require_nvlink) {
-    FASTCOMMS_CHECK(c.comm->lend(kLentPythonBackend) == nullptr, kUnsupported, "[", c.comm->name(),
-                    "] the Ulysses layer needs a built-in backend's communicator ('",
-                    c.comm->backend_name(),
-                    "' is written in Python); pass a torch.distributed ProcessGroup instead");
+    FASTCOMMS_CHECK(
+        c.comm->backend().lend(kLentPythonBackend) == nullptr, kUnsupported, "[", c.comm->name(),
+        "] the Ulysses layer needs a built-in backend's communicator ('", c.comm->backend_name(),
+        "' is written in Python); pass a torch.distributed ProcessGroup instead");
     TransportInit init;
     init.rank = c.comm->rank();
     init.size = c.comm->size();

@@ -122,6 +122,11 @@ def _cases(comm, rank, size):
                 rnd(sum(q + 1 for q in range(size))),
             ],
         ),
+        # even output splits given as [] beside explicit input splits (the lists differ in length)
+        "all_to_all_v_single_one_list_empty": (
+            lambda c, a, o, x: waited(c.all_to_all_v_single(o, x, [], [2] * size, a), a),
+            lambda: [poison(2 * size), rnd(2 * size)],
+        ),
         "all_to_all": (
             lambda c, a, *ts: waited(c.all_to_all(list(ts[:size]), list(ts[size:]), a), a),
             lambda: [

@@ -124,8 +124,11 @@ def test_methods_get_the_callers_tensors_in_torchcomms_order(rec):
 
 def test_sync_ops_are_waited_and_async_ones_are_not(rec):
     comm, impl = rec
-    comm.broadcast(torch.ones(3), 0, False)
+    w = comm.broadcast(torch.ones(3), 0, False)
     assert impl.calls[-1] == "wait"  # the communicator waited for the sync op's token
+    n = len(impl.calls)
+    w.wait()
+    assert len(impl.calls) == n  # its token is waited for once
     w = comm.broadcast(torch.ones(3), 0, True)
     assert impl.calls[-1][0] == "broadcast" and not w.is_completed()
     w.wait()
@@ -212,3 +215,55 @@ def test_set_status_on_a_python_backends_work(rec):
     w = comm.barrier(True)
     w._set_status(WorkStatus.COMPLETED)
     assert w.is_completed()
+
+
+def test_dropped_async_work_releases_its_tensors():
+    """A work that never completes (only wait(), never waited) keeps no tensor once dropped."""
+    import gc
+    import weakref
+
+    class Never:
+        def wait(self):
+            pass
+
+    class Pending(fastcomms.TorchCommBackend):
+        def init(self, device, name, options):
+            pass
+
+        def get_rank(self):
+            return 0
+
+        def get_size(self):
+            return 1
+
+        def broadcast(self, tensor, root, async_op):
+            return Never()
+
+        def barrier(self, async_op):
+            return None
+
+    fastcomms.register_backend("pending_py", Pending)
+    comm = fastcomms.new_comm("pending_py", "cpu", "pending")
+    t = torch.ones(3)
+    ref = weakref.ref(t)
+    w = comm.broadcast(t, 0, True)
+    assert not w.is_completed()
+    del w, t
+    comm.barrier(False)  # (parked tensors are looked at by the next call)
+    gc.collect()
+    assert ref() is None
+    comm.finalize()
+
+
+def test_device_alltoallv_refuses_a_python_backend_of_any_name():
+    fastcomms.register_backend("nccl_py_named", Recording)
+    comm = fastcomms.new_comm("nccl_py_named", "cpu", "nccl_named")
+    with pytest.raises(fastcomms.UnsupportedError, match="backend written in Python"):
+        comm.device_alltoallv_single(
+            torch.empty(4),
+            torch.ones(4),
+            torch.ones(2, dtype=torch.int64) * 2,
+            torch.ones(2, dtype=torch.int64) * 2,
+            False,
+        )
+    comm.finalize()
