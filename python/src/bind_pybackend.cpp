@@ -328,6 +328,12 @@ void bind_pybackend(py::module_& m) {
              const std::string& device, int device_index, py::object reduce_op) {
             CommOptions o;
             o.name = options.attr("name").cast<std::string>();
+            // (its tensors are viewed as every communicator's are: dense, CPU or CUDA)
+            FASTCOMMS_CHECK(device == "cpu" || device == "cuda", kUnsupported, "[", o.name,
+                            " new_comm] backend '", backend,
+                            "' is written in Python, and such a communicator serves cpu or cuda "
+                            "devices; got ",
+                            device);
             o.timeout = options.attr("timeout").cast<std::chrono::milliseconds>();
             o.abort_process_on_timeout_or_error =
                 options.attr("abort_process_on_timeout_or_error").cast<bool>();

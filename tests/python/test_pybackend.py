@@ -201,6 +201,11 @@ def test_cpp_hooks_on_a_python_backend(rec, tmp_path):
     assert all(re.search(r"\|\+\d+\.\d{3}$", ln) for ln in events), events
 
 
+def test_other_devices_are_refused_at_new_comm():
+    with pytest.raises(fastcomms.UnsupportedError, match="serves cpu or cuda devices; got meta"):
+        fastcomms.new_comm("recording_py", "meta", "on_meta")
+
+
 def test_library_cpp_paths_refuse_a_python_backend(rec):
     comm, _ = rec
     assert comm._fast is None  # NOTE [process group fast path], NOTE [compiled calls in C++]
