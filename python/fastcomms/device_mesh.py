@@ -24,7 +24,7 @@ from ._work import _CommWork
 
 __all__ = ["init_device_mesh", "comm_of"]  # and torchcomms' private _flatten_with_comm
 
-_REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
+_REDUCE_OPS = tuple(n for n in _C.RedOpType.__members__ if n != "PREMUL_SUM")  # (the C++ enum's)
 # torch's reduce-op kinds to ours, looked up once per call (NOTE [host cost per call])
 _REDUCE_BY_KIND = {getattr(dist.ReduceOp, n): getattr(ReduceOp, n) for n in _REDUCE_OPS}
 
