@@ -73,7 +73,7 @@ backward the adjoint collective (161-174 us per call on the 2-core CPU machine, 
 view (an autograd.Function that writes a view in place may return one tensor only), the call
 runs as ``comm_call`` on clones, copied back into the caller's tensors with autograd recording
 the copy. In place, ``comm_call_``'s C++ kernel runs the call where it needs nothing of Python
-(its counter counts these calls too); else its Python kernel (hooks, hints, a timeout).
+(its counter counts these calls too); else its Python kernel (hints, a timeout, a Python backend).
 Either way it is synchronous and returns the tensor it wrote as a ``_Result``, which is also its
 work (a list of them where the method writes a list, of one at world 1 too); as torchcomms does
 under that patch, sync or async alike. A written tensor that is a leaf needing a gradient (a
