@@ -54,6 +54,14 @@ struct PyWork {
   void wait_nogil();
 };
 
+/// The PyWork of an op issued on `c`, keeping `keep` (GIL held).
+inline PyWork issued(const PyComm& c, WorkPtr w, std::vector<at::Tensor> keep) {
+  release_finished();
+  PyWork pw(std::move(w), std::move(keep));
+  pw.abort_on_error = c.comm->process_abort_on_error();
+  return pw;
+}
+
 /// Issues `fn` (a WorkPtr()) on `c` with the GIL released; the Work keeps `keep`. GIL held.
 template <typename Fn>
 PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, Fn&& fn) {
@@ -62,10 +70,7 @@ PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, Fn&& fn) {
     pybind11::gil_scoped_release release;
     w = fn();
   }
-  release_finished();
-  PyWork pw(std::move(w), std::move(keep));
-  pw.abort_on_error = c.comm->process_abort_on_error();
-  return pw;
+  return issued(c, std::move(w), std::move(keep));
 }
 
 /// NOTE [python backend trampoline]: what the Python methods' calls (bind_comm.cpp) hand the
@@ -94,10 +99,7 @@ PyWork issue(const PyComm& c, std::vector<at::Tensor> keep, bool async_op,
     pybind11::gil_scoped_release release;
     w = fn(static_cast<const CallOptions&>(o));
   }
-  release_finished();
-  PyWork pw(std::move(w), std::move(keep));
-  pw.abort_on_error = c.comm->process_abort_on_error();
-  return pw;
+  return issued(c, std::move(w), std::move(keep));
 }
 
 /// A Ulysses call on `stream` (default: the caller's current torch stream of x's device), the

@@ -158,19 +158,6 @@ def test_the_backends_own_exception_reaches_the_caller():
     comm.finalize()
 
 
-def test_an_op_the_backend_lacks_is_unsupported():
-    comm = fastcomms.new_comm("fake", "cpu", "fake_lacks")
-    del type(comm.get_backend_impl()).broadcast
-    try:
-        with pytest.raises(fastcomms.UnsupportedError, match="does not implement broadcast"):
-            comm.broadcast(torch.ones(1), 0, False)
-    finally:
-        from fastcomms._fake import FakeBackend
-
-        FakeBackend.broadcast = lambda self, *args: None
-    comm.finalize()
-
-
 def test_cpp_hooks_on_a_python_backend(rec, tmp_path):
     """The flight recorder, the NaN check and clog are the C++ communicator's hooks, on a
     Python backend as on any other."""
@@ -213,15 +200,6 @@ def test_library_cpp_paths_refuse_a_python_backend(rec):
         comm._c.select_transport("auto", False)
 
 
-def test_set_status_on_a_python_backends_work(rec):
-    from fastcomms import WorkStatus
-
-    comm, _ = rec
-    w = comm.barrier(True)
-    w._set_status(WorkStatus.COMPLETED)
-    assert w.is_completed()
-
-
 def test_dropped_async_work_releases_its_tensors():
     """A work that never completes (only wait(), never waited) keeps no tensor once dropped."""
     import gc
@@ -231,13 +209,7 @@ def test_dropped_async_work_releases_its_tensors():
         def wait(self):
             pass
 
-    class Pending(fastcomms.TorchCommBackend):
-        def init(self, device, name, options):
-            pass
-
-        def get_rank(self):
-            return 0
-
+    class Pending(Recording):  # (its broadcast and barrier record nothing)
         def get_size(self):
             return 1
 
