@@ -18,8 +18,9 @@ seeds) and the run fails on a mismatch.
   torchrun --nproc-per-node 2 examples/moe_layer.py --device cuda          # GPUs, nccl
 
 ``--async-dispatch`` overlaps the dispatch with the shared expert (``async_op=True``).
-On CUDA the MoE group runs the collective path today (NCCL all-to-alls, one host sync a
-dispatch: docs/moe.md); the NVLink device path comes with issue 52.
+Rank 0 prints the transport the group chose and why (docs/moe.md): on CPU the collective one
+(gloo all-to-alls); on CUDA over this nccl communicator with every rank on one host the device
+one (``device_alltoallv_single``, counts on the GPU, no host sync), else the collective one.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def train(
     with ExpertParallelGroup(
         comm, experts, hidden, max_tokens_per_rank=batch * seq, dtype=torch.float32, device=device
     ) as ep:
+        if rank == 0:
+            print(f"moe transport: {ep.transport} ({ep.transport_reason})")
         model = Block(hidden, ffn, experts, topk, heads, ep=ep).to(device)
         ref = Block(hidden, ffn, experts, topk, heads)
         for step in range(steps):

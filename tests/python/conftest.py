@@ -75,15 +75,38 @@ def gpu_rank(rank, size, path, backend, name, timeout_s=60, **comm_kwargs):
     return dev, comm
 
 
+# Ranks start from a fork server that imported torch once (multiprocessing's "forkserver" start,
+# as torch's DataLoader forks workers after importing torch): a spawned interpreter spends about
+# 2 s of CPU importing torch, which on a 2-core CI machine was most of a small test's time. The
+# server starts fresh (no CUDA, no communicator, no thread of ours) at the first spawn; what it
+# does not preload, each rank imports itself.
+_PRELOAD = ["torch", "torch.distributed", "pytest"]
+
+
+def _rank_main(env, target, *args):
+    # the fork server's environment is the one it started with: each rank gets the test's own,
+    # as a spawned process would (monkeypatched and MPS variables included), before it imports
+    # fastcomms or touches CUDA
+    os.environ.clear()
+    os.environ.update(env)
+    target(*args)
+
+
 def spawn(target, size, *args, timeout=180):
-    """Runs target(rank, size, store_path, errq, *args) on `size` spawned processes sharing one
-    FileStore path; a rank reports its traceback through errq. Fails with every rank's traceback
-    and exit code if any rank fails or outlives `timeout` seconds (then it is killed)."""
-    ctx = mp.get_context("spawn")
+    """Runs target(rank, size, store_path, errq, *args) on `size` processes sharing one FileStore
+    path, forked from a server that preloaded torch (each with the caller's environment); a rank
+    reports its traceback through errq. Fails with every rank's traceback and exit code if any
+    rank fails or outlives `timeout` seconds (then it is killed)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
     errq = ctx.SimpleQueue()
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=target, args=(r, size, os.path.join(d, "store"), errq, *args))
+            ctx.Process(
+                target=_rank_main,
+                args=(env, target, r, size, os.path.join(d, "store"), errq, *args),
+            )
             for r in range(size)
         ]
         for p in procs:
