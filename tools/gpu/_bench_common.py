@@ -139,7 +139,8 @@ def host_per_call(fn, iters=200, rounds=7, warmup=20):
 def print_slowest_rank(got, keep=()):
     """Prints one JSON line per (routing, variant) from every rank's rows (each a dict with
     routing, variant, rank and median_us, or skipped): the slowest rank's median (a collective
-    ends with its slowest rank), every rank's, and the fields named in ``keep`` from the first."""
+    ends with its slowest rank), every rank's, and the fields named in ``keep`` where the rows
+    have them (one value where the ranks agree, else every rank's)."""
     by = {}
     for rows in got:
         for row in rows:
@@ -153,5 +154,8 @@ def print_slowest_rank(got, keep=()):
             line["per_rank_us"] = [
                 round(r["median_us"], 1) for r in sorted(rs, key=lambda r: r["rank"])
             ]
-            line.update({k: rs[0][k] for k in keep})
+            for k in keep:  # one value where every rank has the same, else every rank's
+                vals = [r[k] for r in sorted(rs, key=lambda r: r["rank"]) if k in r]
+                if vals:
+                    line[k] = vals[0] if len(set(vals)) == 1 else vals
         print(json.dumps(line))

@@ -13,7 +13,17 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
   quantized before the move, dequantized after);
 - ``device dispatch (torch plan)``: the device dispatch with its routing plan in torch ops (the
   baseline of NOTE [moe plan kernels]: the same rows, some 700 ops on the host);
-- ``host time per call``: the Python call's own time (GPU drained before each call), medians.
+- ``host time per call``: the Python call's own time (GPU drained before each call), medians;
+- ``flat peer copy (the bytes dispatch sends)``: the issue's yardstick. Each rank copies, with one
+  ``copy_`` per peer into memory on the peer's GPU (the copy engine; both directions at once, as
+  in the all-to-all), exactly the bytes its dispatch sends off the rank: one row of ``hidden``
+  per (token, destination rank) pair. Combine brings the same bytes back, so the same copy is
+  its yardstick too. Rows report the bytes (``bytes_sent``);
+- ``symm_mem all_to_all_vdev_2d`` / ``symm_mem all_to_all_vdev_2d_offset``: torch's NVSHMEM
+  all-to-alls on the same routing (the anchor): rows permuted by expert outside the timing, one
+  row per (token, expert) pair as that op moves them; the received row count is checked against
+  the device dispatch's. Runs where NVSHMEM is available and every rank has its own GPU (else a
+  skipped row says why); ``--no-symm-mem`` leaves it out.
 
 Before timing, the device transport's rows and combine are compared bit for bit with the
 collective transport's where both run. Rounds interleave the variants; each round times
@@ -23,7 +33,7 @@ GPU run it under tools/gpu/mps.sh (every figure is then an HBM copy, not a link 
 benchmark, not a test. Prints an ``env`` line, then one JSON line per (routing, variant).
 
 Usage: python3 tools/gpu/bench_moe.py [--nproc 2] [--rounds 7] [--iters 10] [--tokens 4096]
-       [--hidden 4096] [--experts 64] [--topk 8] [--profile]"""
+       [--hidden 4096] [--experts 64] [--topk 8] [--profile] [--no-symm-mem]"""
 
 import argparse
 import datetime
@@ -42,6 +52,69 @@ def _routing(kind, tokens, experts, k, gen):
         return torch.rand(tokens, experts, generator=gen).argsort(1)[:, :k]
     w = 1.0 / (torch.arange(experts, dtype=torch.float64) + 1)
     return torch.multinomial(w.expand(tokens, experts), k, replacement=False, generator=gen)
+
+
+def _rows_sent(idx, rank, size, experts):
+    """Rows this rank's dispatch sends to each rank: one per (token, destination rank) pair (a
+    token routed to several experts of one rank crosses once); the entry for ``rank`` is 0."""
+    per = experts // size
+    dst = torch.where(idx >= 0, idx // per, size)  # dropped (-1) -> a spare column
+    sent = torch.zeros(idx.shape[0], size + 1, dtype=torch.bool, device=idx.device)
+    sent.scatter_(1, dst, True)
+    rows = sent[:, :size].sum(0).tolist()
+    rows[rank] = 0
+    return rows
+
+
+def _flat_copy(rows, hidden, dtype, dev, ngpu):
+    """One ``copy_`` per peer of that peer's bytes into memory on the peer's GPU."""
+    pairs = [
+        (
+            torch.empty(n * hidden, dtype=dtype, device=dev),
+            torch.empty(n * hidden, dtype=dtype, device=torch.device("cuda", p % ngpu)),
+        )
+        for p, n in enumerate(rows)
+        if n
+    ]
+
+    def fn():
+        for src, dst in pairs:
+            dst.copy_(src, non_blocking=True)
+
+    return fn
+
+
+def _symm_mem_anchor(x, idx, experts, size, group_name):
+    """torch's all_to_all_vdev_2d (dispatch) and all_to_all_vdev_2d_offset (its reverse) on this
+    routing: (dispatch, combine, rows received)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    T, k = idx.shape
+    H, dev, dt = x.shape[1], x.device, x.dtype
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # rows by global expert id: rank-major
+    kept = order[flat[order] >= 0]
+    splits = torch.bincount(flat[flat >= 0], minlength=experts)
+    inp = symm_mem.empty((T * k, H), dtype=dt, device=dev)
+    inp[: kept.numel()].copy_(x[kept // k])
+    out = symm_mem.empty((T * k * size, H), dtype=dt, device=dev)  # one rank may receive all
+    back = symm_mem.empty((T * k, H), dtype=dt, device=dev)
+    in_splits = symm_mem.empty(experts, dtype=torch.int64, device=dev)
+    in_splits.copy_(splits)
+    out_so = symm_mem.empty((2, experts), dtype=torch.int64, device=dev)
+    back_so = symm_mem.empty((2, experts), dtype=torch.int64, device=dev)
+    for t in (inp, out, back, in_splits, out_so, back_so):
+        symm_mem.rendezvous(t, group_name)
+
+    def disp():
+        torch.ops.symm_mem.all_to_all_vdev_2d(inp, out, in_splits, out_so, group_name)
+
+    def comb():
+        torch.ops.symm_mem.all_to_all_vdev_2d_offset(out, back, out_so, back_so, group_name)
+
+    disp()
+    torch.cuda.synchronize()
+    return disp, comb, int(out_so[0].sum())
 
 
 def _timed(fn, iters, barrier):
@@ -130,6 +203,21 @@ def _rank(rank, world, path, args, outq):
         dist.barrier(group=ctrl)
 
     T, H, E, k, dt = args.tokens, args.hidden, args.experts, args.topk, torch.bfloat16
+    symm_why = None
+    if args.no_symm_mem:
+        symm_why = "--no-symm-mem"
+    elif shared:
+        symm_why = "ranks share a GPU: NVSHMEM wants a GPU per rank"
+    else:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if not symm_mem.is_nvshmem_available():
+            symm_why = "NVSHMEM is not available in this torch build or on this machine"
+        else:
+            # the anchor's buffers (inputs, worst-case outputs, the reverse's) pass NVSHMEM's
+            # default symmetric heap at the figure's shape
+            os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(8 << 30))
+            symm_mem.set_backend("NVSHMEM")
     groups = {"device": ExpertParallelGroup(comm, E, H, max_tokens_per_rank=T, dtype=dt)}
     assert groups["device"].transport == "device", groups["device"].transport_reason
     skipped = {}
@@ -187,6 +275,18 @@ def _rank(rank, world, path, args, outq):
                 recv_x, meta, handle = g.dispatch(x, idx, w)
                 g.combine(recv_x, handle)
             variants["device graph (dispatch + combine)"] = graph.replay
+            sent = _rows_sent(idx, rank, world, E)
+            variants["flat peer copy (the bytes dispatch sends)"] = _flat_copy(
+                sent, H, dt, dev, ngpu
+            )
+            if symm_why is None:
+                sdisp, scomb, got_rows = _symm_mem_anchor(
+                    x, idx, E, world, dist.group.WORLD.group_name
+                )
+                want_rows = int(res["device"][1][-1])
+                assert got_rows == want_rows, f"{kind}: symm_mem {got_rows} rows, ours {want_rows}"
+                variants["symm_mem all_to_all_vdev_2d"] = sdisp
+                variants["symm_mem all_to_all_vdev_2d_offset"] = scomb
             if args.profile and kind == "uniform":
                 _profile(rank, lambda: (disp(), comb()), barrier)
             host = _host_cost(groups["device"], x, idx, w)
@@ -201,6 +301,11 @@ def _rank(rank, world, path, args, outq):
             rows.append(
                 {"routing": kind, "variant": name, "rank": rank, "median_us": statistics.median(ts)}
             )
+            if name.startswith("flat peer copy"):
+                rows[-1]["bytes_sent"] = sum(sent) * H * x.element_size()
+        if symm_why is not None:
+            skipped["symm_mem all_to_all_vdev_2d"] = symm_why
+            skipped["symm_mem all_to_all_vdev_2d_offset"] = symm_why
         for name, us in host.items():
             rows.append({"routing": kind, "variant": name, "rank": rank, "median_us": us})
         for name, why in skipped.items():
@@ -221,6 +326,7 @@ def main():
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="print rank 0's kernels of one call")
+    ap.add_argument("--no-symm-mem", action="store_true", help="leave torch's symm_mem anchor out")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure", file=sys.stderr)
@@ -228,7 +334,7 @@ def main():
     print_env(args.nproc)
     print("shape", json.dumps(vars(args)))
     got = spawn_ranks(_rank, args.nproc, args, timeout=900)
-    print_slowest_rank(got)
+    print_slowest_rank(got, keep=("bytes_sent",))
     return 0
 
 
