@@ -22,8 +22,8 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
 - ``symm_mem all_to_all_vdev_2d`` / ``symm_mem all_to_all_vdev_2d_offset``: torch's NVSHMEM
   all-to-alls on the same routing (the anchor): rows permuted by expert outside the timing, one
   row per (token, expert) pair as that op moves them; the received row count is checked against
-  the device dispatch's. Runs where NVSHMEM is available and every rank has its own GPU (else a
-  skipped row says why); ``--no-symm-mem`` leaves it out.
+  the device dispatch's. Runs where NVSHMEM is available and 2 or more ranks each have their own
+  GPU (else a skipped row says why); ``--no-symm-mem`` leaves it out.
 
 Before timing, the device transport's rows and combine are compared bit for bit with the
 collective transport's where both run. Rounds interleave the variants; each round times
@@ -208,6 +208,8 @@ def _rank(rank, world, path, args, outq):
         symm_why = "--no-symm-mem"
     elif shared:
         symm_why = "ranks share a GPU: NVSHMEM wants a GPU per rank"
+    elif world < 2:
+        symm_why = "one rank: torch's symm_mem rendezvous needs 2 or more"
     else:
         import torch.distributed._symmetric_memory as symm_mem
 
