@@ -92,21 +92,29 @@ def _rank_main(env, target, *args):
     target(*args)
 
 
+def rank_context():
+    """The multiprocessing context ranks start from (the fork server above)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def rank_process(ctx, target, args):
+    """ctx.Process(target=target, args=args) started as spawn() starts its ranks: with the
+    caller's environment."""
+    return ctx.Process(target=_rank_main, args=(dict(os.environ), target, *args))
+
+
 def spawn(target, size, *args, timeout=180):
     """Runs target(rank, size, store_path, errq, *args) on `size` processes sharing one FileStore
     path, forked from a server that preloaded torch (each with the caller's environment); a rank
     reports its traceback through errq. Fails with every rank's traceback and exit code if any
     rank fails or outlives `timeout` seconds (then it is killed)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx = rank_context()
     errq = ctx.SimpleQueue()
-    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(
-                target=_rank_main,
-                args=(env, target, r, size, os.path.join(d, "store"), errq, *args),
-            )
+            rank_process(ctx, target, (r, size, os.path.join(d, "store"), errq, *args))
             for r in range(size)
         ]
         for p in procs:

@@ -16,7 +16,7 @@ import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import rank_context, rank_process
 
 TIMEOUT_S = 4.0
 MARGIN_S = 6.0  # detection may need up to one timeout; the rest is slack for a loaded machine
@@ -109,11 +109,11 @@ def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
 
 
 def _run(scenario, family, size=3, victim=2, backend="gloo"):
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_rank, args=(r, size, d, q, scenario, family, victim, backend))
+            rank_process(ctx, _rank, (r, size, d, q, scenario, family, victim, backend))
             for r in range(size)
         ]
         for p in procs:
@@ -225,10 +225,10 @@ def _abort_rank(rank, size, path, q):
 
 
 def test_abort_from_another_thread_unblocks_the_op():
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_abort_rank, args=(r, 2, d, q)) for r in range(2)]
+        procs = [rank_process(ctx, _abort_rank, (r, 2, d, q)) for r in range(2)]
         for p in procs:
             p.start()
         res = dict((r, (what, took)) for r, what, took in (q.get(timeout=90) for _ in procs))
@@ -270,9 +270,9 @@ def test_store_host_killed():
     from conftest import free_port
 
     port = free_port()
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_store_host_rank, args=(r, 3, port, q)) for r in range(3)]
+    procs = [rank_process(ctx, _store_host_rank, (r, 3, port, q)) for r in range(3)]
     for p in procs:
         p.start()
     res = {}
@@ -316,10 +316,10 @@ def _late_rank(rank, size, path, q, dies_mid_rendezvous=False):
 
 @pytest.mark.parametrize("dies", [False, True], ids=["never_joins", "dies_mid_rendezvous"])
 def test_rendezvous_without_a_rank_ends_within_the_timeout(dies):
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_late_rank, args=(r, 3, d, q, dies)) for r in range(3)]
+        procs = [rank_process(ctx, _late_rank, (r, 3, d, q, dies)) for r in range(3)]
         for p in procs:
             p.start()
         res = {}
