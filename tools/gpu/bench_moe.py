@@ -228,6 +228,10 @@ def _rank(rank, world, path, args, outq):
         skipped["collective dispatch"] = skipped["collective combine"] = why
     else:
         groups["collective"] = ExpertParallelGroup(None, E, H, max_tokens_per_rank=T, dtype=dt)
+    if symm_why is not None:
+        skipped["symm_mem all_to_all_vdev_2d"] = skipped["symm_mem all_to_all_vdev_2d_offset"] = (
+            symm_why
+        )
     gen = torch.Generator().manual_seed(rank)
     rows = []
     for kind in ("uniform", "skewed"):
@@ -305,9 +309,6 @@ def _rank(rank, world, path, args, outq):
             )
             if name.startswith("flat peer copy"):
                 rows[-1]["bytes_sent"] = sum(sent) * H * x.element_size()
-        if symm_why is not None:
-            skipped["symm_mem all_to_all_vdev_2d"] = symm_why
-            skipped["symm_mem all_to_all_vdev_2d_offset"] = symm_why
         for name, us in host.items():
             rows.append({"routing": kind, "variant": name, "rank": rank, "median_us": us})
         for name, why in skipped.items():
