@@ -26,13 +26,19 @@ def main():
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
+    store = dist.FileStore(store_path, size)
+    # The 1 s timeout also bounds new_comm's rendezvous: meet first (under the store's own
+    # timeout), so a rank that starts late on a loaded machine does not fail the rendezvous.
+    store.add("started", 1)
+    while store.add("started", 0) < size:
+        time.sleep(0.01)
     comm = fastcomms.new_comm(
         backend,
         dev,
         "abort",
         abort_process_on_timeout_or_error=hook != "off",
         timeout=datetime.timedelta(seconds=1),
-        store=dist.FileStore(store_path, size),
+        store=store,
     )
     if rank != 0:
         time.sleep(20)  # never joins the op; rank 0 aborts meanwhile
