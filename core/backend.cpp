@@ -274,7 +274,8 @@ void Backend::deregister_memory(void*, const std::string& where) {
 std::shared_ptr<Window> Backend::new_window(const OpContext& c) {
   throw Error(ErrorCode::kUnsupported, c.prefix + "backend '" + name() + "' has no windows");
 }
-std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const BackendInit*) {
+std::unique_ptr<Backend> Backend::split(const std::vector<int>&, const std::string&,
+                                        const BackendInit*) {
   throw Error(ErrorCode::kUnsupported,
               detail::cat("backend '", name(), "' does not implement split"));
 }

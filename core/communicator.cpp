@@ -163,6 +163,34 @@ void roll_call(Store& store, int rank, int size, std::chrono::milliseconds timeo
 }
 }  // namespace
 
+std::shared_ptr<Store> Communicator::join_key_space(CommOptions& options, int rank, int size,
+                                                    const std::string& where) {
+  FASTCOMMS_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, where,
+                  "rank must be in [0, size) with size >= 1, got rank ", rank, " and size ", size);
+  // NOTE [authenticated rendezvous]: with a shared secret every value this communicator (and its
+  // splits) reads from the store is authenticated.
+  bool authenticated = std::dynamic_pointer_cast<AuthStore>(options.store) != nullptr;
+  if (const auto secret = store_token_from_env(); secret && !authenticated) {
+    options.store = std::make_shared<AuthStore>(options.store, *secret);
+    authenticated = true;
+  }
+  // NOTE [store incarnations]: every communicator gets its own key space in the store, and so
+  // does every incarnation of a name: a name reused on the same store after finalize() must not
+  // read the keys its predecessor left (a rendezvous against a dead rank's address, a call
+  // check's old verdict). Each rank takes a ticket; the tickets of one incarnation are size
+  // consecutive numbers, all taken before that incarnation's roll call completes (which every
+  // rank needs before it can start the next), so (ticket - 1) / size numbers the incarnation
+  // alike on every rank.
+  const std::string base = "fastcomms/" + options.name;
+  const int64_t ticket = options.store->add(base + "/incarnations", 1);
+  // NOTE [store keys released at finalize]: the incarnation's key space remembers what it wrote.
+  std::shared_ptr<Store> keys = std::make_shared<KeyTrackingStore>(
+      std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store));
+  check_same_authentication(*keys, authenticated, rank, size, options.timeout, where);
+  roll_call(*keys, rank, size, options.timeout, where);
+  return keys;
+}
+
 std::shared_ptr<Communicator> Communicator::create(const std::string& backend_name, int rank,
                                                    int size, Device device, CommOptions options) {
   const std::string where =
@@ -175,32 +203,13 @@ std::shared_ptr<Communicator> Communicator::create(const std::string& backend_na
                   "timeout must be positive, got ", options.timeout.count(), " ms");
   if (options.name.empty()) options.name = "comm";
   BackendInit init{rank, size, device, options};
-  // NOTE [store incarnations]: every communicator gets its own key space in the store, and so
-  // does every incarnation of a name: a name reused on the same store after finalize() must not
-  // read the keys its predecessor left (a rendezvous against a dead rank's address). Each rank
-  // takes a ticket; the tickets of one incarnation are size consecutive numbers, all taken
-  // before that incarnation's rendezvous completes (which every rank needs before it can start
-  // the next), so (ticket - 1) / size numbers the incarnation alike on every rank.
   // An unknown backend fails with the factory's message before the store is touched.
   try {
     require_backend_known(backend_name);
   } catch (const Error& e) {
     throw Error(e.code(), where + e.what());
   }
-  // NOTE [authenticated rendezvous]: with a shared secret every value this communicator (and its
-  // splits) reads from the store is authenticated.
-  bool authenticated = std::dynamic_pointer_cast<AuthStore>(options.store) != nullptr;
-  if (const auto secret = store_token_from_env(); secret && !authenticated) {
-    options.store = std::make_shared<AuthStore>(options.store, *secret);
-    authenticated = true;
-  }
-  const std::string base = "fastcomms/" + options.name;
-  const int64_t ticket = options.store->add(base + "/incarnations", 1);
-  // NOTE [store keys released at finalize]: the incarnation's key space remembers what it wrote.
-  init.options.store = std::make_shared<KeyTrackingStore>(
-      std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store));
-  check_same_authentication(*init.options.store, authenticated, rank, size, options.timeout, where);
-  roll_call(*init.options.store, rank, size, options.timeout, where);
+  init.options.store = join_key_space(options, rank, size, where);
   auto backend = create_backend(backend_name, init);
   return std::make_shared<Communicator>(std::move(backend), rank, size, device, std::move(options),
                                         init.options.store, init.process_abort);
@@ -1022,21 +1031,23 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   rec.name = &name;
   return hooked(std::move(rec), [&]() -> std::shared_ptr<Communicator> {
     const uint64_t split_id = split_counter_.fetch_add(1) + 1;
+    const std::string split_name =
+        name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
     const auto it = std::find(ranks.begin(), ranks.end(), rank_);
     if (it == ranks.end()) {
-      backend_->split(ranks, nullptr);  // collective over the parent for some backends
+      backend_->split(ranks, split_name, nullptr);  // collective over the parent for some backends
       return nullptr;
     }
     CommOptions opts = options ? *options : options_;
     // Keys of a split live in the parent's key space (NOTE [store incarnations]).
     if (!opts.store) opts.store = options_.store;
-    opts.name = name.empty() ? detail::cat(options_.name, ".split", split_id) : name;
+    opts.name = split_name;
     BackendInit init{static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), device_,
                      opts};
     std::string key = detail::cat("split", split_id, "/", opts.name, "/");
     for (int r : ranks) key += detail::cat(r, ".");
     init.options.store = std::make_shared<PrefixStore>(key, key_space_);
-    auto backend = backend_->split(ranks, &init);
+    auto backend = backend_->split(ranks, split_name, &init);
     FASTCOMMS_CHECK(backend != nullptr, kInternal, prefix(op), "backend '", backend_->name(),
                     "' returned no communicator for a member of the split");
     return std::make_shared<Communicator>(std::move(backend), init.rank, init.size, device_,

@@ -1449,7 +1449,8 @@ class GlooBackend : public ForwardingBackend<GlooImpl> {
     return c;
   }
   bool checks_calls(const OpContext& ctx) const override { return impl_->checks(ctx); }
-  std::unique_ptr<Backend> split(const std::vector<int>&, const BackendInit* init) override {
+  std::unique_ptr<Backend> split(const std::vector<int>&, const std::string&,
+                                 const BackendInit* init) override {
     // Members rendezvous afresh through the split's prefixed store; others do nothing.
     return init ? std::make_unique<GlooBackend>(*init) : nullptr;
   }

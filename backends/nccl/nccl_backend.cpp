@@ -409,7 +409,8 @@ class NcclBackend : public Backend {
       });
     });
   }
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const std::string&,
+                                 const BackendInit* init) override {
     // ncclCommSplit is collective over this communicator: every rank calls it, non-members with
     // NCCL_SPLIT_NOCOLOR. The color names the group (a hash of its sorted ranks), the key orders
     // the new ranks as `ranks` does.

@@ -54,8 +54,9 @@ class NcclLazyBackend final : public ForwardingBackend<Backend> {
     return pair_for(src, c.prefix).recv(t, peer_in_pair(src), c);
   }
 
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
-    return primary_->split(ranks, init);
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const std::string& name,
+                                 const BackendInit* init) override {
+    return primary_->split(ranks, name, init);
   }
   void register_memory(void* ptr, int64_t bytes, const std::string& where) override {
     primary_->register_memory(ptr, bytes, where);

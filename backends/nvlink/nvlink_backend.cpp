@@ -135,10 +135,11 @@ class NvlinkBackend final : public ForwardingBackend<Backend> {
     return inner().all_to_all_v_single(output, input, output_splits, input_splits, ctx);
   }
 
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const std::string& name,
+                                 const BackendInit* init) override {
     // The inner split is collective over this communicator (ncclCommSplit): every rank takes
     // part, members then set up their own peer-to-peer group through the split's store.
-    auto inner = this->inner().split(ranks, init);
+    auto inner = this->inner().split(ranks, name, init);
     if (init == nullptr) return nullptr;
     return std::make_unique<NvlinkBackend>(*init, std::move(inner));
   }

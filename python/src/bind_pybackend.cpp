@@ -231,17 +231,16 @@ class PyBackend final : public Backend {
   }
 
   // torchcomms' protocol: backend.split(ranks, name, options) returns the new group's backend,
-  // set up (None where this rank joins none); options are the parent's with the split's name,
-  // timeout and hints.
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init) override {
+  // set up (None where this rank joins none); every rank gets the split's name, and options are
+  // the parent's with that name (a member's: with the split's timeout and hints).
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks, const std::string& name,
+                                 const BackendInit* init) override {
     py::gil_scoped_acquire gil;
     const py::object fn = py::getattr(impl_.o, "split", py::none());
     FASTCOMMS_CHECK(!fn.is_none(), kUnsupported, "backend '", name_, "' does not implement split");
     py::object options = py::module_::import("copy").attr("copy")(options_.o);
-    std::string name;
+    options.attr("name") = name;
     if (init != nullptr) {
-      name = init->options.name;
-      options.attr("name") = name;
       options.attr("timeout") = init->options.timeout;
       options.attr("hints") = init->options.hints;
     }
@@ -339,19 +338,27 @@ void bind_pybackend(py::module_& m) {
                 options.attr("abort_process_on_timeout_or_error").cast<bool>();
             o.hints = options.attr("hints").cast<Hints>();
             const py::object store = options.attr("store");
-            // (the communicator's own keys, as create() gives a built-in backend's)
-            if (store.is_none())
-              o.store = std::make_shared<MemoryStore>();
-            else
-              o.store = std::make_shared<PrefixStore>("pybackend/" + o.name + "/", py_store(store));
             const int rank = impl.attr("get_rank")().cast<int>();
             const int size = impl.attr("get_size")().cast<int>();
+            // The communicator's own key space, as create() gives a built-in backend's (NOTE
+            // [store incarnations]): a name reused on the store reads none of its predecessor's
+            // keys, and the ranks check their numbers. Without a store the ranks share none.
+            std::shared_ptr<Store> keys;
+            if (store.is_none()) {
+              o.store = std::make_shared<MemoryStore>();
+            } else {
+              o.store = py_store(store);
+              py::gil_scoped_release nogil;  // the roll call waits on the other ranks
+              keys = Communicator::join_key_space(
+                  o, rank, size,
+                  detail::cat("[rank ", rank, "/", size, " ", o.name, "] new_comm: "));
+            }
             const Device dev =
                 device == "cuda" ? Device{DeviceType::kCUDA, device_index} : Device{};
             auto b = std::make_unique<PyBackend>(std::move(impl), backend, std::move(options),
                                                  std::move(reduce_op), !store.is_none());
-            return PyComm{
-                std::make_shared<Communicator>(std::move(b), rank, size, dev, std::move(o))};
+            return PyComm{std::make_shared<Communicator>(std::move(b), rank, size, dev,
+                                                         std::move(o), std::move(keys))};
           })
       // The Python backend object under the communicator, or None (a built-in backend).
       .def("python_backend", [](const PyComm& c) -> py::object {

@@ -8,6 +8,7 @@ import textwrap
 import fastcomms
 import pytest
 import torch
+import torch.distributed
 
 
 def test_entry_point_backend(tmp_path, monkeypatch):
@@ -42,7 +43,8 @@ def test_entry_point_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHCOMM_RANK", "0")
     monkeypatch.setenv("TORCHCOMM_SIZE", "1")
     assert not fastcomms.is_backend_built(name)
-    comm = fastcomms.new_comm(name, "cpu", "ep", store=object(), hints={"k": "v"})
+    store = torch.distributed.HashStore()
+    comm = fastcomms.new_comm(name, "cpu", "ep", store=store, hints={"k": "v"})
     assert isinstance(comm, fastcomms.TorchComm) and comm.get_rank() == 0
     assert comm.get_name() == "ep" and comm.get_options().hints == {"k": "v"}
     t = torch.ones(3)
@@ -110,6 +112,8 @@ def test_python_backend_split_timeout_and_waited_work():
         def wait(self):
             pass
 
+    asked = []
+
     class Splitting(fastcomms.TorchCommBackend):
         def init(self, device, name, options):
             self.name, self.size, self.timeout = name, 1, None
@@ -127,6 +131,9 @@ def test_python_backend_split_timeout_and_waited_work():
             return Token()
 
         def split(self, ranks, name, options):
+            asked.append((list(ranks), name, options.name))
+            if 0 not in ranks:
+                return None
             sub = Splitting()
             sub.init("cpu", name, options)
             sub.size = len(ranks)
@@ -146,5 +153,12 @@ def test_python_backend_split_timeout_and_waited_work():
     sub = comm.split([0], "child", hints={"a": "b"})
     assert sub.get_name() == "child" and sub.get_size() == 1 and sub.get_rank() == 0
     assert sub.get_backend_impl().split_options.hints == {"a": "b"}
+    # a rank that joins none gets the split's name too (given, or the one made for it)
+    assert comm.split([], "nobody") is None and comm.split([], "") is None
+    assert asked == [
+        ([0], "child", "child"),
+        ([], "nobody", "nobody"),
+        ([], *["parent.split3"] * 2),
+    ]
     sub.finalize()
     comm.finalize()

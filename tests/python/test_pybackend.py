@@ -3,14 +3,19 @@
 C++ communicator. Its methods get the caller's own tensor objects in torchcomms' order, its
 calls pass the communicator's argument checks and hooks (flight recorder, NaN check, clog), a
 sync op is waited for, the backend's own exceptions reach the caller as themselves, and the
-library's C++ paths refuse it. One process, no store."""
+library's C++ paths refuse it. One process, no store; but for the ranks sharing a store at the
+end (NOTE [store incarnations] for a backend written in Python)."""
 
+import datetime
 import json
 import re
+import time
+import traceback
 
 import fastcomms
 import pytest
 import torch
+from conftest import init_rank, spawn
 from fastcomms import ReduceOp
 
 
@@ -244,3 +249,60 @@ def test_device_alltoallv_refuses_a_python_backend_of_any_name():
             False,
         )
     comm.finalize()
+
+
+class OverTorchDistributed(fastcomms.TorchCommBackend):
+    """The ranks of torch.distributed's default group (gloo); only all_reduce."""
+
+    def init(self, device, name, options):
+        import torch.distributed as dist
+
+        self.dist = dist
+
+    def get_rank(self):
+        return self.dist.get_rank()
+
+    def get_size(self):
+        return self.dist.get_world_size()
+
+    def all_reduce(self, tensor, op, async_op):
+        self.dist.all_reduce(tensor)
+
+    def finalize(self):
+        pass
+
+
+def _reused_name_worker(rank, size, path, errq):
+    try:
+        import torch.distributed as dist
+
+        store = init_rank(rank, size, path)
+        fastcomms.register_backend("over_dist_py", OverTorchDistributed)
+        kw = dict(
+            store=dist.PrefixStore("fc", store),
+            hints={"check_calls": "strict"},
+            timeout=datetime.timedelta(seconds=30),
+        )
+        first = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
+        with pytest.raises(ValueError, match="ranks issued different collectives"):
+            first.all_reduce(torch.ones(4 + rank), ReduceOp.SUM, False)
+        first.finalize()
+        # The name again, on the same store: rank 1 reaches the check first, where the first
+        # incarnation's verdict (a mismatch) would answer it.
+        second = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
+        if rank == 0:
+            time.sleep(1.0)
+        t = torch.full((8,), float(rank + 1))
+        second.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((8,), 3.0)), t
+        second.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_a_reused_name_reads_none_of_its_predecessors_keys():
+    """The strict call check of a backend written in Python keeps its records and verdicts in the
+    communicator's own key space, a new one for each incarnation of a name."""
+    spawn(_reused_name_worker, 2, timeout=120)

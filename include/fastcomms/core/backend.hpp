@@ -259,10 +259,11 @@ class Backend {
   /// outputs are used on the root only.
   virtual WorkPtr gather(const std::vector<TensorView>& outputs, const TensorView& input, int root,
                          const OpContext& ctx);
-  /// A backend over `ranks`. Called on every rank of this backend (the split may be collective
-  /// over the parent, as ncclCommSplit is); `init` is null on a rank that is not in `ranks`, which
-  /// then gets null back. Members pass the same `ranks`.
-  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const BackendInit* init);
+  /// A backend over `ranks`, named `name`. Called on every rank of this backend (the split may
+  /// be collective over the parent, as ncclCommSplit is) with the same `ranks` and `name`; `init`
+  /// is null on a rank that is not in `ranks`, which then gets null back.
+  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks, const std::string& name,
+                                         const BackendInit* init);
   /// Registers `bytes` at `ptr` (this rank's memory on the backend's device) with the transport,
   /// so later ops on it move without staging (torchcomms' TorchComm::tensor_register; NCCL's
   /// ncclCommRegister). Local, not collective. Default: throws kUnsupported. `where` starts

@@ -119,6 +119,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// factory.hpp). `options.store` must be set.
   static std::shared_ptr<Communicator> create(const std::string& backend_name, int rank, int size,
                                               Device device, CommOptions options);
+  /// This rank's key space for a new communicator of `options.name` on `options.store` (NOTE
+  /// [store incarnations]): wraps the store for authentication where FASTCOMMS_STORE_TOKEN asks
+  /// for it, takes this incarnation's ticket, and checks with the other ranks that they agree on
+  /// authentication, size and who holds which rank (collective over the ranks). create() does it
+  /// for built-in backends; a backend set up elsewhere (one written in Python) passes the result
+  /// to the constructor. `where` starts messages.
+  static std::shared_ptr<Store> join_key_space(CommOptions& options, int rank, int size,
+                                               const std::string& where);
   /// Wraps an existing backend. `key_space` is this communicator's own namespace in the store
   /// (null: options.store); `process_abort` is the one the backend was made with (its
   /// BackendInit's; null: the backend has none), on which this communicator sets its abort hooks.

@@ -13,7 +13,7 @@
 #include "fastcomms/core/backend.hpp"
 
 /// Bumped whenever Backend, BackendInit, TensorView or any type they reach changes layout.
-#define FASTCOMMS_BACKEND_ABI_VERSION 4
+#define FASTCOMMS_BACKEND_ABI_VERSION 5
 
 /// What a dlopen-able backend library exports as `fastcomms_backend_entry`.
 extern "C" {
