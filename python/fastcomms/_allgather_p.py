@@ -17,7 +17,7 @@ import torch
 
 from . import _hook_types as _ht
 from ._ops import _hooked
-from ._options import _ms, _TypeError, _ValueError
+from ._options import _ms, _TypeError
 from ._work import TorchWork
 
 
@@ -25,30 +25,26 @@ class AllGatherPHandle:
     """The handle ``all_gather_p_init`` returns: opaque, as torchcomms' (``output`` is the buffer
     it gathers into, until freed)."""
 
-    __slots__ = ("_p", "_comm", "_where", "__weakref__")
+    __slots__ = ("_p", "_where", "__weakref__")
 
-    def __init__(self, p, comm, where: str) -> None:
-        self._p, self._comm, self._where = p, comm, where
+    def __init__(self, p, where: str) -> None:
+        self._p, self._where = p, where  # the C++ handle keeps the state (freed or not)
 
     @property
     def output(self) -> torch.Tensor | None:
         """The output tensor given to ``all_gather_p_init`` (None once freed)."""
-        return None if self._p is None else self._p.output()
+        return None if self._p.freed() else self._p.output()
 
     def is_freed(self) -> bool:
-        return self._p is None
+        return self._p.freed()
 
     def __repr__(self) -> str:
-        state = "freed" if self._p is None else f"output {tuple(self._p.output().shape)}"
+        state = "freed" if self.is_freed() else f"output {tuple(self._p.output().shape)}"
         return f"AllGatherPHandle({self._where}, {state})"
 
 
 def _where(comm, op: str) -> str:
     return f"[rank {comm.get_rank()}/{comm.get_size()} {comm.get_name()} {op}]"
-
-
-def _native(comm, op: str):
-    return comm._c  # (a Python backend's gathers as its all_gather_single)
 
 
 def _check_handle(comm, handle, op: str) -> AllGatherPHandle:
@@ -66,19 +62,14 @@ def all_gather_p_init(self, output, hints=None, timeout=None) -> AllGatherPHandl
     where = _where(self, "all_gather_p_init")
     if not isinstance(output, torch.Tensor):
         raise _TypeError(f"{where} output must be a tensor, got {type(output).__name__}")
-    c = _native(self, "all_gather_p_init")
-    p = c.all_gather_p_init(output, _ms(timeout), None if hints is None else dict(hints))
-    return AllGatherPHandle(p, self, where[1 : -len(" all_gather_p_init]")])
+    # (a Python backend's gathers as its all_gather_single)
+    p = self._c.all_gather_p_init(output, _ms(timeout), None if hints is None else dict(hints))
+    return AllGatherPHandle(p, where[1 : -len(" all_gather_p_init]")])
 
 
 def all_gather_p_exec(self, handle, input, async_op, hints=None, timeout=None) -> TorchWork:
     """Gathers every rank's ``input`` into the handle's output (collective)."""
-    h = _check_handle(self, handle, "all_gather_p_exec")
-    if h._p is None:
-        raise _ValueError(
-            f"{_where(self, 'all_gather_p_exec')} the handle was freed by all_gather_p_free; "
-            "call all_gather_p_init again"
-        )
+    h = _check_handle(self, handle, "all_gather_p_exec")  # (a freed one: C++ refuses it)
     if not isinstance(input, torch.Tensor):
         raise _TypeError(
             f"{_where(self, 'all_gather_p_exec')} input must be a tensor, got "
@@ -100,8 +91,4 @@ def all_gather_p_free(self, handle) -> None:
     """Releases the handle: deregisters its buffer and drops it (None, a freed one: no-op)."""
     if handle is None:
         return
-    h = _check_handle(self, handle, "all_gather_p_free")
-    if h._p is None:
-        return
-    self._c.all_gather_p_free(h._p)
-    h._p = None
+    self._c.all_gather_p_free(_check_handle(self, handle, "all_gather_p_free")._p)

@@ -87,31 +87,15 @@ class _DoneWork:
         return WorkStatus.COMPLETED
 
 
-class UlyssesWork:
-    """all_to_all_4d_async's handle where torch has no work registry: wait() returns the output."""
-
-    def __init__(self, out, *, event=None, work=None):
-        self._out, self._event, self._work = out, event, work
-
-    def wait(self):
-        if self._event is not None:
-            torch.cuda.current_stream(self._out.device).wait_event(self._event)
-        if self._work is not None:
-            self._work.wait()
-        return self._out
-
-    def is_completed(self) -> bool:
-        if self._event is not None:
-            return self._event.query()
-        return self._work.is_completed() if self._work is not None else True
-
-
 class _RegisteredWork(_C10dWork):
     """What torch's work registry holds for the AsyncCollectiveTensor of a CPU call: its
     wait() waits for the exchange (CUDA calls register a C++ work, NOTE [async result
     waits])."""
 
-    is_completed = UlyssesWork.is_completed
+    def is_completed(self) -> bool:
+        if self._event is not None:
+            return self._event.query()
+        return self._work.is_completed() if self._work is not None else True
 
     def __init__(self, out, event, work):
         super().__init__()

@@ -276,12 +276,8 @@ def comm_of(group) -> TorchComm | None:
 # here ProcessGroup's two members are wrapped once: a group over a fastcomms communicator answers
 # with ``comm.new_window(tensor)`` (a TorchCommWindow; collective; gloo raises UnsupportedError as
 # ``comm.new_window`` does) and with whether its backend has windows; any other group gets
-# torch's own answer (where torch has none: no windows, and new_window raises).
-_WINDOW_BACKENDS = ("nccl", "nvlink")
-
-
-def _comm_has_windows(comm: TorchComm) -> bool:
-    return comm.get_backend() in _WINDOW_BACKENDS
+# torch's own answer (where torch has none: no windows, and new_window raises). Whether a backend
+# has windows is its own answer (Backend::supports_window, C++).
 
 
 def _install_process_group_windows() -> None:
@@ -305,7 +301,7 @@ def _install_process_group_windows() -> None:
     def supports_window(self) -> bool:
         comm = comm_of(self)
         if comm is not None:
-            return _comm_has_windows(comm)
+            return comm._c.supports_window()
         if isinstance(torch_supports, property):
             return bool(torch_supports.fget(self))
         return False

@@ -32,7 +32,7 @@ from __future__ import annotations
 import typing
 
 from ._ulysses import UlyssesGroup, all_to_all_4d, nvlink_decision
-from ._work import RingWork, UlyssesWork
+from ._work import RingWork
 from .ring import RingGroup, zigzag_indices, zigzag_shard, zigzag_unshard
 
 if typing.TYPE_CHECKING:
@@ -43,7 +43,6 @@ __all__ = [
     "RingWork",
     "SequenceParallelGroup",
     "UlyssesGroup",
-    "UlyssesWork",
     "all_to_all_4d",
     "nvlink_decision",
     "zigzag_indices",

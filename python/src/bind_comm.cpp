@@ -99,6 +99,7 @@ void bind_comm(py::module_& m) {
       .def("name", [](const PyComm& c) { return c.comm->name(); })
       .def("backend", [](const PyComm& c) { return c.comm->backend_name(); })
       .def("backend_version", [](const PyComm& c) { return c.comm->backend_version(); })
+      .def("supports_window", [](const PyComm& c) { return c.comm->backend().supports_window(); })
       .def("timeout", [](const PyComm& c) { return c.comm->options().timeout; })
       .def("hints", [](const PyComm& c) { return c.comm->options().hints; })
       .def("set_timeout", [](PyComm& c, std::chrono::milliseconds t) { c.comm->set_timeout(t); })
