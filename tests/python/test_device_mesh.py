@@ -252,9 +252,10 @@ def process_group_wait_errors(comm, rank, size):
 
     got = {}
     for path in ("fast", "python"):
-        sub = comm.split(
-            list(range(size)), f"wait_err_{path}", timeout=datetime.timedelta(seconds=1)
-        )
+        sub = comm.split(list(range(size)), f"wait_err_{path}")
+        # the op's timeout, set after the split: the split's own rendezvous keeps the default, so
+        # a rank that comes late to it on a loaded machine does not fail it
+        sub.set_timeout(datetime.timedelta(seconds=1))
         if path == "python":  # (the path a Python backend's group takes)
             sub._fast = None
         pg = _create_torchcomm_process_group(sub, f"fc_wait_err_{path}")

@@ -49,6 +49,13 @@ def _op(comm, family, rank, size, dev="cpu"):
         torch.cuda.current_stream().synchronize()
 
 
+def _meet(store, size):
+    """Waits (under the store's own timeout) until every rank got here."""
+    store.add("started", 1)
+    while store.add("started", 0) < size:
+        time.sleep(0.01)
+
+
 def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
     import fastcomms
     import torch.distributed as dist
@@ -60,6 +67,7 @@ def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
         dev = "cpu" if backend == "gloo" else torch.device("cuda", rank)
         if dev != "cpu":
             torch.cuda.set_device(dev)
+        _meet(store, size)  # the short timeout also bounds new_comm: start it together
         comm = fastcomms.new_comm(backend, dev, "faults", store=store, timeout=timeout)
         _op(comm, "all_reduce", rank, size, dev)  # a healthy op first: every connection is up
         if rank == victim:
@@ -96,7 +104,8 @@ def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
         me = survivors.index(rank)
         os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(me), str(len(survivors))
         store2 = dist.FileStore(os.path.join(path, "after"), len(survivors))
-        after = fastcomms.new_comm(backend, dev, "after", store=store2, timeout=timeout)
+        # (the survivors find the failure up to a timeout apart: the default timeout here)
+        after = fastcomms.new_comm(backend, dev, "after", store=store2)
         t = torch.full((5,), float(me + 1), device=dev)
         after.all_reduce(t, fastcomms.ReduceOp.SUM, False)
         want = torch.full((5,), float(sum(range(1, len(survivors) + 1))), device=dev)
