@@ -178,9 +178,12 @@ std::shared_ptr<Store> Communicator::join_key_space(CommOptions& options, int ra
   // does every incarnation of a name: a name reused on the same store after finalize() must not
   // read the keys its predecessor left (a rendezvous against a dead rank's address, a call
   // check's old verdict). Each rank takes a ticket; the tickets of one incarnation are size
-  // consecutive numbers, all taken before that incarnation's roll call completes (which every
-  // rank needs before it can start the next), so (ticket - 1) / size numbers the incarnation
-  // alike on every rank.
+  // consecutive numbers, all taken before any rank leaves this function (the count of ranks
+  // that joined, below: a rank needs it before it can start the next incarnation), so
+  // (ticket - 1) / size numbers the incarnation alike on every rank. The roll call alone would
+  // not do: it reads rank 0's word (rank 0 rank 1's), so with 4 ranks rank 1 could finalize and
+  // take a ticket of the next incarnation before rank 2 took one of this. A built-in backend's
+  // rendezvous waits for every rank anyway; a backend written in Python may have none.
   const std::string base = "fastcomms/" + options.name;
   const int64_t ticket = options.store->add(base + "/incarnations", 1);
   // NOTE [store keys released at finalize]: the incarnation's key space remembers what it wrote.
@@ -188,6 +191,16 @@ std::shared_ptr<Store> Communicator::join_key_space(CommOptions& options, int ra
       std::make_shared<PrefixStore>(detail::cat(base, "/", (ticket - 1) / size), options.store));
   check_same_authentication(*keys, authenticated, rank, size, options.timeout, where);
   roll_call(*keys, rank, size, options.timeout, where);
+  if (size > 1) {  // every rank took its ticket: the last to join says so
+    if (keys->add("joined", 1) == size) keys->set_string("joined/all", "1");
+    try {
+      (void)keys->get("joined/all", options.timeout);
+    } catch (const Error& e) {
+      throw Error(e.code(),
+                  detail::cat(where, "not every rank of ", size, " joined the rendezvous within ",
+                              options.timeout.count(), " ms: ", e.what()));
+    }
+  }
   return keys;
 }
 

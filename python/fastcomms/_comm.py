@@ -588,9 +588,18 @@ def new_comm(
         opts.hints, opts.name = hints, name or f"{backend}_{next(_names)}"
         impl = _registry._python_backends[backend]()
         impl.init(device, opts.name, opts)
-        c = _C.Comm.over_python_backend(
-            impl, backend, opts, device.type, device.index or 0, ReduceOp
-        )
+        try:
+            c = _C.Comm.over_python_backend(
+                impl, backend, opts, device.type, device.index or 0, ReduceOp
+            )
+        except BaseException:  # set up, and no communicator over it: let it go
+            stop = getattr(impl, "abort", None) or getattr(impl, "finalize", None)
+            try:
+                if stop is not None:
+                    stop()
+            except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+                pass
+            raise
         return TorchComm(c, device, opts)
     try:
         launch = _bootstrap.required()

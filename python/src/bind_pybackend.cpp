@@ -340,6 +340,11 @@ void bind_pybackend(py::module_& m) {
             const py::object store = options.attr("store");
             const int rank = impl.attr("get_rank")().cast<int>();
             const int size = impl.attr("get_size")().cast<int>();
+            const std::string where = detail::cat("[rank ", rank, "/", size, " ", o.name,
+                                                  "] new_comm: backend '", backend, "': ");
+            FASTCOMMS_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, where,
+                            "get_rank() and get_size() must give 0 <= rank < size, got rank ", rank,
+                            " and size ", size);
             // The communicator's own key space, as create() gives a built-in backend's (NOTE
             // [store incarnations]): a name reused on the store reads none of its predecessor's
             // keys, and the ranks check their numbers. Without a store the ranks share none.
@@ -349,9 +354,7 @@ void bind_pybackend(py::module_& m) {
             } else {
               o.store = py_store(store);
               py::gil_scoped_release nogil;  // the roll call waits on the other ranks
-              keys = Communicator::join_key_space(
-                  o, rank, size,
-                  detail::cat("[rank ", rank, "/", size, " ", o.name, "] new_comm: "));
+              keys = Communicator::join_key_space(o, rank, size, where);
             }
             const Device dev =
                 device == "cuda" ? Device{DeviceType::kCUDA, device_index} : Device{};

@@ -29,9 +29,9 @@ def main():
     store = dist.FileStore(store_path, size)
     # The 1 s timeout also bounds new_comm's rendezvous: meet first (under the store's own
     # timeout), so a rank that starts late on a loaded machine does not fail the rendezvous.
-    store.add("started", 1)
-    while store.add("started", 0) < size:
-        time.sleep(0.01)
+    if store.add("started", 1) == size:
+        store.set("started/all", "1")
+    store.wait(["started/all"])
     comm = fastcomms.new_comm(
         backend,
         dev,

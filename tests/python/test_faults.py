@@ -51,9 +51,9 @@ def _op(comm, family, rank, size, dev="cpu"):
 
 def _meet(store, size):
     """Waits (under the store's own timeout) until every rank got here."""
-    store.add("started", 1)
-    while store.add("started", 0) < size:
-        time.sleep(0.01)
+    if store.add("started", 1) == size:
+        store.set("started/all", "1")
+    store.wait(["started/all"])
 
 
 def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):

@@ -8,6 +8,7 @@ end (NOTE [store incarnations] for a backend written in Python)."""
 
 import datetime
 import json
+import os
 import re
 import time
 import traceback
@@ -276,6 +277,9 @@ def _reused_name_worker(rank, size, path, errq):
     try:
         import torch.distributed as dist
 
+        # keys stay after finalize, so only the new incarnation's own key space keeps the second
+        # communicator from the first one's verdict
+        os.environ["FASTCOMMS_KEEP_STORE_KEYS"] = "1"
         store = init_rank(rank, size, path)
         fastcomms.register_backend("over_dist_py", OverTorchDistributed)
         kw = dict(
@@ -300,6 +304,50 @@ def _reused_name_worker(rank, size, path, errq):
     except BaseException:
         errq.put((rank, traceback.format_exc()))
         raise
+
+
+def _reincarnation_worker(rank, size, path, errq):
+    try:
+        import torch.distributed as dist
+
+        store = init_rank(rank, size, path)
+        fastcomms.register_backend("over_dist_py", OverTorchDistributed)
+        kw = dict(store=dist.PrefixStore("fc", store), timeout=datetime.timedelta(seconds=60))
+        # new_comm then finalize with nothing collective between (the backend's init and finalize
+        # do nothing): every incarnation still numbers alike on every rank
+        for _ in range(8):
+            fastcomms.new_comm("over_dist_py", "cpu", "again", **kw).finalize()
+        last = fastcomms.new_comm("over_dist_py", "cpu", "again", **kw)
+        t = torch.ones(3)
+        last.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((3,), float(size))), t
+        last.finalize()
+        dist.destroy_process_group()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_incarnations_of_a_name_without_a_collective_between():
+    spawn(_reincarnation_worker, 4, timeout=180)
+
+
+def test_a_failed_new_comm_lets_the_backend_go():
+    """A rank/size the backend gives wrong is refused at new_comm, and the backend it set up is
+    aborted (no communicator will ever finalize it)."""
+    stopped = []
+
+    class Wrong(Recording):
+        def get_rank(self):
+            return 2
+
+        def abort(self):
+            stopped.append("abort")
+
+    fastcomms.register_backend("wrong_rank_py", Wrong)
+    with pytest.raises(ValueError, match="must give 0 <= rank < size, got rank 2 and size 2"):
+        fastcomms.new_comm("wrong_rank_py", "cpu", "wrong")
+    assert stopped == ["abort"]
 
 
 def test_a_reused_name_reads_none_of_its_predecessors_keys():
