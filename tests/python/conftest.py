@@ -31,6 +31,15 @@ def _hang_guard():
     )
 
 
+def meet(store, size):
+    """Waits until every rank of `size` got here, under the store's own timeout (a wait for a key
+    the last to arrive sets): ranks meet before a communicator whose short timeout would also
+    bound its rendezvous, so a rank that starts late on a loaded machine does not fail it."""
+    if store.add("started", 1) == size:
+        store.set("started/all", "1")
+    store.wait(["started/all"])
+
+
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on now."""
     import socket

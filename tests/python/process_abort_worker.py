@@ -26,12 +26,10 @@ def main():
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
+    from conftest import meet  # (this file's folder is the script's, first on sys.path)
+
     store = dist.FileStore(store_path, size)
-    # The 1 s timeout also bounds new_comm's rendezvous: meet first (under the store's own
-    # timeout), so a rank that starts late on a loaded machine does not fail the rendezvous.
-    if store.add("started", 1) == size:
-        store.set("started/all", "1")
-    store.wait(["started/all"])
+    meet(store, size)  # the 1 s timeout also bounds new_comm's rendezvous
     comm = fastcomms.new_comm(
         backend,
         dev,

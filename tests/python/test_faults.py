@@ -16,7 +16,7 @@ import traceback
 
 import pytest
 import torch
-from conftest import rank_context, rank_process
+from conftest import meet, rank_context, rank_process
 
 TIMEOUT_S = 4.0
 MARGIN_S = 6.0  # detection may need up to one timeout; the rest is slack for a loaded machine
@@ -49,13 +49,6 @@ def _op(comm, family, rank, size, dev="cpu"):
         torch.cuda.current_stream().synchronize()
 
 
-def _meet(store, size):
-    """Waits (under the store's own timeout) until every rank got here."""
-    if store.add("started", 1) == size:
-        store.set("started/all", "1")
-    store.wait(["started/all"])
-
-
 def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
     import fastcomms
     import torch.distributed as dist
@@ -67,7 +60,7 @@ def _rank(rank, size, path, q, scenario, family, victim, backend="gloo"):
         dev = "cpu" if backend == "gloo" else torch.device("cuda", rank)
         if dev != "cpu":
             torch.cuda.set_device(dev)
-        _meet(store, size)  # the short timeout also bounds new_comm: start it together
+        meet(store, size)  # the short timeout also bounds new_comm: start it together
         comm = fastcomms.new_comm(backend, dev, "faults", store=store, timeout=timeout)
         _op(comm, "all_reduce", rank, size, dev)  # a healthy op first: every connection is up
         if rank == victim:

@@ -273,63 +273,56 @@ class OverTorchDistributed(fastcomms.TorchCommBackend):
         pass
 
 
-def _reused_name_worker(rank, size, path, errq):
+def _over_dist_rank(rank, size, path, errq, body):
+    """A rank of torch.distributed's default group running body(rank, store) with the backend
+    above registered; its traceback goes to errq."""
     try:
         import torch.distributed as dist
 
-        # keys stay after finalize, so only the new incarnation's own key space keeps the second
-        # communicator from the first one's verdict
-        os.environ["FASTCOMMS_KEEP_STORE_KEYS"] = "1"
-        store = init_rank(rank, size, path)
+        store = dist.PrefixStore("fc", init_rank(rank, size, path))
         fastcomms.register_backend("over_dist_py", OverTorchDistributed)
-        kw = dict(
-            store=dist.PrefixStore("fc", store),
-            hints={"check_calls": "strict"},
-            timeout=datetime.timedelta(seconds=30),
-        )
-        first = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
-        with pytest.raises(ValueError, match="ranks issued different collectives"):
-            first.all_reduce(torch.ones(4 + rank), ReduceOp.SUM, False)
-        first.finalize()
-        # The name again, on the same store: rank 1 reaches the check first, where the first
-        # incarnation's verdict (a mismatch) would answer it.
-        second = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
-        if rank == 0:
-            time.sleep(1.0)
-        t = torch.full((8,), float(rank + 1))
-        second.all_reduce(t, ReduceOp.SUM, False)
-        assert torch.equal(t, torch.full((8,), 3.0)), t
-        second.finalize()
+        body(rank, size, store)
         dist.destroy_process_group()
     except BaseException:
         errq.put((rank, traceback.format_exc()))
         raise
 
 
-def _reincarnation_worker(rank, size, path, errq):
-    try:
-        import torch.distributed as dist
+def _reused_name(rank, size, store):
+    # keys stay after finalize, so only the new incarnation's own key space keeps the second
+    # communicator from the first one's verdict
+    os.environ["FASTCOMMS_KEEP_STORE_KEYS"] = "1"
+    kw = dict(store=store, hints={"check_calls": "strict"}, timeout=datetime.timedelta(seconds=30))
+    first = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
+    with pytest.raises(ValueError, match="ranks issued different collectives"):
+        first.all_reduce(torch.ones(4 + rank), ReduceOp.SUM, False)
+    first.finalize()
+    # The name again, on the same store: rank 1 reaches the check first, where the first
+    # incarnation's verdict (a mismatch) would answer it.
+    second = fastcomms.new_comm("over_dist_py", "cpu", "reused", **kw)
+    if rank == 0:
+        time.sleep(1.0)
+    t = torch.full((8,), float(rank + 1))
+    second.all_reduce(t, ReduceOp.SUM, False)
+    assert torch.equal(t, torch.full((8,), 3.0)), t
+    second.finalize()
 
-        store = init_rank(rank, size, path)
-        fastcomms.register_backend("over_dist_py", OverTorchDistributed)
-        kw = dict(store=dist.PrefixStore("fc", store), timeout=datetime.timedelta(seconds=60))
-        # new_comm then finalize with nothing collective between (the backend's init and finalize
-        # do nothing): every incarnation still numbers alike on every rank
-        for _ in range(8):
-            fastcomms.new_comm("over_dist_py", "cpu", "again", **kw).finalize()
-        last = fastcomms.new_comm("over_dist_py", "cpu", "again", **kw)
-        t = torch.ones(3)
-        last.all_reduce(t, ReduceOp.SUM, False)
-        assert torch.equal(t, torch.full((3,), float(size))), t
-        last.finalize()
-        dist.destroy_process_group()
-    except BaseException:
-        errq.put((rank, traceback.format_exc()))
-        raise
+
+def _reincarnations(rank, size, store):
+    kw = dict(store=store, timeout=datetime.timedelta(seconds=60))
+    # new_comm then finalize with nothing collective between (the backend's init and finalize do
+    # nothing): every incarnation still numbers alike on every rank
+    for _ in range(8):
+        fastcomms.new_comm("over_dist_py", "cpu", "again", **kw).finalize()
+    last = fastcomms.new_comm("over_dist_py", "cpu", "again", **kw)
+    t = torch.ones(3)
+    last.all_reduce(t, ReduceOp.SUM, False)
+    assert torch.equal(t, torch.full((3,), float(size))), t
+    last.finalize()
 
 
 def test_incarnations_of_a_name_without_a_collective_between():
-    spawn(_reincarnation_worker, 4, timeout=180)
+    spawn(_over_dist_rank, 4, _reincarnations, timeout=180)
 
 
 def test_a_failed_new_comm_lets_the_backend_go():
@@ -353,4 +346,4 @@ def test_a_failed_new_comm_lets_the_backend_go():
 def test_a_reused_name_reads_none_of_its_predecessors_keys():
     """The strict call check of a backend written in Python keeps its records and verdicts in the
     communicator's own key space, a new one for each incarnation of a name."""
-    spawn(_reused_name_worker, 2, timeout=120)
+    spawn(_over_dist_rank, 2, _reused_name, timeout=120)
