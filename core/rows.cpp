@@ -70,6 +70,27 @@ void weighted_sum_rows_device(void* out, DType out_type, const void* src, DType 
                     stream);
 }
 
+void gather_dequant_rows_device(void* out, DType out_type, const void* src, DType wire,
+                                int64_t src_pitch, int64_t src_rows, const float* scales,
+                                const int64_t* index, int64_t n, const int64_t* count, int64_t d,
+                                void* stream) {
+  FASTCOMMS_CHECK(out_type == DType::kFloat16 || out_type == DType::kBFloat16 ||
+                      out_type == DType::kFloat32,
+                  kTypeError, "gather_dequant_rows: the output must be float16, bfloat16 or ",
+                  "float32, got ", dtype_name(out_type));
+  FASTCOMMS_CHECK(wire == DType::kFloat8E4M3FN || wire == DType::kFloat8E5M2, kTypeError,
+                  "gather_dequant_rows: the rows must be float8_e4m3fn or float8_e5m2, got ",
+                  dtype_name(wire));
+  FASTCOMMS_CHECK(n >= 0 && d >= 0 && src_rows >= 0, kInvalidArgument,
+                  "gather_dequant_rows: sizes must be >= 0, got n=", n, " d=", d,
+                  " src_rows=", src_rows);
+  FASTCOMMS_CHECK(src_pitch >= d, kInvalidArgument, "gather_dequant_rows: the row pitch (",
+                  src_pitch, " bytes) is below a row (", d, " bytes)");
+  get("gather_dequant_rows")
+      .gather_dequant(out, out_type, src, wire, src_pitch, src_rows, scales, index, n, count, d,
+                      stream);
+}
+
 bool moe_plan_fits(int64_t ranks, int64_t local_experts) {
   return ranks >= 1 && local_experts >= 1 && ranks <= plan::kMoePlanMaxKeys &&
          local_experts <= plan::kMoePlanMaxKeys;

@@ -148,6 +148,91 @@ void sum_to(void* out, RowValue out_type, const void* src, int64_t src_pitch, in
   throw Error(ErrorCode::kInvalidArgument, "weighted_sum_rows: unknown output type");
 }
 
+// gather_dequant_rows: one block per row, N FP8 bytes in and N values out per thread step.
+template <class Out, bool kE4M3, int N>
+__global__ void gather_dequant_kernel(typename Out::Storage* __restrict__ out, int64_t d,
+                                      const uint8_t* __restrict__ src, int64_t src_pitch,
+                                      int64_t src_rows, const float* __restrict__ scales,
+                                      const int64_t* __restrict__ index, int64_t n,
+                                      const int64_t* __restrict__ count) {
+  using O = typename Out::Storage;
+  int64_t lim = n;
+  if (count != nullptr) lim = max(int64_t{0}, min(n, *count));
+  const int64_t vecs = d / N;
+  for (int64_t i = blockIdx.x; i < lim; i += gridDim.x) {
+    const int64_t j = index[i];
+    O* o = out + i * d;
+    if (j < 0 || j >= src_rows) {
+      for (int64_t c = threadIdx.x; c < d; c += blockDim.x) o[c] = Out::store(0.0f);
+      continue;
+    }
+    const float scale = scales[i];
+    const uint8_t* s = src + j * src_pitch;
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+      uint8_t b[N];
+      if constexpr (N == 8) {
+        const uint2 w = reinterpret_cast<const uint2*>(s)[v];
+        memcpy(b, &w, 8);
+      } else if constexpr (N == 4) {
+        const uint32_t w = reinterpret_cast<const uint32_t*>(s)[v];
+        memcpy(b, &w, 4);
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) b[e] = s[v * N + e];
+      }
+      O e[N];
+#pragma unroll
+      for (int q = 0; q < N; ++q) e[q] = Out::store(detail::fp8_dequant<kE4M3>(b[q], scale));
+      if constexpr (N * sizeof(O) == 16) {
+        uint4 u;
+        memcpy(&u, e, 16);
+        reinterpret_cast<uint4*>(o)[v] = u;
+      } else {
+#pragma unroll
+        for (int q = 0; q < N; ++q) o[v * N + q] = e[q];
+      }
+    }
+  }
+}
+
+template <class Out, bool kE4M3>
+void launch_gather_dequant(void* out, const void* src, int64_t src_pitch, int64_t src_rows,
+                           const float* scales, const int64_t* index, int64_t n,
+                           const int64_t* count, int64_t d, cudaStream_t stream) {
+  using O = typename Out::Storage;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(O));  // values per 16 output bytes
+  const bool vec = d % kVec == 0 &&
+                   access_bytes({reinterpret_cast<uint64_t>(src),
+                                 static_cast<uint64_t>(src_pitch)}) >= kVec &&
+                   access_bytes({reinterpret_cast<uint64_t>(out)}) == 16;
+  const auto blocks = static_cast<unsigned>(std::min(n, kMaxBlocks));
+  auto* o = static_cast<O*>(out);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const int64_t steps = vec ? d / kVec : d;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, ((steps + 31) / 32) * 32));
+  if (vec) {
+    gather_dequant_kernel<Out, kE4M3, kVec><<<blocks, std::max(threads, 32), 0, stream>>>(
+        o, d, s, src_pitch, src_rows, scales, index, n, count);
+  } else {
+    gather_dequant_kernel<Out, kE4M3, 1><<<blocks, std::max(threads, 32), 0, stream>>>(
+        o, d, s, src_pitch, src_rows, scales, index, n, count);
+  }
+  FASTCOMMS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Out>
+void gather_dequant_to(void* out, const void* src, bool e4m3, int64_t src_pitch, int64_t src_rows,
+                       const float* scales, const int64_t* index, int64_t n, const int64_t* count,
+                       int64_t d, cudaStream_t stream) {
+  if (e4m3) {
+    launch_gather_dequant<Out, true>(out, src, src_pitch, src_rows, scales, index, n, count, d,
+                                     stream);
+  } else {
+    launch_gather_dequant<Out, false>(out, src, src_pitch, src_rows, scales, index, n, count, d,
+                                      stream);
+  }
+}
+
 }  // namespace
 
 void gather_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t src_rows,
@@ -191,6 +276,25 @@ void weighted_sum_rows(void* out, RowValue out_type, const void* src, RowValue i
                                       d, stream);
   }
   throw Error(ErrorCode::kInvalidArgument, "weighted_sum_rows: unknown input type");
+}
+
+void gather_dequant_rows(void* out, RowValue out_type, const void* src, bool e4m3,
+                         int64_t src_pitch, int64_t src_rows, const float* scales,
+                         const int64_t* index, int64_t n, const int64_t* count, int64_t d,
+                         cudaStream_t stream) {
+  if (n <= 0 || d <= 0) return;
+  switch (out_type) {
+    case RowValue::kFloat16:
+      return gather_dequant_to<detail::F16Value>(out, src, e4m3, src_pitch, src_rows, scales,
+                                                 index, n, count, d, stream);
+    case RowValue::kBFloat16:
+      return gather_dequant_to<detail::BF16Value>(out, src, e4m3, src_pitch, src_rows, scales,
+                                                  index, n, count, d, stream);
+    case RowValue::kFloat32:
+      return gather_dequant_to<detail::F32Value>(out, src, e4m3, src_pitch, src_rows, scales,
+                                                 index, n, count, d, stream);
+  }
+  throw Error(ErrorCode::kInvalidArgument, "gather_dequant_rows: unknown output type");
 }
 
 }  // namespace fastcomms::cuda

@@ -410,6 +410,10 @@ def _fp8_has_cuda_kernels() -> bool:
     ...
 def _fp8_quantize(arg0: torch.Tensor, arg1: torch.Tensor, arg2: torch.Tensor) -> None:
     ...
+def _moe_gather_dequant(out: torch.Tensor, src: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, count: torch.Tensor | None = None) -> None:
+    """
+    out[i] = dequantize(src[index[i]], scales[i]) for i < count (read on the GPU), zeros for index < 0; rows from count on untouched
+    """
 def _moe_gather_rows(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, count: torch.Tensor | None = None, zero_rest: bool = False) -> None:
     """
     dst[i] = src[index[i]] for i < count (read on the GPU), zeros for index < 0; rows from count on zeroed (zero_rest) or untouched

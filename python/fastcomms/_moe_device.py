@@ -28,8 +28,8 @@ handful of launches where the torch plan was some 700 ops on the host) and the t
 same results (test_moe_device_gpu compares them on random routing). Rows are moved by the row
 kernels (NOTE [moe row kernels]): a gather bounded by a count the
 GPU holds, so a dispatch reads the rows it has, not the rows its worst case could have; rows of
-recv_x past the ones in use are zeroed (as the collective transport's are; src -1), so that a
-dense expert over every row gets no garbage into its gradients.
+recv_x past the ones in use are not written on CUDA (NOTE [moe recv_x tail]: API.md leaves them
+unspecified; their meta is zeros, src -1), and FP8 rows are dequantized as they are gathered.
 
 NOTE [moe device refusals]: a refusal (more tokens than max_tokens_per_rank, an expert id out of
 range, an expert twice in a token's top-k) cannot raise at the call without reading the routing
@@ -273,10 +273,12 @@ def dispatch(
     capacity,
     flags=None,
     kernels=None,
+    zero_tail=False,
 ):
     """The whole dispatch on the device: (recv_x, counts, row weights, src, row scales or None,
     plan). ``flags`` (FLAGS,) int64, updated in place with the first refusal (NOTE [moe device
-    refusals]). ``kernels``: the plan kernels or torch (default: plan_kernels)."""
+    refusals]). ``kernels``: the plan kernels or torch (default: plan_kernels). ``zero_tail``:
+    NOTE [moe recv_x tail]."""
     T, k = idx.shape
     dev, H, value_dtype = x.device, x.shape[1], x.dtype
     R = P * max_tokens
@@ -336,15 +338,22 @@ def dispatch(
         row_total=row_total,
     )
     rows = recv[:, :row_bytes]  # (R, H) as sent, as bytes
+    # NOTE [moe recv_x tail]: on CUDA only the rows in use are written (rows past the counts are
+    # unspecified, API.md); zero_tail=True zeroes them and dequantizes FP8 rows over the whole
+    # buffer, as before 2026-12-07 (a benchmark's baseline). On CPU the rows past are zeros.
+    fill = zero_tail or dev.type != "cuda"
     if wire is not None and not return_scales:
+        recv_x = torch.empty((capacity, H), dtype=value_dtype, device=dev)
+        if not fill:  # the grouped FP8 rows dequantized as they are gathered, rows in use only
+            _C._moe_gather_dequant(recv_x, rows.view(x.dtype), scl, row_tok, row_total)
+            return recv_x, counts, row_w, src, None, plan
         # the grouped FP8 rows, then dequantized with their scales (zero rows, scale 0: zeros)
         q = torch.empty((capacity, H), dtype=x.dtype, device=dev)
         _gather(_bytes2d(q, capacity), rows, row_tok, row_total)
-        recv_x = torch.empty((capacity, H), dtype=value_dtype, device=dev)
         _C._fp8_dequantize(q, scl, recv_x)
         return recv_x, counts, row_w, src, None, plan
     recv_x = torch.empty((capacity, H), dtype=x.dtype, device=dev)
-    _gather(_bytes2d(recv_x, capacity), rows, row_tok, row_total)
+    _gather(_bytes2d(recv_x, capacity), rows, row_tok, row_total, fill)
     return recv_x, counts, row_w, src, scl, plan
 
 
@@ -410,6 +419,7 @@ class DeviceTransport:
         self.a2av = a2av
         self.flags = torch.zeros(FLAGS, dtype=torch.int64, device=device)
         self.plan_kernels = None  # None: plan_kernels() decides (once); False: torch (benches)
+        self.zero_tail = False  # True: NOTE [moe recv_x tail]'s baseline (benches)
         self._auto_kernels = None
 
     def exchange_header(self, rows: torch.Tensor) -> torch.Tensor:
@@ -433,6 +443,7 @@ class DeviceTransport:
             return_scales,
             flags=self.flags,
             kernels=self._kernels(x.device, sizes["P"], sizes["L"]),
+            zero_tail=self.zero_tail,
             **sizes,
         )
         return _Pending([], lambda: result)

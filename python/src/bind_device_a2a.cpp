@@ -287,6 +287,41 @@ void bind_device_a2a(py::module_& m) {
       },
       py::arg("out"), py::arg("src"), py::arg("index"), py::arg("w"),
       "out[t] = sum_j w[t, j] * src[index[t * k + j]] in float32, slot order, no FMA");
+  m.def(
+      "_moe_gather_dequant",
+      [](const at::Tensor& out, const at::Tensor& src, const at::Tensor& scales,
+         const at::Tensor& index, const std::optional<at::Tensor>& count) {
+        const char* what = "moe gather_dequant";
+        FASTCOMMS_CHECK(out.is_cuda(), kInvalidArgument, what, ": out must be a CUDA tensor, got ",
+                        out.device().str());
+        check_cuda(what, "src", src, out);
+        FASTCOMMS_CHECK(out.dim() == 2 && out.is_contiguous(), kInvalidArgument, what,
+                        ": out must be a contiguous (rows, d) tensor, got ", out.sizes());
+        const int64_t n = out.size(0), d = out.size(1);
+        FASTCOMMS_CHECK(src.dim() == 2 && src.size(1) == d && src.stride(1) == 1 &&
+                            src.stride(0) >= d && src.element_size() == 1,
+                        kInvalidArgument, what, ": src must be FP8 (rows, ", d,
+                        ") with rows of unit stride, got ", c10::toString(src.scalar_type()), " ",
+                        src.sizes(), " strides ", src.strides());
+        check_plan(what, "scales", scales, out, at::kFloat, n);
+        check_index(what, index, n, out);
+        const int64_t* c = nullptr;
+        if (count) {
+          check_plan(what, "count", *count, out, at::kLong, 1);
+          c = count->data_ptr<int64_t>();
+        }
+#ifdef FASTCOMMS_WITH_CUDA
+        c10::DeviceGuard guard(out.device());
+#endif
+        gather_dequant_rows_device(out.data_ptr(), to_dtype(out.scalar_type()), src.data_ptr(),
+                                   to_dtype(src.scalar_type()), src.stride(0), src.size(0),
+                                   scales.data_ptr<float>(), index.data_ptr<int64_t>(), n, c, d,
+                                   stream_of(out));
+      },
+      py::arg("out"), py::arg("src"), py::arg("scales"), py::arg("index"),
+      py::arg("count") = py::none(),
+      "out[i] = dequantize(src[index[i]], scales[i]) for i < count (read on the GPU), zeros for "
+      "index < 0; rows from count on untouched");
   m.def("_moe_has_row_kernels", &has_row_kernels);
   // NOTE [moe plan kernels] (include/fastcomms/plan/moe_plan.hpp)
   m.def("_moe_plan_fits", &moe_plan_fits, py::arg("ranks"), py::arg("local_experts"));

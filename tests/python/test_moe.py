@@ -561,3 +561,6 @@ def test_gather_rows_cpu_semantics():
         C._moe_gather_rows(torch.empty(6, 12, dtype=torch.uint8), src, index, None, True)
     with pytest.raises(ValueError, match="out must be a CUDA tensor"):
         C._moe_weighted_sum(torch.empty(2, 4), torch.empty(6, 4), None, torch.empty(2, 3))
+    with pytest.raises(ValueError, match="moe gather_dequant: out must be a CUDA tensor"):
+        fp8 = src.view(torch.float8_e4m3fn)
+        C._moe_gather_dequant(torch.empty(6, 12), fp8, torch.ones(6), index, None)

@@ -13,6 +13,12 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
   quantized before the move, dequantized after);
 - ``device dispatch (torch plan)``: the device dispatch with its routing plan in torch ops (the
   baseline of NOTE [moe plan kernels]: the same rows, some 700 ops on the host);
+- ``device dispatch (tail zeroed)`` / ``device dispatch fp8 (tail zeroed)``: the baseline of NOTE
+  [moe recv_x tail]: recv_x's rows past the counts zeroed and FP8 rows dequantized over the whole
+  buffer, as before 2026-12-07;
+- ``local copy of the rows recv_x holds``: one device-local ``copy_`` of as many bytes as the
+  dispatch writes into recv_x (its rows in use, one per (token, local expert)): the memory floor
+  of the expert-grouped layout, which no dispatch can beat on this GPU's HBM (``recv_bytes``);
 - ``host time per call``: the Python call's own time (GPU drained before each call), medians;
 - ``flat peer copy (the bytes dispatch sends)``: the issue's yardstick. Each rank copies, with one
   ``copy_`` per peer into memory on the peer's GPU (the copy engine; both directions at once, as
@@ -82,6 +88,25 @@ def _flat_copy(rows, hidden, dtype, dev, ngpu):
             dst.copy_(src, non_blocking=True)
 
     return fn
+
+
+def _local_copy(nbytes, dev):
+    """One device-local ``copy_`` of ``nbytes``."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+
+    def fn():
+        dst.copy_(src, non_blocking=True)
+
+    return fn
+
+
+def _tail_zeroed(g, fn):
+    g._transport.zero_tail = True  # the baseline: NOTE [moe recv_x tail]
+    try:
+        return fn()
+    finally:
+        g._transport.zero_tail = False
 
 
 def _symm_mem_anchor(x, idx, experts, size, group_name):
@@ -263,6 +288,17 @@ def _rank(rank, world, path, args, outq):
                         _torch_plan(g, lambda: g.dispatch(x, idx, w))
 
                     variants["device dispatch (torch plan)"] = disp_torch_plan
+
+                    def disp_zeroed(g=g, x=x, idx=idx, w=w):
+                        _tail_zeroed(g, lambda: g.dispatch(x, idx, w))
+
+                    def disp8_zeroed(g=g, x=x, idx=idx, w=w):
+                        _tail_zeroed(
+                            g, lambda: g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn)
+                        )
+
+                    variants["device dispatch (tail zeroed)"] = disp_zeroed
+                    variants["device dispatch fp8 (tail zeroed)"] = disp8_zeroed
             if "collective" in res:  # the same bits on both transports
                 a, b = res["device"], res["collective"]
                 n = int(a[1][-1])
@@ -285,6 +321,8 @@ def _rank(rank, world, path, args, outq):
             variants["flat peer copy (the bytes dispatch sends)"] = _flat_copy(
                 sent, H, dt, dev, ngpu
             )
+            recv_bytes = int(res["device"][1][-1]) * H * x.element_size()
+            variants["local copy of the rows recv_x holds"] = _local_copy(recv_bytes, dev)
             if symm_why is None:
                 sdisp, scomb, got_rows = _symm_mem_anchor(
                     x, idx, E, world, dist.group.WORLD.group_name
@@ -309,6 +347,8 @@ def _rank(rank, world, path, args, outq):
             )
             if name.startswith("flat peer copy"):
                 rows[-1]["bytes_sent"] = sum(sent) * H * x.element_size()
+            if name.startswith("local copy"):
+                rows[-1]["recv_bytes"] = recv_bytes
         for name, us in host.items():
             rows.append({"routing": kind, "variant": name, "rank": rank, "median_us": us})
         for name, why in skipped.items():
@@ -337,7 +377,7 @@ def main():
     print_env(args.nproc)
     print("shape", json.dumps(vars(args)))
     got = spawn_ranks(_rank, args.nproc, args, timeout=900)
-    print_slowest_rank(got, keep=("bytes_sent",))
+    print_slowest_rank(got, keep=("bytes_sent", "recv_bytes"))
     return 0
 
 

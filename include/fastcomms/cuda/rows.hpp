@@ -32,4 +32,14 @@ void weighted_sum_rows(void* out, RowValue out_type, const void* src, RowValue i
                        int64_t src_pitch, int64_t src_rows, const int64_t* index, const float* w,
                        int64_t tokens, int64_t k, int64_t d, cudaStream_t stream);
 
+/// out row i (d values of out_type, rows contiguous) = the FP8 row index[i] of src (d bytes,
+/// `e4m3` or e5m2, rows `src_pitch` bytes apart) dequantized with scales[i]: each value
+/// out_type(float(byte) * scales[i]), bit for bit fp8_dequantize_rows (cuda/fp8.hpp) of the
+/// gathered row. Rows i < min(n, *count) only (count null: n); rows from *count on are not
+/// written; an index < 0 or >= src_rows writes zeros (never reads past src).
+void gather_dequant_rows(void* out, RowValue out_type, const void* src, bool e4m3,
+                         int64_t src_pitch, int64_t src_rows, const float* scales,
+                         const int64_t* index, int64_t n, const int64_t* count, int64_t d,
+                         cudaStream_t stream);
+
 }  // namespace fastcomms::cuda
