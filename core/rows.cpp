@@ -74,10 +74,10 @@ void gather_dequant_rows_device(void* out, DType out_type, const void* src, DTyp
                                 int64_t src_pitch, int64_t src_rows, const float* scales,
                                 const int64_t* index, int64_t n, const int64_t* count, int64_t d,
                                 void* stream) {
-  FASTCOMMS_CHECK(out_type == DType::kFloat16 || out_type == DType::kBFloat16 ||
-                      out_type == DType::kFloat32,
-                  kTypeError, "gather_dequant_rows: the output must be float16, bfloat16 or ",
-                  "float32, got ", dtype_name(out_type));
+  FASTCOMMS_CHECK(
+      out_type == DType::kFloat16 || out_type == DType::kBFloat16 || out_type == DType::kFloat32,
+      kTypeError, "gather_dequant_rows: the output must be float16, bfloat16 or float32, got ",
+      dtype_name(out_type));
   FASTCOMMS_CHECK(wire == DType::kFloat8E4M3FN || wire == DType::kFloat8E5M2, kTypeError,
                   "gather_dequant_rows: the rows must be float8_e4m3fn or float8_e5m2, got ",
                   dtype_name(wire));

@@ -201,10 +201,10 @@ void launch_gather_dequant(void* out, const void* src, int64_t src_pitch, int64_
                            const int64_t* count, int64_t d, cudaStream_t stream) {
   using O = typename Out::Storage;
   constexpr int kVec = 16 / static_cast<int>(sizeof(O));  // values per 16 output bytes
-  const bool vec = d % kVec == 0 &&
-                   access_bytes({reinterpret_cast<uint64_t>(src),
-                                 static_cast<uint64_t>(src_pitch)}) >= kVec &&
-                   access_bytes({reinterpret_cast<uint64_t>(out)}) == 16;
+  const bool vec =
+      d % kVec == 0 &&
+      access_bytes({reinterpret_cast<uint64_t>(src), static_cast<uint64_t>(src_pitch)}) >= kVec &&
+      access_bytes({reinterpret_cast<uint64_t>(out)}) == 16;
   const auto blocks = static_cast<unsigned>(std::min(n, kMaxBlocks));
   auto* o = static_cast<O*>(out);
   const auto* s = static_cast<const uint8_t*>(src);
@@ -285,14 +285,14 @@ void gather_dequant_rows(void* out, RowValue out_type, const void* src, bool e4m
   if (n <= 0 || d <= 0) return;
   switch (out_type) {
     case RowValue::kFloat16:
-      return gather_dequant_to<detail::F16Value>(out, src, e4m3, src_pitch, src_rows, scales,
-                                                 index, n, count, d, stream);
+      return gather_dequant_to<detail::F16Value>(out, src, e4m3, src_pitch, src_rows, scales, index,
+                                                 n, count, d, stream);
     case RowValue::kBFloat16:
       return gather_dequant_to<detail::BF16Value>(out, src, e4m3, src_pitch, src_rows, scales,
                                                   index, n, count, d, stream);
     case RowValue::kFloat32:
-      return gather_dequant_to<detail::F32Value>(out, src, e4m3, src_pitch, src_rows, scales,
-                                                 index, n, count, d, stream);
+      return gather_dequant_to<detail::F32Value>(out, src, e4m3, src_pitch, src_rows, scales, index,
+                                                 n, count, d, stream);
   }
   throw Error(ErrorCode::kInvalidArgument, "gather_dequant_rows: unknown output type");
 }

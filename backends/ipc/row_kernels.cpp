@@ -46,8 +46,8 @@ const bool kRegistered = [] {
   k.gather_dequant = [](void* out, DType out_type, const void* src, DType wire, int64_t src_pitch,
                         int64_t src_rows, const float* scales, const int64_t* index, int64_t n,
                         const int64_t* count, int64_t d, void* stream) {
-    cuda::gather_dequant_rows(out, value_of(out_type), src, wire == DType::kFloat8E4M3FN,
-                              src_pitch, src_rows, scales, index, n, count, d,
+    cuda::gather_dequant_rows(out, value_of(out_type), src, wire == DType::kFloat8E4M3FN, src_pitch,
+                              src_rows, scales, index, n, count, d,
                               static_cast<cudaStream_t>(stream));
   };
   k.plan_home = [](const plan::MoePlanHome& a, void* stream) {

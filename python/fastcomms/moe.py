@@ -48,7 +48,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 @dataclasses.dataclass
 class DispatchMeta:
     """What ``dispatch`` says about the rows it returns (``rows`` = ``recv_x.shape[0]``, the
-    group's capacity for this k; rows past ``offsets[-1]`` are unspecified).
+    group's capacity for this k; rows past ``offsets[-1]`` are unspecified: zeros on the
+    collective transport, not written on the device one, NaN included: docs/moe.md).
 
     - ``counts``: (local experts,) int32, rows per local expert;
     - ``offsets``: (local experts + 1,) int32, where each expert's rows start (``offsets[0]`` is
