@@ -193,6 +193,19 @@ __device__ __forceinline__ void copy_units(V* dst, const V* src, int64_t n, int6
   for (; i < n; i += threads) dst[i] = src[i];
 }
 
+// NOTE [indexed push]: `n` units of whole rows, logical row i (from `row0`) read from input row
+// index[row0 + i]; an index outside [0, src_rows) gives a zero row.
+template <typename V>
+__device__ __forceinline__ void copy_indexed(V* dst, const V* input, const int64_t* index,
+                                             int64_t src_rows, int64_t row0, int64_t per_row,
+                                             int64_t n, int64_t tid, int64_t threads) {
+  for (int64_t i = tid; i < n; i += threads) {
+    const int64_t r = i / per_row;
+    const int64_t j = index[row0 + r];
+    dst[i] = j >= 0 && j < src_rows ? input[j * per_row + (i - r * per_row)] : V{};
+  }
+}
+
 // Kernel 2: rows into peers' staging (and own rows into the output), then the done flags.
 template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) push_kernel(DeviceA2avArgs a) {
@@ -205,8 +218,15 @@ __global__ void __launch_bounds__(kCopyThreads) push_kernel(DeviceA2avArgs a) {
     const DeviceA2avPeerPlan pl = a.plan[q];
     if (pl.send_bytes <= 0) continue;
     char* dst = (q == r ? a.output : a.peers[q] + staging) + pl.send_dst;
-    copy_units(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(a.input + pl.send_src),
-               pl.send_bytes / static_cast<int64_t>(sizeof(V)), tid, threads);
+    const int64_t units = pl.send_bytes / static_cast<int64_t>(sizeof(V));
+    if (a.input_index != nullptr) {
+      copy_indexed(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(a.input), a.input_index,
+                   a.input_src_rows, pl.send_src / a.row_bytes,
+                   a.row_bytes / static_cast<int64_t>(sizeof(V)), units, tid, threads);
+    } else {
+      copy_units(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(a.input + pl.send_src),
+                 units, tid, threads);
+    }
   }
   __shared__ int last;
   __syncthreads();

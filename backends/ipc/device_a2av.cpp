@@ -29,8 +29,8 @@ class IpcDeviceAlltoallv final : public DeviceAlltoallv {
   IpcDeviceAlltoallv& operator=(const IpcDeviceAlltoallv&) = delete;
 
   void run(const TensorView& output, const TensorView& input, const TensorView& output_splits,
-           const TensorView& input_splits, void* stream,
-           std::chrono::milliseconds timeout) override;
+           const TensorView& input_splits, void* stream, std::chrono::milliseconds timeout,
+           const TensorView* input_index) override;
   void check_errors() override;
   void raise_flagged();  // throws what the device flagged since the last look, clearing it
   int64_t capacity_bytes() const override { return cap_; }
@@ -143,7 +143,8 @@ void IpcDeviceAlltoallv::check_splits(const char* arg, const TensorView& t) cons
 
 void IpcDeviceAlltoallv::run(const TensorView& output, const TensorView& input,
                              const TensorView& output_splits, const TensorView& input_splits,
-                             void* stream, std::chrono::milliseconds timeout) {
+                             void* stream, std::chrono::milliseconds timeout,
+                             const TensorView* input_index) {
   check_tensor("output", output);
   check_tensor("input", input);
   FASTCOMMS_CHECK(output.dtype == input.dtype, kTypeError, prefix(),
@@ -174,6 +175,17 @@ void IpcDeviceAlltoallv::run(const TensorView& output, const TensorView& input,
   a.output = static_cast<char*>(output.data);
   a.input_rows = input.rows();
   a.output_rows = output.rows();
+  if (input_index != nullptr) {  // NOTE [indexed push]
+    const TensorView& ix = *input_index;
+    FASTCOMMS_CHECK(ix.dtype == DType::kInt64, kTypeError, prefix(),
+                    "input_index must be an int64 tensor, got ", ix.describe());
+    FASTCOMMS_CHECK(ix.device == init_.device && ix.shape.size() == 1 && ix.is_contiguous(),
+                    kInvalidArgument, prefix(), "input_index must be a contiguous 1-d tensor on ",
+                    init_.device.str(), ", got ", ix.describe());
+    a.input_index = static_cast<const int64_t*>(ix.data);
+    a.input_src_rows = input.rows();
+    a.input_rows = ix.shape[0];  // the rows the splits count
+  }
   a.row_bytes = rb;
   a.staging_bytes = cap_;
   if (timeout.count() <= 0) timeout = init_.timeout;

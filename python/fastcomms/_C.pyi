@@ -396,7 +396,7 @@ def _device_alltoallv_prepare(comm: typing.Any, max_output_bytes: typing.Support
     """
     Collective: (re)makes the communicator's device all-to-all-v buffers
     """
-def _device_alltoallv_single(comm: typing.Any, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, timeout_ms: typing.SupportsInt = 0) -> None:
+def _device_alltoallv_single(comm: typing.Any, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, timeout_ms: typing.SupportsInt = 0, input_index: torch.Tensor | None = None) -> None:
     """
     Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)
     """

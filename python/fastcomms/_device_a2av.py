@@ -111,9 +111,20 @@ def _as_rows(t):
     return t if t.dtype in _VIEW_DTYPES else t.unsqueeze(-1).view(torch.uint8)
 
 
-def issue(c, output, input, output_split_sizes, input_split_sizes, async_op, timeout=None):
+def issue(
+    c,
+    output,
+    input,
+    output_split_sizes,
+    input_split_sizes,
+    async_op,
+    timeout=None,
+    input_index=None,
+):
     """Enqueues the exchange on the current stream; returns a TorchWork. ``c`` is the
-    extension's communicator (``TorchComm._c``)."""
+    extension's communicator (``TorchComm._c``). ``input_index`` (private; fastcomms.moe's):
+    an int64 CUDA tensor naming the input row of each row the splits count (NOTE [indexed
+    push]), so scattered rows are sent without a packing copy."""
     tensors = {
         "output": output,
         "input": input,
@@ -136,7 +147,7 @@ def issue(c, output, input, output_split_sizes, input_split_sizes, async_op, tim
     td = None if timeout is None else _ms(timeout, _where(c))
     ms = 0 if td is None else int(td / datetime.timedelta(milliseconds=1))
     _C._device_alltoallv_single(
-        c, _as_rows(output), _as_rows(input), output_split_sizes, input_split_sizes, ms
+        c, _as_rows(output), _as_rows(input), output_split_sizes, input_split_sizes, ms, input_index
     )
     if not async_op or capturing:
         return TorchWork(_DoneWork())  # ordered on the caller's stream already

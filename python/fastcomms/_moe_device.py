@@ -357,23 +357,29 @@ def dispatch(
     return recv_x, counts, row_w, src, scl, plan
 
 
-def gather_home(a2av, y, plan: DevicePlan):
+def gather_home(a2av, y, plan: DevicePlan, a2av_index=None):
     """Expert rows y (capacity, C) -> their receive buffer at home, (T * k, C) in y's dtype, row
-    ``plan.slot_src[t * k + j]`` for slot (t, j) (-1: dropped, no row)."""
+    ``plan.slot_src[t * k + j]`` for slot (t, j) (-1: dropped, no row). ``a2av_index(out, inp,
+    index, out_splits, in_splits)``: an all-to-all-v that reads its rows through an index (NOTE
+    [indexed push]: y's rows go in arrival order without a packed copy); None: pack, then a2av."""
     C = y.shape[1]
     width = C * y.element_size()
     dev = y.device
-    send = torch.empty((plan.capacity, width), dtype=torch.uint8, device=dev)
-    _gather(send, _bytes2d(y.contiguous(), y.shape[0]), plan.back_rows, plan.row_total, False)
+    rows = _bytes2d(y.contiguous(), y.shape[0])
     n = plan.tokens * plan.k
     recv = torch.empty((n, width), dtype=torch.uint8, device=dev)
+    if a2av_index is not None and width > 0:
+        a2av_index(recv, rows, plan.back_rows, plan.back_splits, plan.rows_from)
+        return recv.view(y.dtype).view(n, C)
+    send = torch.empty((plan.capacity, width), dtype=torch.uint8, device=dev)
+    _gather(send, rows, plan.back_rows, plan.row_total, False)
     a2av(recv, send, plan.back_splits, plan.rows_from)
     return recv.view(y.dtype).view(n, C)
 
 
-def gather(a2av, y, plan: DevicePlan):
+def gather(a2av, y, plan: DevicePlan, a2av_index=None):
     """Expert rows y (capacity, C) -> (T, k, C) at home, zeros in dropped slots."""
-    recv = gather_home(a2av, y, plan)
+    recv = gather_home(a2av, y, plan, a2av_index)
     n, C = recv.shape
     full = torch.empty((n, C * y.element_size()), dtype=torch.uint8, device=y.device)
     _gather(full, _bytes2d(recv, n), plan.slot_src)  # every slot: its row, or zeros (dropped)
@@ -411,20 +417,31 @@ class DeviceTransport:
 
     def __init__(self, group, rank, size, device, a2av=None):
         self.group, self.rank, self.size, self.device = group, rank, size, device
+        self.a2av_index = None  # NOTE [indexed push]: only over the communicator's own exchange
         if a2av is None:
+            from . import _device_a2av
 
             def a2av(out, inp, out_splits, in_splits):
                 group.device_alltoallv_single(out, inp, out_splits, in_splits, False)
 
+            def a2av_index(out, inp, index, out_splits, in_splits):
+                _device_a2av.issue(group._c, out, inp, out_splits, in_splits, False, None, index)
+
+            self.a2av_index = a2av_index
         self.a2av = a2av
         self.flags = torch.zeros(FLAGS, dtype=torch.int64, device=device)
         self.plan_kernels = None  # None: plan_kernels() decides (once); False: torch (benches)
         self.zero_tail = False  # True: NOTE [moe recv_x tail]'s baseline (benches)
+        self.pack_rows = False  # True: the combine packs y's rows before the exchange (benches)
         self._auto_kernels = None
 
     def exchange_header(self, rows: torch.Tensor) -> torch.Tensor:
         """The construction's agreement check (eager, host read allowed)."""
         return exchange_counts(self.a2av, rows.to(self.device)).cpu()
+
+    def _index(self):
+        """The indexed exchange, unless a benchmark asked for the packed one (``pack_rows``)."""
+        return None if self.pack_rows else self.a2av_index
 
     def _kernels(self, device, P, L) -> bool:
         if self.plan_kernels is not None:
@@ -449,13 +466,13 @@ class DeviceTransport:
         return _Pending([], lambda: result)
 
     def gather(self, y, plan, async_op):
-        rows = gather(self.a2av, y, plan)
+        rows = gather(self.a2av, y, plan, self._index())
         return _Pending([], lambda: rows)
 
     def gather_home(self, y, plan, async_op):
         """(receive buffer (T * k, C), its row per slot): what the combine's weighted sum reads
         through the index, without the (T, k, C) copy ``gather`` makes."""
-        rows = gather_home(self.a2av, y, plan)
+        rows = gather_home(self.a2av, y, plan, self._index())
         return _Pending([], lambda: (rows, plan.slot_src))
 
     def scatter(self, z, values, plan, async_op):

@@ -151,18 +151,21 @@ void bind_device_a2a(py::module_& m) {
       "_device_alltoallv_single",
       [](const py::handle& comm, const at::Tensor& output, const at::Tensor& input,
          const at::Tensor& output_split_sizes, const at::Tensor& input_split_sizes,
-         int64_t timeout_ms) {
+         int64_t timeout_ms, const std::optional<at::Tensor>& input_index) {
         const auto c = communicator_of(comm);
         const TensorView out = view(output), in = view(input);
         const TensorView os = view(output_split_sizes), is = view(input_split_sizes);
+        std::optional<TensorView> ix;
+        if (input_index) ix = view(*input_index);
         py::gil_scoped_release release;
         FASTCOMMS_CHECK(!c->is_aborted(), kAborted, c->prefix(OpKind::kAllToAllVSingle),
                         "device_alltoallv_single: the communicator was aborted");
         auto g = group_for(c, out.nbytes());
-        g->run(out, in, os, is, current_stream(c->device()), std::chrono::milliseconds(timeout_ms));
+        g->run(out, in, os, is, current_stream(c->device()), std::chrono::milliseconds(timeout_ms),
+               ix ? &*ix : nullptr);
       },
       py::arg("comm"), py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
-      py::arg("input_split_sizes"), py::arg("timeout_ms") = 0,
+      py::arg("input_split_sizes"), py::arg("timeout_ms") = 0, py::arg("input_index") = py::none(),
       "Enqueues device_alltoallv_single on the current stream (fastcomms/_device_a2av.py)");
   m.def(
       "_device_alltoallv_prepare",

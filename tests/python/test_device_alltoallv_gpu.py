@@ -157,6 +157,35 @@ def _exact_worker(rank, size, path, errq):
         want = _reference(x, counts, rank, 28)
         assert torch.equal(_as_bytes(out.cpu()), want), "async call"
         checks += 1
+        # NOTE [indexed push] (fastcomms.moe's private form): the rows the splits count read
+        # through an index into a larger input, out-of-range entries sending zero rows
+        from fastcomms import _device_a2av
+
+        for dtype, row in ((torch.float32, (7,)), (torch.bfloat16, (128,))):
+            counts = _matrix("random", size, gen)
+            send, recv = counts[rank], counts[:, rank]
+            n_log, n_phys = int(send.sum()) + 2, int(send.sum()) + 5
+            phys = _rows(n_phys, dtype, row, data)
+            index = torch.randint(0, n_phys, (n_log,), generator=data)
+            if n_log > 2:
+                index[0], index[-2] = -1, n_phys  # outside: zero rows
+            logical = phys[index.clamp(0, n_phys - 1)]
+            logical[(index < 0) | (index >= n_phys)] = 0
+            buf = torch.empty((int(recv.sum()) + _GUARD_ROWS, *row), dtype=dtype, device=dev)
+            buf.view(torch.uint8).fill_(_POISON)
+            out = buf[: int(recv.sum())]
+            _device_a2av.issue(
+                comm._c, out, phys.to(dev), recv.to(dev), send.to(dev), False, None, index.to(dev)
+            )
+            row_bytes = _as_bytes(buf).shape[1]
+            want = _reference(logical, counts, rank, row_bytes)
+            got = _as_bytes(buf.cpu())
+            assert torch.equal(got[: want.shape[0]], want), f"indexed {dtype}{row}: rows differ"
+            assert bool((got[want.shape[0] :] == _POISON).all()), f"indexed {dtype}: guard rows"
+            # the control: without the index the ranks' rows would be others (random data)
+            if want.numel():
+                assert not torch.equal(_reference(phys, counts, rank, row_bytes), want)
+            checks += 1
 
         # CUDA graph: one capture, replays with new counts written into the same tensors
         rows_max, row = 64 * size, (32,)

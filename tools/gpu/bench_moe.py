@@ -16,6 +16,8 @@ skewed routing (experts drawn with weights ~ 1 / (e + 1)). Time per call of
 - ``device dispatch (tail zeroed)`` / ``device dispatch fp8 (tail zeroed)``: the baseline of NOTE
   [moe recv_x tail]: recv_x's rows past the counts zeroed and FP8 rows dequantized over the whole
   buffer, as before 2026-12-07;
+- ``device combine (rows packed)``: the baseline of NOTE [indexed push]: the combine packs
+  ``y``'s rows into a send buffer before the exchange, as before 2026-12-07;
 - ``local copy of the rows recv_x holds``: one device-local ``copy_`` of as many bytes as the
   dispatch writes into recv_x (its rows in use, one per (token, local expert)): the memory floor
   of the expert-grouped layout, which no dispatch can beat on this GPU's HBM (``recv_bytes``);
@@ -99,6 +101,14 @@ def _local_copy(nbytes, dev):
         dst.copy_(src, non_blocking=True)
 
     return fn
+
+
+def _rows_packed(g, fn):
+    g._transport.pack_rows = True  # the baseline: NOTE [indexed push]
+    try:
+        return fn()
+    finally:
+        g._transport.pack_rows = False
 
 
 def _tail_zeroed(g, fn):
@@ -297,6 +307,10 @@ def _rank(rank, world, path, args, outq):
                             g, lambda: g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn)
                         )
 
+                    def comb_packed(g=g, y=recv_x, h=handle):
+                        _rows_packed(g, lambda: g.combine(y, h))
+
+                    variants["device combine (rows packed)"] = comb_packed
                     variants["device dispatch (tail zeroed)"] = disp_zeroed
                     variants["device dispatch fp8 (tail zeroed)"] = disp8_zeroed
             if "collective" in res:  # the same bits on both transports

@@ -44,10 +44,13 @@ class DeviceAlltoallv {
   /// elements on this device: rows of dim 0 received from / sent to each rank. A count that does
   /// not fit (the output, the input, a receive buffer) or does not match the peer's is flagged on
   /// the device and raised by check_errors(); nothing is written past any buffer. `timeout` bounds
-  /// each device-side wait (zero or less: the group's).
+  /// each device-side wait (zero or less: the group's). `input_index` (null: input's rows in
+  /// order): a contiguous int64 tensor on this device whose entry i names the input row that is
+  /// row i of what the splits count (NOTE [indexed push] in fastcomms/cuda/device_a2av.hpp; an
+  /// entry outside input's rows sends a zero row), so scattered rows go without a packing copy.
   virtual void run(const TensorView& output, const TensorView& input,
                    const TensorView& output_splits, const TensorView& input_splits, void* stream,
-                   std::chrono::milliseconds timeout) = 0;
+                   std::chrono::milliseconds timeout, const TensorView* input_index = nullptr) = 0;
   /// Throws what a call flagged on the device since the last check (reads pinned memory; no
   /// sync). A device wait that timed out is reported by every later check (the group's epochs
   /// no longer agree).

@@ -21,7 +21,8 @@
 ///    reports it: no rank goes on alone. It writes the per-peer plan (offsets and bytes) into
 ///    device memory for the next kernels.
 /// 2. push (a grid): copies this rank's rows for each peer q straight into q's staging (the copy
-///    over the link) and its own rows from input to output; the last block to finish fences
+///    over the link) and its own rows from input to output (read through `input_index` where
+///    one is given: NOTE [indexed push]); the last block to finish fences
 ///    (fence.acq_rel.sys after every block's fence, through the done counter) and stores e with
 ///    st.release.sys into every peer's done pad at [rank]: always, even with nothing to send.
 /// 3. wait (one block): ld.acquire.sys on this rank's done pad until every peer's entry reads
@@ -111,6 +112,12 @@ struct DeviceA2avArgs {
   uint64_t timeout_ns = 0;    ///< Each device wait gives up after this long (0: never).
   uint64_t timeout_ms = 0;    ///< The same, for the error record.
   int vector_bytes = 16;      ///< 16, 8, 4, 2 or 1: divides row_bytes and both tensors' bases.
+  /// NOTE [indexed push]: null, or the device array of input_rows entries naming, for each row
+  /// the splits count, the row of `input` it is (rows from `input` are then input_src_rows, each
+  /// row_bytes apart); an entry outside [0, input_src_rows) sends a zero row. The push reads
+  /// through it, so a caller whose rows are scattered sends them without packing them first.
+  const int64_t* input_index = nullptr;
+  int64_t input_src_rows = 0;
 };
 static_assert(std::is_trivially_copyable_v<DeviceA2avArgs>);
 
