@@ -230,18 +230,26 @@ def _guard_worker(rank, size, path, errq):
         G, POISON = 512, 0xA5
         real, guards, short = ep._transport.a2av, [], [False]
 
-        def guarded(out, inp, out_splits, in_splits):
+        def guarded(out, inp, out_splits, in_splits, move=None):
             nb = out.numel() * out.element_size()
             big = torch.full((nb + 2 * G,), POISON, dtype=torch.uint8, device=out.device)
             inner = big[G : G + nb].view(out.dtype).view(out.shape)
-            real(inner, inp, out_splits, in_splits)
+            (move or real)(inner, inp, out_splits, in_splits)
             # the control moves the trailing guard's start onto the buffer's last row (rows: the
             # uint8 buffers), which a routing at capacity writes
             lost = nb // out.shape[0] if short[0] and out.dtype == torch.uint8 else 0
             guards.append(torch.cat([big[:G], big[G + nb - lost :]]))
             out.copy_(inner)
 
+        real_index = ep._transport.a2av_index  # the combine's exchange (NOTE [indexed push])
+
+        def guarded_index(out, inp, index, out_splits, in_splits):
+            guarded(
+                out, inp, out_splits, in_splits, lambda o, i, os, s: real_index(o, i, index, os, s)
+            )
+
         ep._transport.a2av = guarded
+        ep._transport.a2av_index = guarded_index
 
         def calls(cases):
             for i, (T, mode) in enumerate(cases):
