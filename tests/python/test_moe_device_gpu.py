@@ -57,8 +57,12 @@ def _run(ep, x, idx, w, wire=None, scales=False, grad=True):
     grad = grad and not scales  # (FP8 rows kept: not differentiable)
     xg = x.clone().requires_grad_(grad)
     wg = w.clone().requires_grad_(grad)
-    if x.is_cuda:  # poison the allocator's blocks: a row in use left unwritten shows
-        torch.full((8 << 20,), 0xFF, dtype=torch.uint8, device=x.device)
+    if x.is_cuda:  # a freed block of recv_x's size full of 0xFF (NaN in every float dtype),
+        # which the caching allocator most likely hands to recv_x: a row in use left unwritten
+        # then differs from the reference (stale memory would almost surely differ too)
+        elt = 1 if scales else x.element_size()
+        nbytes = ep.max_recv_rows(idx.shape[1]) * ep.hidden * elt
+        torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=x.device)
     recv_x, meta, handle = ep.dispatch(xg, idx, wg, wire_dtype=wire, return_scales=scales)
     # rows past the counts are unspecified (NOTE [moe recv_x tail]): the rows in use are compared
     res = {"recv_x": recv_x[: int(meta.offsets[-1])], "scales": meta.scales}

@@ -103,20 +103,16 @@ def _local_copy(nbytes, dev):
     return fn
 
 
-def _rows_packed(g, fn):
-    g._transport.pack_rows = True  # the baseline: NOTE [indexed push]
+def _switched(g, name, value, fn):
+    """fn() with the device transport's benchmark switch ``name`` set to ``value`` (a baseline:
+    ``plan_kernels`` False, NOTE [moe plan kernels]; ``zero_tail`` True, NOTE [moe recv_x tail];
+    ``pack_rows`` True, NOTE [indexed push]), then the switch back as it was."""
+    old = getattr(g._transport, name)
+    setattr(g._transport, name, value)
     try:
         return fn()
     finally:
-        g._transport.pack_rows = False
-
-
-def _tail_zeroed(g, fn):
-    g._transport.zero_tail = True  # the baseline: NOTE [moe recv_x tail]
-    try:
-        return fn()
-    finally:
-        g._transport.zero_tail = False
+        setattr(g._transport, name, old)
 
 
 def _symm_mem_anchor(x, idx, experts, size, group_name):
@@ -173,20 +169,15 @@ def _host_cost(g, x, idx, w):
             lambda: g.dispatch(x, idx, w), iters=1, rounds=50, warmup=3
         ),
         "device dispatch (torch plan): host time per call": host_per_call(
-            lambda: _torch_plan(g, lambda: g.dispatch(x, idx, w)), iters=1, rounds=50, warmup=3
+            lambda: _switched(g, "plan_kernels", False, lambda: g.dispatch(x, idx, w)),
+            iters=1,
+            rounds=50,
+            warmup=3,
         ),
         "device combine: host time per call": host_per_call(
             lambda: g.combine(recv_x, handle), iters=1, rounds=50, warmup=3
         ),
     }
-
-
-def _torch_plan(g, fn):
-    g._transport.plan_kernels = False  # the baseline: the routing plan in torch ops
-    try:
-        return fn()
-    finally:
-        g._transport.plan_kernels = None
 
 
 def _profile(rank, fn, barrier):
@@ -295,20 +286,23 @@ def _rank(rank, world, path, args, outq):
                     variants["device dispatch fp8 (e4m3, dequantized)"] = disp8
 
                     def disp_torch_plan(g=g, x=x, idx=idx, w=w):
-                        _torch_plan(g, lambda: g.dispatch(x, idx, w))
+                        _switched(g, "plan_kernels", False, lambda: g.dispatch(x, idx, w))
 
                     variants["device dispatch (torch plan)"] = disp_torch_plan
 
                     def disp_zeroed(g=g, x=x, idx=idx, w=w):
-                        _tail_zeroed(g, lambda: g.dispatch(x, idx, w))
+                        _switched(g, "zero_tail", True, lambda: g.dispatch(x, idx, w))
 
                     def disp8_zeroed(g=g, x=x, idx=idx, w=w):
-                        _tail_zeroed(
-                            g, lambda: g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn)
+                        _switched(
+                            g,
+                            "zero_tail",
+                            True,
+                            lambda: g.dispatch(x, idx, w, wire_dtype=torch.float8_e4m3fn),
                         )
 
                     def comb_packed(g=g, y=recv_x, h=handle):
-                        _rows_packed(g, lambda: g.combine(y, h))
+                        _switched(g, "pack_rows", True, lambda: g.combine(y, h))
 
                     variants["device combine (rows packed)"] = comb_packed
                     variants["device dispatch (tail zeroed)"] = disp_zeroed
